@@ -1,0 +1,75 @@
+"""Draft checkpoints on disk: `config.json` (full provenance) + `model.safetensors`.
+
+A draft directory is what `train` writes (its best/final weights), what `import` produces and what
+`eval` / `export` read. Keys are the module's own state-dict names, which are also the speculators /
+vLLM names (fc.weight, layers.0.*, norm.weight, lm_head.weight, d2t, t2d).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from eyas import __version__
+from eyas.draft.model import DraftConfig, Eagle3Draft
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+FORMAT = "eyas-draft"
+
+
+def save_draft(model: Eagle3Draft, out: str | os.PathLike, meta: dict[str, Any] | None = None,
+               dtype: torch.dtype | None = None) -> Path:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    sd = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).detach().contiguous().cpu()
+          for k, v in model.state_dict().items()}
+    tmp = out / (WEIGHTS_NAME + ".tmp")
+    save_file(sd, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, out / WEIGHTS_NAME)
+    doc = {"format": FORMAT, "eyas_version": __version__, "draft": model.config.to_dict(), **(meta or {})}
+    (out / CONFIG_NAME).write_text(json.dumps(doc, indent=2, default=str))
+    return out
+
+
+def read_draft_meta(path: str | os.PathLike) -> dict[str, Any]:
+    path = Path(path)
+    cfg = path / CONFIG_NAME
+    if not cfg.is_file():
+        raise FileNotFoundError(f"{path}: no {CONFIG_NAME}; not an eyas draft directory")
+    doc = json.loads(cfg.read_text())
+    if doc.get("format") != FORMAT:
+        raise ValueError(f"{cfg}: format is {doc.get('format')!r}, expected {FORMAT!r} "
+                         f"(a vLLM/speculators export? use `eyas import` first)")
+    return doc
+
+
+def load_draft(path: str | os.PathLike, *, device: str | torch.device = "cpu",
+               dtype: torch.dtype | None = None) -> tuple[Eagle3Draft, dict[str, Any]]:
+    """Build on the meta device, then assign the mmap'd tensors (no double allocation)."""
+    path = Path(path)
+    doc = read_draft_meta(path)
+    cfg = DraftConfig.from_dict(doc["draft"])
+    with torch.device("meta"):
+        model = Eagle3Draft(cfg)
+    sd = load_file(str(path / WEIGHTS_NAME), device=str(device))
+    expected = set(model.state_dict())
+    missing, unexpected = sorted(expected - set(sd)), sorted(set(sd) - expected)
+    if missing or unexpected:
+        raise KeyError(f"{path / WEIGHTS_NAME}: missing keys {missing}, unexpected keys {unexpected}")
+    for k, v in model.state_dict().items():
+        if tuple(sd[k].shape) != tuple(v.shape):
+            raise ValueError(f"{path / WEIGHTS_NAME}: key {k} has shape {tuple(sd[k].shape)}, config says {tuple(v.shape)}")
+    if dtype is not None:
+        sd = {k: v.to(dtype) if v.is_floating_point() else v for k, v in sd.items()}
+    model.load_state_dict(sd, assign=True)
+    # Non-persistent buffers are not in the file: rebuild them on the real device.
+    from eyas.draft.model import rope_inv_freq
+    model.inv_freq = rope_inv_freq(cfg).to(device)
+    model.embed_tokens.weight.requires_grad_(False)
+    return model.eval(), doc

