@@ -1,0 +1,251 @@
+"""`eyas extract`: run the target over a PREPARED dataset and write the hidden-state STORE.
+
+The compute loop only launches work: rows of one shard are sorted by length and grouped into
+batches of at most `token_budget` tokens (rows padded to the batch's longest, so sorting keeps the
+waste small; with flash_attention_2 a batch is one packed row and there is no padding at all).
+Hook-captured states are encoded (bf16 or fp8) on the device, copied to pinned host memory on a side
+stream, and handed to `ShardWriter`, whose threads wait for the copy, assemble shards, hash and
+write them while the device runs the next batch.
+
+Under torchrun each rank extracts shards j % WORLD_SIZE == RANK; ranks do not communicate, and
+whichever finishes last merges the per-rank manifests (see `writer.py`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import Field
+
+from eyas.config import StageConfig
+from eyas.store.format import (DTYPES, MANIFEST, StoreError, bytes_per_token, encode_states, read_json,
+                               target_identity)
+from eyas.store.writer import (Plan, ShardWriter, clean_temp_files, completed_shards, merge,
+                               samples_per_shard)
+
+
+class ExtractConfig(StageConfig):
+    target: str = Field(description="HF dir, hub id, .gguf file or built-in name (smollm2-135m)")
+    data: Path = Field(description="PREPARED dataset directory written by `eyas prepare`")
+    out: Path = Field(description="STORE directory to write (resumes when it holds a partial store)")
+    dtype: Literal["bf16", "fp8"] = Field("bf16", description="storage dtype of the hidden states "
+                                          "(fp8 = e4m3 with one scale per token and layer; half the disk)")
+    aux_layers: list[int] | None = Field(None, description="aux layer ids (default 2, N//2, N-3)")
+    backend: Literal["hf", "vllm"] = Field("hf", description="hf: transformers in this process; vllm: vLLM in "
+                                           "its own environment (see --python)")
+    python: str | None = Field(None, description="vLLM environment's python for --backend vllm "
+                               "(default $EYAS_VLLM_PYTHON)")
+    device: str | None = Field(None, description="torch device (default cuda[:LOCAL_RANK] if available, else cpu)")
+    attn_implementation: str = Field("sdpa", description="transformers attention: sdpa | flash_attention_2 "
+                                     "(packs each batch into one row) | flex_attention | eager")
+    token_budget: int = Field(16384, gt=0, description="tokens per forward batch (padding included)")
+    shard_mb: float = Field(256.0, gt=0, description="target size of one shard file in MiB")
+    writer_threads: int = Field(2, ge=1, description="threads serialising, hashing and writing shards")
+    limit: int | None = Field(None, gt=0, description="extract only the first N prepared rows")
+    overwrite: bool = Field(False, description="delete an existing store in --out first (single process only)")
+    cache_dir: Path | None = Field(None, description="cache for built-in targets (default $EYAS_CACHE or ~/.cache/eyas)")
+    trust_remote_code: bool = Field(False, description="allow the target's own modelling code")
+
+
+# ---------------------------------------------------------------- data
+def open_prepared(path: str | os.PathLike):
+    """The PREPARED dataset reader of the data stage (`eyas.data.PreparedDataset`)."""
+    try:
+        from eyas.data.dataset import PreparedDataset
+    except ImportError as e:
+        raise StoreError(f"cannot read the prepared dataset {path}: eyas.data.PreparedDataset is unavailable ({e})") from e
+    return PreparedDataset(path)
+
+
+def data_fingerprint(dataset) -> dict[str, Any]:
+    """Identifies the prepared data a store was made from (rows + manifest hash), not where it lives."""
+    manifest = getattr(dataset, "manifest", None) or {}
+    digest = hashlib.sha256(json.dumps(manifest, sort_keys=True, default=str).encode()).hexdigest()
+    return {"rows": len(dataset), "manifest_sha256": digest}
+
+
+def _row(dataset, i: int, vocab_size: int) -> dict[str, torch.Tensor]:
+    r = dataset[i]
+    ids, mask, pos = r["input_ids"], r["loss_mask"], r["position_ids"]
+    if ids.dim() != 1 or ids.shape != mask.shape or ids.shape != pos.shape or ids.numel() == 0:
+        raise StoreError(f"prepared row {i}: input_ids {tuple(ids.shape)}, loss_mask {tuple(mask.shape)}, "
+                         f"position_ids {tuple(pos.shape)} must be equal non-empty 1-D shapes")
+    if int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
+        raise StoreError(f"prepared row {i}: token id {int(ids.max())} outside the target vocabulary "
+                         f"(size {vocab_size}); was the data prepared for another tokenizer?")
+    return {"input_ids": ids.long(), "loss_mask": mask.bool(), "position_ids": pos.long()}
+
+
+def make_batches(lengths: dict[int, int], token_budget: int) -> list[list[int]]:
+    """Rows longest-first, greedily grouped so rows x longest <= budget (a longer row goes alone)."""
+    order = sorted(lengths, key=lambda r: (-lengths[r], r))
+    batches: list[list[int]] = []
+    for r in order:
+        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= token_budget:
+            batches[-1].append(r)
+        else:
+            batches.append([r])
+    return batches
+
+
+def _pad(rows: list[dict[str, torch.Tensor]], packed: bool) -> dict[str, torch.Tensor]:
+    """[B, Tmax] (right padding; padded positions continue the last document, so they never start a new
+    one and causal attention keeps them out of every real token's view) or [1, sum T] when packed."""
+    if packed:
+        return {k: torch.cat([r[k] for r in rows]).unsqueeze(0) for k in rows[0]}
+    T = max(r["input_ids"].numel() for r in rows)
+    out = {"input_ids": torch.zeros(len(rows), T, dtype=torch.long),
+           "loss_mask": torch.zeros(len(rows), T, dtype=torch.bool),
+           "position_ids": torch.zeros(len(rows), T, dtype=torch.long)}
+    for b, r in enumerate(rows):
+        n = r["input_ids"].numel()
+        out["input_ids"][b, :n] = r["input_ids"]
+        out["loss_mask"][b, :n] = r["loss_mask"]
+        out["position_ids"][b, :n] = r["position_ids"]
+        out["position_ids"][b, n:] = r["position_ids"][-1] + 1 + torch.arange(T - n)
+    return out
+
+
+# ---------------------------------------------------------------- the loop
+def _backbone(model: torch.nn.Module, layout) -> torch.nn.Module:
+    parent = layout.paths["layers"].rsplit(".", 1)
+    return model.get_submodule(parent[0]) if len(parent) == 2 else model
+
+
+class _HostCopier:
+    """Device -> pinned host copies on a side stream; the writer waits on the returned event."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.stream = torch.cuda.Stream(device) if self.cuda else None
+
+    def __call__(self, tensors: dict[str, torch.Tensor]):
+        if not self.cuda:
+            return {k: v.cpu() for k, v in tensors.items()}, None
+        self.stream.wait_stream(torch.cuda.current_stream())
+        host = {}
+        with torch.cuda.stream(self.stream):
+            for k, v in tensors.items():
+                host[k] = torch.empty(v.shape, dtype=v.dtype, pin_memory=True)
+                host[k].copy_(v, non_blocking=True)
+                v.record_stream(self.stream)     # keep v's memory until the copy is done
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        return host, event
+
+
+@torch.inference_mode()
+def extract_to_store(model: torch.nn.Module, layout, dataset, out: str | os.PathLike, *, identity: dict[str, Any],
+                     token_budget: int = 16384, shard_mb: float = 256.0, writer_threads: int = 2,
+                     limit: int | None = None, rank: int = 0, world: int = 1, packed: bool = False,
+                     device: torch.device | str | None = None) -> dict[str, Any]:
+    """Extract `dataset` rows (or the first `limit`) into the store at `out`; resumable; returns a summary."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    aux_ids, dtype = identity["aux_layer_ids"], identity["dtype"]
+    if dtype not in DTYPES:
+        raise StoreError(f"store dtype {dtype!r}: choose one of {DTYPES}")
+    n = min(len(dataset), limit) if limit else len(dataset)
+    if n == 0:
+        raise StoreError("the prepared dataset has no rows")
+    token_bytes = bytes_per_token(identity["hidden_size"], len(aux_ids), dtype)
+    max_len = int((getattr(dataset, "manifest", None) or {}).get("max_length") or 0) or \
+        max(int(dataset[i]["input_ids"].numel()) for i in range(n))
+    plan = Plan(n, samples_per_shard(shard_mb, max_len, token_bytes))
+    header = {"target": identity, "data": data_fingerprint(dataset), "num_samples": n,
+              "samples_per_shard": plan.samples_per_shard}
+    if (out / MANIFEST).is_file():
+        m = read_json(out / MANIFEST, "store manifest")
+        if all(m.get(k) == v for k, v in header.items()):
+            return {"out": str(out), "status": "complete (nothing to do)", "samples": n,
+                    "tokens": m.get("num_tokens"), "shards": m.get("num_shards"), "merged": True}
+        raise StoreError(f"{out / MANIFEST}: a finished store made with other settings is there; "
+                         f"use a new --out or --overwrite")
+    done = completed_shards(out, header)
+    todo = [j for j in plan.mine(rank, world) if j not in done]
+    clean_temp_files(out, todo)
+
+    backbone = _backbone(model, layout)
+    copier = _HostCopier(device)
+    writer = ShardWriter(out, rank, header, plan, threads=writer_threads)
+    from eyas.target.capture import capture
+
+    t_start = time.perf_counter()
+    tokens = padded = 0
+    try:
+        for j in todo:
+            rows = {i: _row(dataset, i, identity["vocab_size"]) for i in plan.rows(j)}
+            lengths = {i: r["input_ids"].numel() for i, r in rows.items()}
+            for batch in make_batches(lengths, token_budget):
+                x = _pad([rows[i] for i in batch], packed)
+                ids, pos = x["input_ids"].to(device, non_blocking=True), x["position_ids"].to(device, non_blocking=True)
+                with capture(layout, aux_ids) as cap:
+                    backbone(input_ids=ids, position_ids=pos, use_cache=False)
+                    aux, last = cap.aux, cap.last
+                enc = encode_states(aux, last, dtype)
+                enc["finite"] = torch.isfinite(aux).flatten(2).all(-1) & torch.isfinite(last).all(-1)
+                host, ready = copier(enc)
+                host.update(input_ids=x["input_ids"], loss_mask=x["loss_mask"], position_ids=x["position_ids"])
+                lens = [lengths[i] for i in batch]
+                writer.add(j, batch, lens, host, ready, packed=packed)
+                tokens += sum(lens)
+                padded += ids.numel()
+            writer.finish_shard(j)
+    finally:
+        writer.close()
+    elapsed = time.perf_counter() - t_start
+    manifest = merge(out, header, plan)
+    return {"out": str(out), "rank": rank, "world": world, "dtype": dtype, "aux_layer_ids": aux_ids,
+            "samples": n, "shards": plan.num_shards, "shards_written": len(todo), "shards_resumed": len(done),
+            "tokens": tokens, "padding_fraction": round(1 - tokens / padded, 4) if padded else 0.0,
+            "seconds": round(elapsed, 3), "tokens_per_s": round(tokens / elapsed, 1) if elapsed else None,
+            "writer_stall_s": round(writer.stall_s, 3), "writer_busy_s": round(writer.write_s, 3),
+            "bytes_per_token": token_bytes, "merged": manifest is not None}
+
+
+# ---------------------------------------------------------------- CLI entry
+def _dist_env() -> tuple[int, int, int]:
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
+
+
+def _default_device(local_rank: int) -> str:
+    return f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
+
+
+def run(cfg: ExtractConfig) -> dict[str, Any]:
+    rank, world, local_rank = _dist_env()
+    if not 0 <= rank < world:
+        raise StoreError(f"RANK={rank} is outside WORLD_SIZE={world}")
+    if cfg.overwrite:
+        if world > 1:
+            raise StoreError("--overwrite with several ranks would race; delete the --out directory first")
+        if cfg.out.exists():
+            shutil.rmtree(cfg.out)
+    if not Path(cfg.data).is_dir():
+        raise FileNotFoundError(f"prepared dataset directory not found: {cfg.data}")
+    dataset = open_prepared(cfg.data)
+    if cfg.backend == "vllm":
+        from eyas.engines.vllm_extract import extract_with_vllm
+        return extract_with_vllm(cfg, dataset)
+    from eyas.target import default_aux_layer_ids, load_target, validate_aux_layer_ids
+
+    device = cfg.device or _default_device(local_rank)
+    packed = cfg.attn_implementation == "flash_attention_2"
+    t = load_target(cfg.target, dtype=torch.bfloat16, device=device, cache=cfg.cache_dir,
+                    trust_remote_code=cfg.trust_remote_code, attn_implementation=cfg.attn_implementation)
+    aux_ids = validate_aux_layer_ids(cfg.aux_layers or default_aux_layer_ids(t.layout.num_layers),
+                                     t.layout.num_layers)
+    identity = target_identity(cfg.target, t.config, aux_ids, cfg.dtype, hidden_size=t.layout.hidden_size,
+                               num_layers=t.layout.num_layers, vocab_size=t.layout.vocab_size)
+    summary = extract_to_store(t.model, t.layout, dataset, cfg.out, identity=identity, token_budget=cfg.token_budget,
+                               shard_mb=cfg.shard_mb, writer_threads=cfg.writer_threads, limit=cfg.limit,
+                               rank=rank, world=world, packed=packed, device=device)
+    return {"data": str(cfg.data), **summary}

@@ -1,0 +1,161 @@
+"""STORE on-disk format: shard layout, bf16/fp8 codecs, target identity, atomic writes.
+
+A store directory holds `shard-NNNNN.safetensors` files and `manifest.json`. One store sample is
+one PREPARED row, and sample i is prepared row i, so token ids can be checked against the data.
+Samples of a shard are concatenated along the token axis (no per-sample keys, no padding):
+
+    input_ids     int32 [N]          position_ids int32 [N]        loss_mask bool [N]
+    offsets       int64 [n+1]        sample_ids   int64 [n]        (sample s = tokens offsets[s]:offsets[s+1])
+    aux           bf16 [N,k,H]  | float8_e4m3fn [N,k,H] + aux_scale  float32 [N,k]
+    last          bf16 [N,H]    | float8_e4m3fn [N,H]   + last_scale float32 [N]
+
+fp8 keeps one scale per token and per aux layer (absmax / 448), which holds the relative error of
+every vector near e4m3's 2^-4 step no matter how large the residual stream grows in deep layers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FORMAT = "eyas-store"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+DTYPES = ("bf16", "fp8")
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0                      # largest finite e4m3fn value
+ID_DTYPE = torch.int32               # token/position ids; vocabularies fit easily
+STATE_DTYPE = torch.bfloat16         # what the reader hands out, whatever the storage dtype
+
+
+class StoreError(RuntimeError):
+    """A store that cannot be used as asked; the message names the file, shard, sample or key."""
+
+
+def shard_name(j: int) -> str:
+    return f"shard-{j:05d}.safetensors"
+
+
+def bytes_per_token(hidden: int, num_aux: int, dtype: str) -> int:
+    """Disk bytes one token costs: states (+ fp8 scales) + input id + position id + loss-mask byte."""
+    if dtype not in DTYPES:
+        raise ValueError(f"store dtype {dtype!r}: choose one of {DTYPES}")
+    vectors = num_aux + 1                      # k aux layers + the last hidden state
+    states = vectors * hidden * (2 if dtype == "bf16" else 1)
+    scales = vectors * 4 if dtype == "fp8" else 0
+    return states + scales + 4 + 4 + 1
+
+
+# ---------------------------------------------------------------- codecs
+def fp8_encode(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., H] -> (q float8_e4m3fn [..., H], scale float32 [...]); x ≈ q * scale per vector."""
+    xf = x.float()
+    scale = xf.abs().amax(dim=-1).clamp_min(1e-12) / FP8_MAX
+    q = (xf / scale.unsqueeze(-1)).clamp_(-FP8_MAX, FP8_MAX).to(FP8)
+    return q, scale
+
+
+def fp8_decode(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = STATE_DTYPE) -> torch.Tensor:
+    return (q.float() * scale.float().unsqueeze(-1)).to(dtype)
+
+
+def encode_states(aux: torch.Tensor, last: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
+    """Tensors to store for aux [..., k, H] and last [..., H] in the store dtype (runs on any device)."""
+    if dtype == "bf16":
+        return {"aux": aux.to(torch.bfloat16), "last": last.to(torch.bfloat16)}
+    qa, sa = fp8_encode(aux)
+    ql, sl = fp8_encode(last)
+    return {"aux": qa, "aux_scale": sa, "last": ql, "last_scale": sl}
+
+
+def decode_states(t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    if "aux_scale" in t:
+        return fp8_decode(t["aux"], t["aux_scale"]), fp8_decode(t["last"], t["last_scale"])
+    return t["aux"].to(STATE_DTYPE), t["last"].to(STATE_DTYPE)
+
+
+def expected_dtypes(dtype: str) -> dict[str, torch.dtype]:
+    states = torch.bfloat16 if dtype == "bf16" else FP8
+    out = {"input_ids": ID_DTYPE, "position_ids": ID_DTYPE, "loss_mask": torch.bool, "offsets": torch.int64,
+           "sample_ids": torch.int64, "aux": states, "last": states}
+    if dtype == "fp8":
+        out.update(aux_scale=torch.float32, last_scale=torch.float32)
+    return out
+
+
+# ---------------------------------------------------------------- identity
+_VOLATILE_CONFIG_KEYS = {"transformers_version", "dtype", "torch_dtype", "use_cache", "architectures"}
+
+
+def config_hash(config: Any) -> str:
+    """sha256 of the model config minus keys that do not change the network (paths, versions, dtype)."""
+    d = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    d = {k: v for k, v in d.items() if not k.startswith("_") and k not in _VOLATILE_CONFIG_KEYS}
+    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def target_identity(name: str, config: Any, aux_layer_ids: list[int], dtype: str, *,
+                    hidden_size: int, num_layers: int, vocab_size: int) -> dict[str, Any]:
+    """What a store was made from; `HiddenStateStore(dir, expect=...)` compares the keys it is given."""
+    return {"name": str(name), "config_hash": config_hash(config), "aux_layer_ids": [int(i) for i in aux_layer_ids],
+            "dtype": dtype, "hidden_size": int(hidden_size), "num_layers": int(num_layers),
+            "vocab_size": int(vocab_size)}
+
+
+def identity_mismatches(have: dict[str, Any], expect: dict[str, Any]) -> list[str]:
+    return [f"target.{k}: store has {have.get(k)!r}, expected {v!r}" for k, v in expect.items() if have.get(k) != v]
+
+
+# ---------------------------------------------------------------- atomic files
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes, *, before_rename=None) -> None:
+    """Write to a temp name, fsync, rename, fsync the directory: the file is whole or absent."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    if before_rename is not None:
+        before_rename()
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write(path, (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode())
+
+
+def read_json(path: Path, what: str) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise StoreError(f"{path}: no {what} (is this an eyas store directory?)") from None
+    except (OSError, ValueError) as e:
+        raise StoreError(f"{path}: unreadable {what}: {e}") from None
+    if not isinstance(data, dict):
+        raise StoreError(f"{path}: {what} is not a JSON object")
+    return data
+
+
+def sha256_bytes(data: bytes | memoryview) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: Path, chunk: int = 16 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
