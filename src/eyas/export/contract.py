@@ -1,0 +1,148 @@
+"""The key contract between an eyas draft and the engines' EAGLE-3 loaders, as mapping tables.
+
+One table describes every tensor of a single-layer EAGLE-3 draft in eyas's own names (which are also
+the speculators / vLLM names): its shape as a function of the config and its dtype kind. Each on-disk
+format is that table under a key rename (`layers.0.` for speculators/vLLM, `midlayer.` for SGLang and
+the research / SpecForge checkpoints). `check_contract` compares a (config, tensors) pair with the
+table and returns one message per problem, each naming the key — nothing is written until it is empty.
+
+Why so strict: an engine that meets a wrong layer id, a dropped norm or a renamed key usually still
+serves, just with ~0 acceptance. vLLM only refuses *missing* parameters; a shape that happens to fit
+or an aux-id list it silently replaces with its defaults goes through.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from eyas.draft.model import DraftConfig
+
+SPECULATORS = "speculators"   # vLLM's zero-flag format (config has speculators_config)
+MIDLAYER = "midlayer"         # research EAGLE-3 / SpecForge / SGLang LlamaForCausalLMEagle3
+
+# eyas key prefix -> per-format prefix (the only renames any of the formats need).
+PREFIX = {SPECULATORS: {"layers.0.": "layers.0."}, MIDLAYER: {"layers.0.": "midlayer."}}
+
+# Buffers some trainers save that carry no learned state; dropped on import, never written.
+IGNORABLE_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
+
+FLOAT, INT64, BOOL = "float", "int64", "bool"
+
+
+def expected_tensors(dc: DraftConfig, *, embed: bool) -> dict[str, tuple[tuple[int, ...], str, str]]:
+    """eyas key -> (shape, dtype kind, why that shape). `embed` = whether embed_tokens is in the file."""
+    H, I, d = dc.hidden_size, dc.intermediate_size, dc.head_dim
+    nh, nkv, V, Vd = dc.num_attention_heads, dc.num_key_value_heads, dc.vocab_size, dc.draft_vocab_size
+    fc_in = dc.num_aux * dc.target_hidden_size
+    why_fc = (f"hidden_size={H} x (len(aux layer ids)={dc.num_aux} x target_hidden_size="
+              f"{dc.target_hidden_size})")
+    t: dict[str, tuple[tuple[int, ...], str, str]] = {
+        "fc.weight": ((H, fc_in), FLOAT, why_fc),
+        "layers.0.input_layernorm.weight": ((H,), FLOAT, f"hidden_size={H}"),
+        "layers.0.hidden_norm.weight": ((H,), FLOAT, f"hidden_size={H}"),
+        "layers.0.post_attention_layernorm.weight": ((H,), FLOAT, f"hidden_size={H}"),
+        "layers.0.self_attn.q_proj.weight": ((nh * d, 2 * H), FLOAT, f"heads={nh} x head_dim={d}, 2 x hidden_size"),
+        "layers.0.self_attn.k_proj.weight": ((nkv * d, 2 * H), FLOAT, f"kv_heads={nkv} x head_dim={d}, 2 x hidden_size"),
+        "layers.0.self_attn.v_proj.weight": ((nkv * d, 2 * H), FLOAT, f"kv_heads={nkv} x head_dim={d}, 2 x hidden_size"),
+        "layers.0.self_attn.o_proj.weight": ((H, nh * d), FLOAT, f"hidden_size, heads={nh} x head_dim={d}"),
+        "layers.0.mlp.gate_proj.weight": ((I, H), FLOAT, f"intermediate_size={I}, hidden_size={H}"),
+        "layers.0.mlp.up_proj.weight": ((I, H), FLOAT, f"intermediate_size={I}, hidden_size={H}"),
+        "layers.0.mlp.down_proj.weight": ((H, I), FLOAT, f"hidden_size={H}, intermediate_size={I}"),
+        "norm.weight": ((H,), FLOAT, f"hidden_size={H}"),
+        "lm_head.weight": ((Vd, H), FLOAT, f"draft_vocab_size={Vd}, hidden_size={H}"),
+        "d2t": ((Vd,), INT64, f"draft_vocab_size={Vd}"),
+        "t2d": ((V,), BOOL, f"vocab_size={V}"),
+    }
+    if dc.attention_bias:
+        for p, n in (("q", nh), ("k", nkv), ("v", nkv)):
+            t[f"layers.0.self_attn.{p}_proj.bias"] = ((n * d,), FLOAT, "attention_bias=true")
+    if dc.mlp_bias:
+        for p, n in (("gate", I), ("up", I), ("down", H)):
+            t[f"layers.0.mlp.{p}_proj.bias"] = ((n,), FLOAT, "mlp_bias=true")
+    if dc.norm_before_fc:
+        t["input_norm.weight"] = ((fc_in,), FLOAT, f"norm_before_fc=true: len(aux ids) x target_hidden_size={fc_in}")
+    if embed:
+        t["embed_tokens.weight"] = ((V, H), FLOAT, f"vocab_size={V}, hidden_size={H}")
+    return t
+
+
+def rename(key: str, fmt: str) -> str:
+    """eyas key -> the format's key."""
+    for src, dst in PREFIX[fmt].items():
+        if key.startswith(src):
+            return dst + key[len(src):]
+    return key
+
+
+def to_eyas_key(key: str, fmt: str) -> str:
+    for src, dst in PREFIX[fmt].items():
+        if key.startswith(dst):
+            return src + key[len(dst):]
+    return key
+
+
+def _kind(t: torch.Tensor) -> str:
+    if t.dtype == torch.bool:
+        return BOOL
+    if t.dtype == torch.int64:
+        return INT64
+    return FLOAT if t.is_floating_point() else str(t.dtype).replace("torch.", "")
+
+
+def check_tensors(dc: DraftConfig, tensors: dict[str, torch.Tensor], fmt: str) -> list[str]:
+    """Every problem between a tensor dict (format's names) and the table; each message names the key."""
+    errors: list[str] = []
+    embed = rename("embed_tokens.weight", fmt) in tensors
+    want = {rename(k, fmt): v for k, v in expected_tensors(dc, embed=embed).items()}
+    for key, (shape, kind, why) in want.items():
+        if key not in tensors:
+            errors.append(f"{key}: missing (expected shape {list(shape)} from {why})")
+            continue
+        t = tensors[key]
+        if tuple(t.shape) != shape:
+            errors.append(f"{key}: shape {list(t.shape)} does not match the config: expected {list(shape)} from {why}")
+        if _kind(t) != kind:
+            errors.append(f"{key}: dtype {str(t.dtype).replace('torch.', '')} but the contract needs {kind}")
+    for key in sorted(set(tensors) - set(want)):
+        if not key.endswith(IGNORABLE_SUFFIXES):
+            errors.append(f"{key}: unexpected key (no such parameter in a {fmt} EAGLE-3 draft with this config)")
+    floats = {str(t.dtype) for k, t in tensors.items() if k in want and want[k][1] == FLOAT}
+    if len(floats) > 1:
+        errors.append(f"weights mix float dtypes {sorted(floats)}; engines load one dtype")
+    errors += _check_vocab_map(tensors.get("d2t"), tensors.get("t2d"), dc)
+    return errors
+
+
+def _check_vocab_map(d2t, t2d, dc: DraftConfig) -> list[str]:
+    """target_id = draft_id + d2t[draft_id] must be a distinct in-range id, and t2d must mark exactly those."""
+    if d2t is None or t2d is None or d2t.dtype != torch.int64 or t2d.dtype != torch.bool:
+        return []
+    if tuple(d2t.shape) != (dc.draft_vocab_size,) or tuple(t2d.shape) != (dc.vocab_size,):
+        return []
+    tgt = torch.arange(dc.draft_vocab_size) + d2t.cpu()
+    if int(tgt.min()) < 0 or int(tgt.max()) >= dc.vocab_size:
+        return [f"d2t: maps draft ids to target ids outside [0, {dc.vocab_size}) "
+                f"(range {int(tgt.min())}..{int(tgt.max())}); d2t must hold offsets target_id - draft_id"]
+    if tgt.unique().numel() != tgt.numel():
+        return ["d2t: two draft ids map to the same target id"]
+    mark = torch.zeros(dc.vocab_size, dtype=torch.bool)
+    mark[tgt] = True
+    if not torch.equal(mark, t2d.cpu()):
+        return [f"t2d: marks {int(t2d.sum())} target ids but d2t maps to {dc.draft_vocab_size} others; "
+                f"t2d must be True exactly at draft_id + d2t[draft_id]"]
+    return []
+
+
+def check_aux_ids(ids: Any, key: str, num_target_layers: int | None = None) -> list[str]:
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        return [f"{key}: must be an explicit non-empty list of ints, got {ids!r} "
+                f"(vLLM silently uses its default ids when it is absent)"]
+    errs = []
+    if sorted(set(ids)) != ids:
+        errs.append(f"{key}: {ids} must be strictly increasing: vLLM captures the layers in sorted order, so fc's "
+                    f"input blocks would be permuted")
+    if min(ids) < 0 or (num_target_layers is not None and max(ids) >= num_target_layers):
+        errs.append(f"{key}: {ids} out of range for a target with {num_target_layers} layers")
+    return errs

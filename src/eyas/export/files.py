@@ -1,0 +1,85 @@
+"""Reading draft checkpoints in any of the engine formats, and the contract check over (config, tensors)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+from eyas.draft.model import DraftConfig
+from eyas.export.contract import MIDLAYER, SPECULATORS, check_tensors
+from eyas.export.formats import from_midlayer, from_speculators
+
+
+class ContractError(ValueError):
+    """A draft that an engine would load wrongly (or not at all); the message lists every bad key."""
+
+    def __init__(self, where: str, errors: list[str]):
+        self.errors = errors
+        super().__init__(f"{where}: the EAGLE-3 key contract is violated:\n  " + "\n  ".join(errors))
+
+
+def read_export(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """(config dict, {key: tensor}) of a draft dir: model.safetensors, sharded safetensors (with or without
+    an index), or pytorch_model.bin (loaded with weights_only=True: plain tensors, no pickled code)."""
+    path = Path(path)
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise FileNotFoundError(f"{path}: no config.json (not a draft/export directory)")
+    config = json.loads(cfg_file.read_text())
+    shards = sorted(path.glob("*.safetensors"))
+    bins = sorted(path.glob("pytorch_model*.bin"))
+    tensors: dict[str, torch.Tensor] = {}
+    if shards:
+        for s in shards:
+            part = load_file(str(s))
+            dup = set(part) & set(tensors)
+            if dup:
+                raise ValueError(f"{s}: keys {sorted(dup)[:5]} also appear in another shard")
+            tensors.update(part)
+    elif bins:
+        for b in bins:
+            part = torch.load(b, map_location="cpu", weights_only=True)
+            if not isinstance(part, dict):
+                raise ValueError(f"{b}: expected a state dict, found {type(part).__name__}")
+            tensors.update(part)
+    else:
+        raise FileNotFoundError(f"{path}: no *.safetensors or pytorch_model*.bin weights")
+    return config, tensors
+
+
+def detect_format(config: dict[str, Any], tensors: dict[str, torch.Tensor] | None = None) -> str:
+    if "speculators_config" in config or "speculators_model_type" in config:
+        return SPECULATORS
+    archs = config.get("architectures") or []
+    if any("Eagle3" in a for a in archs) or any(k.startswith("midlayer.") for k in (tensors or {})):
+        return MIDLAYER
+    if config.get("format") == "eyas-draft":
+        raise ValueError("this is an eyas draft dir already (format: eyas-draft); it needs no import")
+    raise ValueError(f"unrecognised draft format: config.json has neither speculators_config nor an Eagle3 "
+                     f"architecture (architectures={archs}); weight keys start with "
+                     f"{sorted({k.split('.')[0] for k in (tensors or {})})}")
+
+
+def parse_config(config: dict[str, Any], fmt: str, *, strict: bool,
+                 default_aux: list[int] | None = None) -> tuple[DraftConfig | None, list[str]]:
+    if fmt == SPECULATORS:
+        return from_speculators(config, strict=strict, default_aux=default_aux)
+    return from_midlayer(config, default_aux=default_aux)
+
+
+def check_contract(config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> list[str]:
+    """All contract violations of an export (config + tensors, in the format's own key names).
+    Empty list = an engine loads exactly what eyas trained. Every message names the key."""
+    try:
+        fmt = detect_format(config, tensors)
+    except ValueError as e:
+        return [str(e)]
+    dc, errors = parse_config(config, fmt, strict=(fmt == SPECULATORS))
+    if dc is None:
+        return errors or ["config: could not be read"]
+    return errors + check_tensors(dc, tensors, fmt)

@@ -1,0 +1,102 @@
+"""`import_draft`: a published EAGLE-3 draft -> an eyas draft dir that `eyas eval` / `eyas export` accept.
+
+Understood layouts (detected from config.json + key names):
+  - speculators / vLLM exports: `speculators_config`, keys `layers.0.*` (also eyas's own vLLM exports);
+  - research EAGLE-3 (EAGLE authors), SpecForge and SGLang dirs: `LlamaForCausalLMEagle3`, keys `midlayer.*`;
+    their layer keeps the residual before hidden_norm (norm_before_residual=false) and their optional
+    `eagle_config.eagle_aux_hidden_state_layer_ids` name layer *outputs* (eyas id - 1).
+Every weight must come from the checkpoint or, for the frozen token embedding only, from the target —
+a missing or unknown key fails with its name, never a silently random-initialised tensor.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eyas.draft.io import save_draft
+from eyas.draft.model import Eagle3Draft
+from eyas.export.contract import IGNORABLE_SUFFIXES, SPECULATORS, check_tensors, rename, to_eyas_key
+from eyas.export.files import ContractError, detect_format, parse_config, read_export
+from eyas.export.writers import _target_embedding
+
+
+def _target_dir(spec: str | None) -> Path | None:
+    if not spec:
+        return None
+    try:
+        from eyas.target.load import resolve
+        p = Path(resolve(spec).path)
+    except FileNotFoundError:
+        return None
+    return p if p.is_dir() else None
+
+
+def _target_layers(tdir: Path | None) -> int | None:
+    if tdir is None:
+        return None
+    from eyas.target.load import load_config
+    cfg = load_config(str(tdir))
+    cfg = getattr(cfg, "text_config", None) or cfg
+    return int(cfg.num_hidden_layers)
+
+
+def import_draft(src: str | os.PathLike, out: str | os.PathLike, *, target: str | None = None,
+                 aux_layer_ids: list[int] | None = None) -> Path:
+    src = Path(src)
+    config, tensors = read_export(src)
+    fmt = detect_format(config, tensors)
+    verifier = ((config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
+    spec = target or (config.get("eyas") or {}).get("target") or verifier
+    tdir = _target_dir(spec) or _target_dir(verifier)
+
+    default_aux = list(aux_layer_ids) if aux_layer_ids else None
+    if default_aux is None and tdir is not None:
+        from eyas.target import default_aux_layer_ids
+        default_aux = default_aux_layer_ids(_target_layers(tdir))
+    dc, errors = parse_config(config, fmt, strict=False, default_aux=default_aux)
+    if aux_layer_ids and dc is not None:
+        dc.aux_layer_ids = list(aux_layer_ids)  # explicit override wins over the file
+    if errors or dc is None:
+        raise ContractError(f"cannot import {src}", errors)
+
+    notes: dict[str, Any] = {}
+    tensors = {k: v for k, v in tensors.items() if not k.endswith(IGNORABLE_SUFFIXES)}
+    emb_key = rename("embed_tokens.weight", fmt)
+    if emb_key not in tensors:
+        emb = _target_embedding(str(tdir)) if tdir is not None else None
+        if emb is None:
+            raise ContractError(f"cannot import {src}", [
+                f"{emb_key}: not in the checkpoint (engines share the target's); pass --target so eyas can copy "
+                f"the target's token embedding (looked for {spec!r})"])
+        tensors[emb_key] = emb.to(next(v.dtype for v in tensors.values() if v.is_floating_point()))
+        notes["embed_tokens"] = f"copied from target {tdir}"
+    if dc.draft_vocab_size == dc.vocab_size and "d2t" not in tensors and "t2d" not in tensors:
+        # Full-vocab drafts often ship no map: the identity is the only meaning they can have.
+        tensors["d2t"] = torch.zeros(dc.vocab_size, dtype=torch.int64)
+        tensors["t2d"] = torch.ones(dc.vocab_size, dtype=torch.bool)
+        notes["vocab_map"] = "identity (full-vocab draft without d2t/t2d)"
+    errors = check_tensors(dc, tensors, fmt)
+    if errors:
+        raise ContractError(f"cannot import {src}", errors)
+
+    sd = {to_eyas_key(k, fmt): v for k, v in tensors.items()}
+    fdtype = next(v.dtype for v in sd.values() if v.is_floating_point())
+    dc.extra = {**dc.extra, "imported_format": fmt}
+    if fmt == SPECULATORS:
+        archs = ((config.get("speculators_config") or {}).get("verifier") or {}).get("architectures")
+        if archs:
+            dc.extra["target_architectures"] = list(archs)
+    with torch.device("meta"):
+        model = Eagle3Draft(dc)
+    model.load_state_dict(sd, strict=True, assign=True)
+    from eyas.draft.model import rope_inv_freq
+    model.inv_freq = rope_inv_freq(dc)
+    meta = {"target": spec or (str(tdir) if tdir is not None else None),
+            "imported_from": {"path": str(src.resolve()), "format": fmt, **notes}}
+    if isinstance(config.get("eyas"), dict):
+        meta["imported_from"]["eyas"] = config["eyas"]
+    return save_draft(model, out, meta, dtype=fdtype)
