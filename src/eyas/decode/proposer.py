@@ -1,0 +1,160 @@
+"""Proposers: what drafts the tree. `EagleProposer` runs an Eagle3Draft with its own static KV cache;
+`OracleProposer` drafts the target's own greedy continuation (a test instrument: every drafted
+token must be accepted, which checks verification, masks and KV compaction end to end).
+
+Protocol (both): `observe(seq, aux, start)` after each target forward, where `seq` is every
+committed token and `aux` [m, k, Ht] are the target's aux states at positions start..start+m-1;
+then `propose() -> Tree`.
+
+Draft semantics (vLLM's Eagle3 proposer): draft position t takes (h_t, x_{t+1}) at RoPE position t
+and predicts x_{t+2}; tree level j after the last observed position p runs at position p+j with
+its parent's pre-norm output as hidden. `observe` is the catch-up: it (re)computes the draft KV of
+the accepted positions from the target's fresh aux states; the speculative levels write to a
+scratch region that the next round simply overwrites.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from eyas.decode.tree import Tree, TreeSpec
+from eyas.draft.model import Eagle3Draft
+
+
+class EagleProposer:
+    def __init__(self, draft: Eagle3Draft, spec: TreeSpec, capacity: int):
+        self.draft, self.spec, self.capacity = draft, spec, capacity
+        cfg = draft.config
+        p = draft.fc.weight
+        self.device, self.dtype = p.device, p.dtype
+        self.pad = spec.depth + 1                     # catch-up rows per round (accepted + bonus), padded
+        self.junk = capacity                          # [capacity, capacity+pad): slots for pad rows
+        self.scratch = capacity + self.pad            # [scratch, scratch+S): speculative levels
+        self.S = max(1, (spec.depth - 1) * spec.topk)
+        size = self.scratch + self.S
+        self.kbuf = torch.zeros(1, cfg.num_key_value_heads, size, cfg.head_dim, device=self.device, dtype=self.dtype)
+        self.vbuf = torch.zeros_like(self.kbuf)
+        torch._dynamo.mark_static_address(self.kbuf)
+        torch._dynamo.mark_static_address(self.vbuf)
+        self.size = size
+        self._compiled = None
+        self.last = None  # (pre [H], logp [k], ids [k], position p) from the latest catch-up
+        self.ctx = 0      # draft KV slots [0, ctx) are committed
+
+    def compile(self, mode: str = "reduce-overhead") -> None:
+        self._compiled = torch.compile(self._step, mode=mode, fullgraph=False, dynamic=False)
+
+    def _step(self, tokens, hidden, positions, write, ctx_len, anc, self_mask, pick):
+        # tokens/positions/write [T]; hidden [T, H]; anc bool [T, S] over the scratch region;
+        # self_mask bool [T, T] among this call's rows; pick [R] rows whose top-k we need.
+        T = tokens.shape[0]
+        cols = torch.arange(self.size, device=tokens.device)
+        see = cols[None, :] < ctx_len
+        extra = torch.zeros(T, self.size, dtype=torch.bool, device=tokens.device)
+        extra[:, self.scratch:] = anc
+        mask = torch.cat([see | extra, self_mask], dim=1)[None, None]
+        pre, (k, v) = self.draft(tokens[None], hidden[None].to(self.dtype), positions[None], mask=mask,
+                                 past=(self.kbuf, self.vbuf))
+        self.kbuf.index_copy_(2, write, k)
+        self.vbuf.index_copy_(2, write, v)
+        pre = pre[0].index_select(0, pick)
+        logp = torch.log_softmax(self.draft.logits(pre).float(), dim=-1)
+        top, ids = logp.topk(self.spec.topk, dim=-1)
+        return pre, top, self.draft.to_target_ids(ids)
+
+    def _run(self, *args, eager: bool = False):
+        fn = self._step if (eager or self._compiled is None) else self._compiled
+        return fn(*args)
+
+    @torch.no_grad()
+    def observe(self, seq: list[int], aux: torch.Tensor, start: int) -> None:
+        m = aux.shape[0]
+        if start + m > self.capacity:
+            raise ValueError(f"draft KV capacity {self.capacity} exceeded at position {start + m}")
+        dev = self.device
+        hidden = self.draft.combine(aux.to(self.dtype))                    # [m, H]
+        toks = torch.tensor(seq[start + 1:start + 1 + m], device=dev)
+        eager = m > self.pad  # prefill: variable length, eager; rounds: padded to a static shape
+        rows = m if eager else self.pad
+        if rows > m:
+            hidden = torch.cat([hidden, hidden.new_zeros(rows - m, hidden.shape[1])])
+            toks = torch.cat([toks, toks.new_zeros(rows - m)])
+        positions = torch.arange(start, start + rows, device=dev)
+        write = torch.cat([torch.arange(start, start + m, device=dev),
+                           torch.arange(self.junk, self.junk + rows - m, device=dev)])
+        self_mask = torch.ones(rows, rows, dtype=torch.bool, device=dev).tril()
+        self_mask[m:] = torch.eye(rows, dtype=torch.bool, device=dev)[m:]   # pad rows see only themselves
+        anc = torch.zeros(rows, self.S, dtype=torch.bool, device=dev)
+        pick = torch.tensor([m - 1], device=dev)
+        pre, top, ids = self._run(toks, hidden, positions, write, torch.tensor(start, device=dev), anc, self_mask,
+                                  pick, eager=eager)
+        self.ctx = start + m
+        self.last = (pre[0].clone(), top[0].clone(), ids[0].clone(), start + m - 1)
+
+    @torch.no_grad()
+    def propose(self) -> Tree:
+        """EAGLE-2: expand the `topk` best nodes per level by cumulative log-prob, keep the `total` best."""
+        k, D = self.spec.topk, self.spec.depth
+        pre0, lp0, id0, p = self.last
+        dev = self.device
+        scores, tokens, parents = [lp0], [id0], [torch.full((k,), -1, device=dev)]
+        f_score, f_tok, f_hidden = lp0, id0, pre0.expand(k, -1)
+        f_gidx = torch.arange(k, device=dev)
+        f_anc = torch.zeros(k, self.S, dtype=torch.bool, device=dev)
+        eye = torch.eye(k, dtype=torch.bool, device=dev)
+        pick = torch.arange(k, device=dev)
+        ctx = torch.tensor(self.ctx, device=dev)
+        base = k
+        for lvl in range(1, D):
+            local = torch.arange((lvl - 1) * k, lvl * k, device=dev)
+            pos = torch.full((k,), p + lvl, device=dev)
+            pre, lp, ids = self._run(f_tok, f_hidden, pos, self.scratch + local, ctx, f_anc, eye, pick)
+            cum = (f_score[:, None] + lp).flatten()                             # [k*k]
+            scores.append(cum)
+            tokens.append(ids.flatten())
+            parents.append(f_gidx.repeat_interleave(k))
+            child_anc = f_anc.clone()
+            child_anc[torch.arange(k, device=dev), local] = True                 # parents' own slots
+            top = cum.topk(k).indices
+            r = top // k
+            f_score, f_tok, f_hidden, f_anc = cum[top], ids.flatten()[top], pre[r].clone(), child_anc[r]
+            f_gidx = base + top
+            base += k * k
+        all_scores = torch.cat(scores)
+        # Stable sort: on a tie the parent (smaller index) wins, keeping the kept set ancestor-closed.
+        order = torch.sort(all_scores, descending=True, stable=True).indices[:self.spec.total]
+        sel = torch.sort(order).values
+        sel_l, tok_l = sel.tolist(), torch.cat(tokens)[sel].tolist()
+        par_l, sc_l = torch.cat(parents)[sel].tolist(), all_scores[sel].tolist()
+        keep_tok, keep_par, keep_sc, remap = [], [], [], {}
+        for g, t, pg, s in zip(sel_l, tok_l, par_l, sc_l):
+            if pg >= 0 and pg not in remap:
+                continue  # parent not kept (only possible on exact ties): drop the orphan
+            remap[g] = len(keep_tok)
+            keep_tok.append(t)
+            keep_par.append(-1 if pg < 0 else remap[pg])
+            keep_sc.append(s)
+        return Tree(keep_tok, keep_par, keep_sc)
+
+
+class OracleProposer:
+    """Drafts the target's own greedy continuation as a chain of `k` (plain forwards, no cache)."""
+
+    def __init__(self, model, k: int):
+        self.model, self.k = model, k
+        self.seq: list[int] = []
+        self.spec = TreeSpec.chain(k)
+
+    def observe(self, seq: list[int], aux: torch.Tensor, start: int) -> None:
+        self.seq = list(seq)
+
+    @torch.no_grad()
+    def propose(self) -> Tree:
+        dev = next(self.model.parameters()).device
+        ids = torch.tensor([self.seq], device=dev)
+        out = []
+        for _ in range(self.k):
+            nxt = int(self.model(input_ids=ids, use_cache=False).logits[0, -1].argmax())
+            out.append(nxt)
+            ids = torch.cat([ids, torch.tensor([[nxt]], device=dev)], dim=1)
+        return Tree(out, list(range(-1, self.k - 1)))

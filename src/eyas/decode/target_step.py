@@ -1,0 +1,139 @@
+"""One target forward over arbitrary tokens at arbitrary KV slots, for any HF causal LM.
+
+The target runs through its own transformers forward (so every architecture works: Llama, MoE,
+multimodal wrappers), with two substitutions that make tree verification and CUDA graphs possible:
+
+* `SlotCache` — a StaticCache subclass whose `update` writes this call's keys/values at explicit
+  slots (`cache.slots`, [T]) of preallocated [1, nkv, capacity, d] buffers and returns the whole
+  buffers. Tree nodes therefore live at scratch slots after the context, and accepting a path is a
+  copy of a few slots (`compact`). Overriding `update` (whose signature is stable across
+  transformers 5.x, unlike the StaticLayer internals) keeps us independent of cache bookkeeping.
+* an explicit additive 4-D mask [1, 1, T, capacity] (transformers returns 4-D masks as-is): a query
+  sees the committed context (slots < ctx_len) plus its tree ancestors. Models with both full and
+  sliding-window layers (Gemma 2/3) get the {layer_type: mask} mapping they accept, with the window
+  applied to the sliding one. Other sliding-window models see full attention (exact while
+  sequences stay inside their window, which is 4k+ for the models that use it this way).
+
+Aux states (the draft's input) come from `eyas.target.capture` hooks that stay registered for the
+runner's lifetime, so the same function can be handed to torch.compile (the hook writes are
+traced as side effects) and replayed as a CUDA graph with static shapes.
+"""
+
+from __future__ import annotations
+
+import inspect
+from contextlib import ExitStack
+
+import torch
+from torch import nn
+
+from eyas.target.capture import capture
+from eyas.target.layers import Layout
+
+
+def _static_cache_class():
+    from transformers import StaticCache
+    return StaticCache
+
+
+class SlotCache(_static_cache_class()):  # type: ignore[misc]
+    """KV buffers indexed by explicit slots; see the module docstring."""
+
+    def __init__(self, config, capacity: int):
+        super().__init__(config=config, max_cache_len=capacity)
+        self.capacity = capacity
+        self.kbuf: list[torch.Tensor | None] = [None] * len(self.layers)
+        self.vbuf: list[torch.Tensor | None] = [None] * len(self.layers)
+        self.slots: torch.Tensor | None = None
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        # key_states [1, nkv, T, d] -> the full buffers [1, nkv, capacity, d] after writing at `slots`
+        if self.kbuf[layer_idx] is None:  # first (eager) call allocates; addresses never change after
+            shape = lambda x: (x.shape[0], x.shape[1], self.capacity, x.shape[3])
+            self.kbuf[layer_idx] = torch.zeros(shape(key_states), dtype=key_states.dtype, device=key_states.device)
+            self.vbuf[layer_idx] = torch.zeros(shape(value_states), dtype=value_states.dtype,
+                                               device=value_states.device)
+            torch._dynamo.mark_static_address(self.kbuf[layer_idx])
+            torch._dynamo.mark_static_address(self.vbuf[layer_idx])
+        k, v = self.kbuf[layer_idx], self.vbuf[layer_idx]
+        k.index_copy_(2, self.slots, key_states)
+        v.index_copy_(2, self.slots, value_states)
+        return k, v
+
+    def get_seq_length(self, *args, **kwargs) -> int:
+        return 0  # position ids and masks are always passed explicitly
+
+    @torch.no_grad()
+    def compact(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Move the accepted tree nodes' entries (slots `src`) to their final slots `dst`."""
+        for k, v in zip(self.kbuf, self.vbuf):
+            if k is not None:
+                k.index_copy_(2, dst, k.index_select(2, src))
+                v.index_copy_(2, dst, v.index_select(2, src))
+
+
+class TargetRunner:
+    """Owns the target model, its SlotCache and the aux-state hooks; `step` is one forward."""
+
+    def __init__(self, model: nn.Module, layout: Layout, aux_ids: list[int], capacity: int):
+        self.model, self.layout, self.aux_ids = model, layout, list(aux_ids)
+        self.config = model.config
+        self.device = layout.lm_head.weight.device
+        self.dtype = layout.lm_head.weight.dtype
+        self.capacity = capacity
+        params = inspect.signature(model.forward).parameters
+        # transformers 5.17 calls it past_key_values, later 5.x releases `cache`.
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._takes_cache_position = "cache_position" in params
+        text = self.config.get_text_config(decoder=True) if hasattr(self.config, "get_text_config") else self.config
+        types = list(getattr(text, "layer_types", None) or [])
+        self._window = getattr(text, "sliding_window", None)
+        self._mask_types = sorted(set(types)) if len(set(types)) > 1 else None
+        self.cache = SlotCache(self.config, capacity)
+        self._hooks = ExitStack()
+        self._cap = self._hooks.enter_context(capture(layout, self.aux_ids, last=False))
+        self._compiled = None
+
+    def close(self) -> None:
+        self._hooks.close()
+
+    def compile(self, mode: str = "reduce-overhead") -> None:
+        """Compile `step` (static shapes per T); prefill stays eager (HF's own advice for static caches)."""
+        self._compiled = torch.compile(self._step, mode=mode, fullgraph=False, dynamic=False)
+
+    def _mask(self, positions, slots, ctx_len, anc):
+        # bool [T, capacity]: committed context + this call's ancestors (incl. self)
+        T = slots.shape[0]
+        cols = torch.arange(self.capacity, device=slots.device)
+        extra = torch.zeros(T, self.capacity, dtype=torch.bool, device=slots.device)
+        extra.index_copy_(1, slots, anc)
+        see = (cols[None, :] < ctx_len) | extra
+        neg = torch.finfo(self.dtype).min
+        full = torch.zeros(T, self.capacity, dtype=self.dtype, device=slots.device).masked_fill(~see, neg)[None, None]
+        if self._mask_types is None:
+            return full
+        # Key positions of each slot: context slots hold position == slot; tree slots carry their own.
+        kpos = cols.clone()
+        kpos.index_copy_(0, slots, positions)
+        near = (positions[:, None] - kpos[None, :]) < int(self._window or self.capacity)
+        slid = torch.zeros_like(full[0, 0]).masked_fill(~(see & near), neg)[None, None]
+        return {t: (slid if "sliding" in t else full) for t in self._mask_types}
+
+    def _step(self, tokens, positions, slots, ctx_len, anc):
+        self.cache.slots = slots
+        kw = {"input_ids": tokens[None], "position_ids": positions[None],
+              "attention_mask": self._mask(positions, slots, ctx_len, anc),
+              self._cache_kw: self.cache, "use_cache": True}
+        if self._takes_cache_position:
+            kw["cache_position"] = slots
+        logits = self.model(**kw).logits[0]
+        return logits.float(), self._cap.aux[0]
+
+    @torch.no_grad()
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, ctx_len: torch.Tensor,
+             anc: torch.Tensor, *, eager: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """tokens/positions/slots [T] long, ctx_len 0-d long, anc bool [T, T] (row i sees column j's slot).
+        Returns (logits [T, V] fp32, aux [T, k, H]). Outputs of a compiled call are graph-owned:
+        consume (or clone) them before the next call."""
+        fn = self._step if (eager or self._compiled is None) else self._compiled
+        return fn(tokens, positions, slots, ctx_len, anc)

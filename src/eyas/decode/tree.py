@@ -1,0 +1,131 @@
+"""Draft trees, tree specs, and acceptance (greedy walk and recursive rejection sampling).
+
+A tree holds N drafted nodes; verification index 0 is the root (the last committed token, whose
+target logits judge the first level) and node i is verification index i + 1. Nodes are ordered so
+that every parent precedes its children.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class TreeSpec:
+    """EAGLE-2 dynamic tree: `depth` draft levels, `topk` expansion per level, `total` kept nodes.
+    A chain of K is TreeSpec(total=K, depth=K, topk=1)."""
+    total: int
+    depth: int
+    topk: int
+
+    def __post_init__(self):
+        if min(self.total, self.depth, self.topk) < 1:
+            raise ValueError(f"tree {self}: total, depth and topk must all be >= 1")
+        most = self.topk + (self.depth - 1) * self.topk * self.topk
+        if self.total > most:
+            raise ValueError(f"tree {self}: total={self.total} exceeds the {most} candidates that depth={self.depth}, "
+                             f"topk={self.topk} can produce")
+
+    @classmethod
+    def chain(cls, k: int) -> "TreeSpec":
+        return cls(total=k, depth=k, topk=1)
+
+    @classmethod
+    def parse(cls, text: str) -> "TreeSpec":
+        """'total=60,depth=7,topk=10' (any order; all three keys required)."""
+        got = {}
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            m = re.fullmatch(r"(total|depth|topk)\s*=\s*(\d+)", part)
+            if not m:
+                raise ValueError(f"--tree {text!r}: cannot read {part!r}; expected e.g. total=60,depth=7,topk=10")
+            got[m.group(1)] = int(m.group(2))
+        missing = {"total", "depth", "topk"} - set(got)
+        if missing:
+            raise ValueError(f"--tree {text!r}: missing {sorted(missing)} (format total=60,depth=7,topk=10)")
+        return cls(**got)
+
+    @property
+    def is_chain(self) -> bool:
+        return self.topk == 1
+
+    def label(self) -> str:
+        return f"chain-{self.depth}" if self.is_chain else f"tree(total={self.total},depth={self.depth},topk={self.topk})"
+
+
+@dataclass
+class Tree:
+    tokens: list[int]        # [N] target-vocab ids
+    parents: list[int]       # [N] parent node index, -1 = root
+    scores: list[float] | None = None  # cumulative draft log-prob per node (cost-model calibration)
+
+    def __post_init__(self):
+        self.depths = []
+        self.children: list[list[int]] = [[] for _ in range(len(self.tokens) + 1)]  # by verification index
+        for i, p in enumerate(self.parents):
+            if p >= i:
+                raise ValueError(f"tree node {i} has parent {p}: parents must precede children")
+            self.depths.append(1 if p < 0 else self.depths[p] + 1)
+            self.children[p + 1].append(i + 1)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def ancestors(self) -> torch.Tensor:
+        """bool [N+1, N+1]: row i sees column j iff j is i or an ancestor of i (verification indices)."""
+        n = len(self.tokens) + 1
+        anc = torch.zeros(n, n, dtype=torch.bool)
+        anc[0, 0] = True
+        for i, p in enumerate(self.parents):
+            anc[i + 1] = anc[p + 1]
+            anc[i + 1, i + 1] = True
+        return anc
+
+
+def greedy_accept(tree: Tree, root_token: int, argmax: list[int]) -> tuple[list[int], int]:
+    """Longest path whose every token equals the target's argmax at its parent.
+    argmax [N+1] per verification index. Returns (accepted verification indices, bonus token)."""
+    tokens = [root_token] + tree.tokens
+    cur, path = 0, []
+    while True:
+        nxt = next((c for c in tree.children[cur] if tokens[c] == argmax[cur]), None)
+        if nxt is None:
+            return path, argmax[cur]
+        path.append(nxt)
+        cur = nxt
+
+
+def sample_accept(tree: Tree, probs, generator: torch.Generator, *, residual: bool = True) -> tuple[list[int], int]:
+    """Recursive rejection sampling over the tree (SpecInfer / EAGLE), lossless in distribution.
+
+    `probs(i)` -> target distribution (1-D float64 CPU tensor) at verification index i. The draft's
+    candidates are its deterministic top-k, i.e. point-mass proposals, so child c with token x is
+    accepted with probability p(x) / 1; on rejection p <- normalise(max(p - delta_x, 0)) = p with x
+    zeroed. If every child is rejected the bonus token is drawn from that residual.
+    `residual=False` is the deliberately broken rule (redraw from the unmodified p) the tests use
+    to show the statistical check has power.
+    """
+    cur, path = 0, []
+    while True:
+        p = probs(cur).clone()
+        p_orig = p.clone()
+        moved = False
+        for c in tree.children[cur]:
+            x = tree.tokens[c - 1]
+            u = torch.rand((), generator=generator, dtype=torch.float64).item()
+            if u < p[x].item():
+                path.append(c)
+                cur, moved = c, True
+                break
+            if residual:
+                p[x] = 0.0
+                s = p.sum()
+                if s <= 0:  # numerically exhausted: nothing left to draw from but what was rejected
+                    p = p_orig
+                    break
+                p = p / s
+        if not moved:
+            dist = p if residual else p_orig
+            return path, int(torch.multinomial(dist.float(), 1, generator=generator).item())
