@@ -13,6 +13,7 @@ each one, when it finishes, tries the merge; the last to finish writes the (dete
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import threading
@@ -209,8 +210,11 @@ class ShardWriter:
             tensors["offsets"] = torch.tensor([0] + lengths, dtype=torch.int64).cumsum(0)
             tensors["sample_ids"] = torch.tensor(list(shard.rows), dtype=torch.int64)
             shard.parts.clear()
-            data = st_save(tensors, metadata={"format": FORMAT + "-shard", "shard": str(shard.j),
-                                              "dtype": self.header["target"]["dtype"]})
+            # One metadata key: safetensors orders several keys at random, and equal inputs should give
+            # byte-identical shards (same sha256 whatever rank or run wrote them).
+            meta = json.dumps({"format": FORMAT + "-shard", "shard": shard.j, "dtype": self.header["target"]["dtype"]},
+                              sort_keys=True)
+            data = st_save(tensors, metadata={"eyas": meta})
             del tensors
             entry = {"shard": shard.j, "file": shard_name(shard.j), "first": shard.rows.start,
                      "count": len(shard.rows), "tokens": sum(lengths), "bytes": len(data),
