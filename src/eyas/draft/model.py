@@ -26,6 +26,16 @@ try:  # FlexAttention: the GPU path for training masks; the dense bool-mask path
 except ImportError:  # pragma: no cover - torch < 2.5
     BlockMask, flex_attention = None, None
 
+_flex = flex_attention  # swapped for a compiled version by compile_flex_attention() (GPU training)
+
+
+def compile_flex_attention() -> None:
+    """Eager flex_attention materialises the full score matrix; compiled, it runs as a fused sparse
+    kernel. Process-wide, so every Eagle3Draft picks it up."""
+    global _flex
+    if flex_attention is not None:
+        _flex = torch.compile(flex_attention, dynamic=False)
+
 
 @dataclass
 class DraftConfig:
@@ -130,7 +140,7 @@ class Attention(nn.Module):
         if past is not None:  # keys/values of earlier positions or earlier TTT steps: [B, nkv, S, d]
             k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
         if BlockMask is not None and isinstance(mask, BlockMask):
-            o = flex_attention(q, k, v, block_mask=mask, enable_gqa=self.nh != self.nkv)
+            o = _flex(q, k, v, block_mask=mask, enable_gqa=self.nh != self.nkv)
         else:  # mask: bool [B|1, 1, T, S+T], True = attend
             if self.nh != self.nkv:
                 rep = self.nh // self.nkv

@@ -1,0 +1,354 @@
+"""`eyas train`: EAGLE-3 draft training with training-time test, offline (store) or online (target in loop).
+
+setup (inputs, target head, draft init) -> steps (micro-batches, AdamW, cosine) -> eval on the held-out
+split (per-step accuracy, simulated tau) -> checkpoints / best draft. The RUN dir's top level is a
+draft dir (eyas.draft.io) holding the best weights by held-out simulated tau.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import Field
+
+from eyas.config import ConfigError, StageConfig, config_to_yaml
+from eyas.draft.io import save_draft
+from eyas.draft.model import Eagle3Draft, draft_config_from_target
+from eyas.train import dist as D
+from eyas.train.data import OfflineSource, OnlineSource, Plan
+from eyas.train.inputs import open_inputs
+from eyas.train.ttt import TargetHead, TTTUnroll, simulated_tau, step_accuracy
+
+# Fields that decide which rows each step sees: a resume with different values would not continue the run.
+_RESUME_MUST_MATCH = ("seed", "batch_size", "grad_accum", "eval_fraction", "ttt_steps", "max_length", "steps",
+                      "epochs", "lr", "store", "data", "online")
+
+
+class TrainConfig(StageConfig):
+    target: str = Field(description="target model: HF dir, hub id, .gguf or built-in name")
+    out: Path = Field(description="RUN dir to write (a draft dir + checkpoints/, metrics.jsonl, tb/)")
+    store: Path | None = Field(None, description="STORE dir (offline training from extracted hidden states)")
+    data: Path | None = Field(None, description="PREPARED dir: rows for --online, and the draft vocab (d2t/t2d)")
+    online: bool = Field(False, description="run the target on the fly over --data instead of reading a store")
+    aux_layer_ids: list[int] | None = Field(None, description="target aux layers (default: the store's, else (2, N//2, N-3))")
+    draft_vocab_size: int | None = Field(None, description="rebuild the draft vocab at this size from the PREPARED token counts")
+    ttt_steps: int = Field(7, ge=1, description="training-time-test steps unrolled per position")
+    step_decay: float = Field(0.8, gt=0, description="loss weight of TTT step k is step_decay**k")
+    tau_chain: int | None = Field(None, description="chain length K for the simulated tau (default: --ttt-steps)")
+    max_length: int | None = Field(None, description="truncate rows to this many tokens")
+    batch_size: int = Field(1, ge=1, description="rows per micro-batch per process")
+    grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step")
+    steps: int | None = Field(None, description="optimizer steps (default: --epochs over the training split)")
+    epochs: float = Field(1.0, gt=0, description="epochs when --steps is not given")
+    lr: float = Field(1e-4, gt=0, description="peak learning rate (AdamW, betas 0.9/0.95)")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine decays to lr * this")
+    warmup_steps: int | None = Field(None, description="linear warmup steps (default: 3% of steps, at least 1)")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    grad_clip: float = Field(0.5, gt=0, description="gradient-norm clip")
+    init_head: bool = Field(True, description="seed lm_head + final norm from the target's head rows for the draft vocab")
+    dtype: Literal["auto", "bf16", "fp32"] = Field("auto", description="autocast dtype (auto: bf16 on GPU, fp32 on CPU); master weights stay fp32")
+    device: str = Field("auto", description="cpu, cuda, cuda:N or auto")
+    attention: Literal["auto", "dense", "flex"] = Field("auto", description="TTT mask kind (auto: flex on GPU, dense on CPU)")
+    compile: bool | None = Field(None, description="torch.compile flex attention (default: on for GPU)")
+    parallel: Literal["ddp", "fsdp"] = Field("ddp", description="multi-process strategy under torchrun")
+    logit_chunk: int = Field(2048, ge=1, description="tokens per chunk of full-vocab target logits")
+    eval_fraction: float = Field(0.05, ge=0, lt=1, description="held-out share of rows")
+    eval_every: int = Field(100, ge=1, description="evaluate the held-out split every N steps")
+    eval_batches: int | None = Field(None, description="cap on held-out batches per evaluation")
+    save_every: int = Field(500, ge=1, description="checkpoint every N steps")
+    keep_checkpoints: int = Field(2, ge=1, description="checkpoints to keep")
+    log_every: int = Field(10, ge=1, description="train metrics every N steps")
+    resume: bool = Field(False, description="continue from the latest checkpoint in --out")
+    seed: int = Field(0, description="seed for init, split and data order")
+    progress: bool = Field(True, description="show a progress bar with ETA")
+    tensorboard: bool = Field(True, description="write TensorBoard scalars to --out/tb")
+
+
+def _device(cfg: TrainConfig, d: D.Dist) -> torch.device:
+    name = cfg.device
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(name)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", d.local_rank)
+    return dev
+
+
+def cosine_lambda(total: int, warmup: int, min_ratio: float):
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        p = min(1.0, (step - warmup) / max(1, total - warmup))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * p))
+    return f
+
+
+def _rng_state() -> dict:
+    s = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        s["cuda"] = torch.cuda.get_rng_state_all()
+    return s
+
+
+def _set_rng_state(s: dict) -> None:
+    random.setstate(s["python"])
+    torch.set_rng_state(s["torch"])
+    if "cuda" in s and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(s["cuda"])
+
+
+def latest_checkpoint(out: Path) -> Path | None:
+    cks = sorted((out / "checkpoints").glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
+    cks = [c for c in cks if (c / "state.pt").is_file()]
+    return cks[-1] if cks else None
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, *, target=None, store=None, dataset=None):
+        self.cfg = cfg
+        self.d = D.init("cuda" if cfg.device.startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu")
+        self.device = _device(cfg, self.d)
+        gpu = self.device.type == "cuda"
+        torch.manual_seed(cfg.seed)
+        random.seed(cfg.seed)
+        self.inp = open_inputs(cfg, self.device, target=target, store=store, dataset=dataset)
+        tgt = self.inp.target
+        d2t, t2d = self.inp.d2t, self.inp.t2d
+        dcfg = draft_config_from_target(tgt.config, aux_layer_ids=self.inp.aux_ids, draft_vocab_size=d2t.numel())
+        dcfg.extra["target"] = self.inp.target_name
+        draft = Eagle3Draft(dcfg)
+        draft.set_vocab_map(d2t, t2d)
+        lay = tgt.layout
+        draft.init_from_target(lay.embed.weight.float(),
+                               lay.lm_head.weight.float() if cfg.init_head else None,
+                               getattr(lay.norm, "weight", None) if cfg.init_head else None)
+        self.draft = draft.to(self.device)
+        self.head = TargetHead(lay.norm, lay.lm_head.weight, d2t, t2d, chunk=cfg.logit_chunk).to(self.device)
+        attention = cfg.attention if cfg.attention != "auto" else ("flex" if gpu else "dense")
+        if attention == "flex" and (cfg.compile if cfg.compile is not None else gpu):
+            from eyas.draft.model import compile_flex_attention
+            compile_flex_attention()
+        self.unroll = TTTUnroll(self.draft, cfg.ttt_steps, cfg.step_decay, attention)
+        self.model = D.wrap(self.unroll, self.d, cfg.parallel, self.device)
+        self.amp = torch.bfloat16 if (cfg.dtype == "bf16" or (cfg.dtype == "auto" and gpu)) else None
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+        self.plan = Plan(len(self.inp.source), cfg.batch_size, self.d.world, cfg.grad_accum, cfg.eval_fraction, cfg.seed)
+        self.total = cfg.steps or max(1, int(cfg.epochs * self.plan.steps_per_epoch))
+        warm = cfg.warmup_steps if cfg.warmup_steps is not None else max(1, round(0.03 * self.total))
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, cosine_lambda(self.total, warm, cfg.min_lr_ratio))
+        self.step, self.best_tau, self.history = 0, -1.0, []
+        self.tau_chain = cfg.tau_chain or cfg.ttt_steps
+
+    # ---- one forward/backward over a micro-batch -------------------------------------------------------
+    def _forward(self, batch: dict):
+        probs, ok, arg = self.head(batch["last"])
+        with torch.autocast(self.device.type, dtype=self.amp, enabled=self.amp is not None):
+            return self.model(batch["input_ids"], batch["position_ids"], batch["loss_mask"], batch["aux"],
+                              probs, ok, arg)
+
+    def train_step(self) -> tuple[torch.Tensor, int]:
+        micro = self.plan.step_rows(self.step, self.d.rank)
+        stats, tokens = None, 0
+        for i, ids in enumerate(micro):
+            batch = self.inp.source.batch(ids, self.device)
+            tokens += int(batch["input_ids"].numel())
+            sync = i == len(micro) - 1 or not hasattr(self.model, "no_sync")
+            ctx = self.model.no_sync() if not sync else _null()
+            with ctx:
+                loss, st = self._forward(batch)
+                (loss / len(micro)).backward()
+            stats = st if stats is None else stats + st
+        torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad], self.cfg.grad_clip)
+        self.opt.step()
+        self.sched.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.step += 1
+        return self.d.all_reduce(stats.detach().clone()), tokens
+
+    @torch.no_grad()
+    def evaluate(self) -> dict | None:
+        batches = self.plan.eval_batches(self.d.rank, self.cfg.eval_batches)
+        if not self.plan.eval_rows:
+            return None
+        was = self.model.training
+        self.model.eval()
+        stats = torch.zeros(self.cfg.ttt_steps, 3, device=self.device)
+        for ids in batches:
+            if ids:
+                stats += self._forward(self.inp.source.batch(ids, self.device))[1].float()
+        self.model.train(was)
+        stats = self.d.all_reduce(stats)
+        acc = step_accuracy(stats.cpu())
+        w = torch.tensor([self.cfg.step_decay ** k for k in range(self.cfg.ttt_steps)])
+        per_step = stats[:, 0].cpu() / stats[:, 2].cpu().clamp(min=1)
+        return {"loss": float((w * per_step).sum()), "acc": acc, "tau": simulated_tau(acc, self.tau_chain),
+                "positions": int(stats[0, 2])}
+
+    # ---- checkpoints -----------------------------------------------------------------------------------
+    def meta(self, metrics: dict | None) -> dict[str, Any]:
+        return {"target": self.inp.target_meta, "aux_layer_ids": self.inp.aux_ids,
+                "train": self.cfg.model_dump(mode="json"), "metrics": metrics or {}, "step": self.step,
+                "inputs": self.inp.describe()}
+
+    def _draft_for_save(self, msd: dict) -> Eagle3Draft:
+        sd = {k[len("draft."):]: v for k, v in msd.items() if k.startswith("draft.")}
+        with torch.device("meta"):
+            m = Eagle3Draft(self.draft.config)
+        m.load_state_dict(sd, assign=True, strict=False)
+        return m
+
+    def save_checkpoint(self, metrics: dict | None) -> None:
+        msd, osd = D.full_state(self.model, self.opt, self.d)
+        if self.d.main:
+            ck = self.cfg.out / "checkpoints" / f"step-{self.step}"
+            tmp = ck.with_name(ck.name + ".tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            save_draft(self._draft_for_save(msd), tmp, self.meta(metrics))
+            torch.save({"optimizer": osd, "scheduler": self.sched.state_dict(), "rng": _rng_state(),
+                        "step": self.step, "data_position": {"step": self.step, "rows_per_step": self.plan.rows_per_step},
+                        "best_tau": self.best_tau, "history": self.history,
+                        "config": self.cfg.model_dump(mode="json")}, tmp / "state.pt")
+            shutil.rmtree(ck, ignore_errors=True)
+            tmp.rename(ck)  # a checkpoint is complete or absent
+            old = sorted((self.cfg.out / "checkpoints").glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
+            for p in old[:-self.cfg.keep_checkpoints]:
+                shutil.rmtree(p, ignore_errors=True)
+        self.d.barrier()
+
+    def resume(self) -> None:
+        ck = latest_checkpoint(self.cfg.out)
+        if ck is None:
+            raise FileNotFoundError(f"--resume: no checkpoint under {self.cfg.out / 'checkpoints'}")
+        st = torch.load(ck / "state.pt", map_location="cpu", weights_only=False)
+        saved, now = st["config"], self.cfg.model_dump(mode="json")
+        diff = [k for k in _RESUME_MUST_MATCH if saved.get(k) != now.get(k)]
+        if diff:
+            raise ConfigError(f"--resume from {ck}: {', '.join(f'{k}={saved.get(k)!r} (now {now.get(k)!r})' for k in diff)}"
+                              " differ from the checkpoint; the run would not continue the same data order")
+        from safetensors.torch import load_file
+        msd = {"draft." + k: v for k, v in load_file(str(ck / "model.safetensors")).items()}
+        D.load_full_state(self.model, self.opt, self.d, msd, st["optimizer"])
+        self.sched.load_state_dict(st["scheduler"])
+        _set_rng_state(st["rng"])
+        self.step, self.best_tau, self.history = st["step"], st["best_tau"], st["history"]
+
+    # ---- the run ---------------------------------------------------------------------------------------
+    def log(self, rec: dict) -> None:
+        self.history.append(rec)
+        if not self.d.main:
+            return
+        with open(self.cfg.out / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        if self.tb is not None:
+            split = rec["split"]
+            for k in ("loss", "tau", "lr", "tokens_per_s"):
+                if k in rec:
+                    self.tb.add_scalar(f"{split}/{k}", rec[k], rec["step"])
+            for i, a in enumerate(rec.get("acc", [])):
+                self.tb.add_scalar(f"{split}/acc_{i}", a, rec["step"])
+
+    def maybe_best(self, ev: dict) -> None:
+        if ev["tau"] > self.best_tau:
+            self.best_tau = ev["tau"]
+            msd, _ = D.full_state(self.model, self.opt, self.d) if self.d.world > 1 else (self.unroll.state_dict(), None)
+            if self.d.main:
+                save_draft(self._draft_for_save(msd), self.cfg.out, self.meta({"best_step": self.step, **ev}))
+
+    def run(self) -> dict:
+        cfg = self.cfg
+        if self.d.main:
+            cfg.out.mkdir(parents=True, exist_ok=True)
+            (cfg.out / "train_config.yaml").write_text(config_to_yaml(cfg))
+        if cfg.resume:
+            self.resume()
+        elif self.d.main and (cfg.out / "metrics.jsonl").exists():
+            (cfg.out / "metrics.jsonl").unlink()  # a fresh run owns the log
+        self.tb = _tensorboard(cfg.out / "tb") if (cfg.tensorboard and self.d.main) else None
+        bar = _progress(self.total, self.step, cfg.progress and self.d.main)
+        self.model.train()
+        window, t0, toks = None, time.perf_counter(), 0
+        t_start = time.perf_counter()
+        while self.step < self.total:
+            st, n = self.train_step()
+            window = st if window is None else window + st
+            toks += n
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{float(st[:, 0].sum() / st[:, 2].clamp(min=1).sum()):.3f}",
+                                acc0=f"{float(st[0, 1] / st[0, 2].clamp(min=1)):.2f}")
+            if self.step % cfg.log_every == 0 or self.step == self.total:
+                dt = time.perf_counter() - t0
+                acc = step_accuracy(window.cpu())
+                per = (window[:, 0] / window[:, 2].clamp(min=1)).cpu()
+                w = torch.tensor([cfg.step_decay ** k for k in range(cfg.ttt_steps)])
+                self.log({"split": "train", "step": self.step, "loss": float((w * per).sum()), "acc": acc,
+                          "tau": simulated_tau(acc, self.tau_chain), "lr": self.sched.get_last_lr()[0],
+                          "tokens_per_s": toks * self.d.world / max(dt, 1e-9)})
+                window, t0, toks = None, time.perf_counter(), 0
+            if self.step % cfg.eval_every == 0 or self.step == self.total:
+                ev = self.evaluate()
+                if ev is not None:
+                    self.log({"split": "eval", "step": self.step, **ev})
+                    self.maybe_best(ev)
+            if self.step % cfg.save_every == 0 or self.step == self.total:
+                last = next((h for h in reversed(self.history) if h["split"] == "eval"), None)
+                self.save_checkpoint(last)
+        if bar is not None:
+            bar.close()
+        if self.best_tau < 0 and self.d.main:  # no held-out split: the final weights are the result
+            msd, _ = D.full_state(self.model, self.opt, self.d) if self.d.world > 1 else (self.unroll.state_dict(), None)
+            save_draft(self._draft_for_save(msd), cfg.out, self.meta({"best_step": self.step}))
+        if self.tb is not None:
+            self.tb.close()
+        evals = [h for h in self.history if h["split"] == "eval"]
+        trains = [h for h in self.history if h["split"] == "train"]
+        best = max(evals, key=lambda h: h["tau"]) if evals else None
+        return {"out": str(cfg.out), "steps": self.step, "seconds": round(time.perf_counter() - t_start, 2),
+                "best_tau": best["tau"] if best else None, "best_step": best["step"] if best else None,
+                "eval": evals[-1] if evals else None, "train": trains[-1] if trains else None,
+                "mode": "online" if self.inp.source.online else "offline"}
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+def _tensorboard(path: Path):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # tensorboard not installed: metrics.jsonl still has everything
+        return None
+    return SummaryWriter(str(path))
+
+
+def _progress(total: int, initial: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+    return tqdm(total=total, initial=initial, desc="train", unit="step", dynamic_ncols=True)
+
+
+def train(cfg: TrainConfig, *, target=None, store=None, dataset=None) -> dict:
+    """Train and write the RUN dir; returns a summary. `target`/`store`/`dataset` inject in-memory
+    objects (tests, the demo) in place of loading --target / --store / --data."""
+    t = Trainer(cfg, target=target, store=store, dataset=dataset)
+    try:
+        return t.run()
+    finally:
+        D.shutdown(t.d)
+
+
+def run(cfg: TrainConfig) -> dict:
+    return train(cfg)

@@ -1,0 +1,165 @@
+"""Training-time test (TTT): K unrolled draft steps over a packed batch.
+
+Step k at sequence position t mirrors step k of a vLLM proposer chain that starts at t:
+  hidden   = fc(aux_t) at k = 0, else the draft's own step-(k-1) pre-norm output at t
+  token    = x_{t+1+k},   RoPE position = position_ids[t] + k   (position ids restart per document)
+  target   = softmax over the draft vocab of the target's logits at t+1+k (which predict x_{t+2+k})
+  attends  = step-0 keys at s <= t of the same document, plus its own step-j keys at t for j = 1..k
+             (the chain's earlier drafted tokens; the KV cache vLLM holds at that moment)
+  counted  = x_{t+2+k} lies in the same document, is an assistant token (loss_mask), and the target's
+             full-vocab argmax at t+1+k is inside the draft vocab
+Loss = sum_k decay^k * mean soft cross-entropy (forward KL up to the target entropy) over counted positions.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from eyas.draft.model import Eagle3Draft
+
+try:
+    from torch.nn.attention.flex_attention import BlockMask, create_block_mask
+except ImportError:  # pragma: no cover - torch < 2.5
+    BlockMask, create_block_mask = None, None
+
+
+def document_ids(position_ids: torch.Tensor) -> torch.Tensor:
+    """[B, T] -> [B, T] int ids; a new document starts wherever the position id does not continue."""
+    starts = torch.ones_like(position_ids, dtype=torch.bool)
+    starts[:, 1:] = position_ids[:, 1:] != position_ids[:, :-1] + 1
+    return torch.cumsum(starts.long(), dim=1)
+
+
+def ttt_dense_mask(doc: torch.Tensor, k: int) -> torch.Tensor:
+    """bool [B, 1, T, (k+1)T], True = attend. Key blocks: step 0 (document-causal), steps 1..k (diagonal)."""
+    B, T = doc.shape
+    causal = torch.ones(T, T, dtype=torch.bool, device=doc.device).tril()
+    prefix = (doc[:, :, None] == doc[:, None, :]) & causal          # [B, T, T]
+    eye = torch.eye(T, dtype=torch.bool, device=doc.device).expand(B, T, T)
+    return torch.cat([prefix] + [eye] * k, dim=-1)[:, None]
+
+
+def ttt_block_mask(doc: torch.Tensor, k: int, block_size: int = 128):
+    """The same mask as a FlexAttention BlockMask (GPU path: sparse blocks, no [T, KT] tensor)."""
+    if create_block_mask is None:
+        raise RuntimeError("FlexAttention needs torch >= 2.5; use attention='dense'")
+    B, T = doc.shape
+
+    def mask_mod(b, h, q, kv):
+        step, s = kv // T, kv % T
+        prefix = (doc[b, s] == doc[b, q]) & (s <= q)
+        return torch.where(step == 0, prefix, s == q)
+
+    return create_block_mask(mask_mod, B, None, T, (k + 1) * T, device=doc.device, BLOCK_SIZE=block_size)
+
+
+def shift_left(x: torch.Tensor, n: int, fill=0) -> torch.Tensor:
+    """x[:, t] <- x[:, t+n] along dim 1, padding the tail with `fill`."""
+    if n == 0:
+        return x
+    pad = torch.full_like(x[:, :n], fill)
+    return torch.cat([x[:, n:], pad], dim=1)
+
+
+def step_valid(doc: torch.Tensor, loss_mask: torch.Tensor, in_vocab: torch.Tensor, k: int) -> torch.Tensor:
+    """bool [B, T]: positions t counted at TTT step k (see the module docstring)."""
+    s = 1 + k
+    same_doc = shift_left(doc, s + 1, fill=-1) == doc      # x_{t+2+k} in t's document (and inside the row)
+    return same_doc & shift_left(loss_mask, s + 1, fill=False) & shift_left(in_vocab, s, fill=False)
+
+
+class TargetHead(nn.Module):
+    """The target's frozen final norm + lm_head, turning `last` hidden states into the training signal.
+
+    Logits are computed `chunk` tokens at a time, so full-vocab fp32 logits exist only for one chunk.
+    """
+
+    def __init__(self, norm: nn.Module, lm_head_weight: torch.Tensor, d2t: torch.Tensor, t2d: torch.Tensor,
+                 chunk: int = 2048):
+        super().__init__()
+        self.norm = norm.requires_grad_(False)
+        self.register_buffer("weight", lm_head_weight.detach(), persistent=False)
+        self.register_buffer("draft_ids", torch.arange(d2t.numel(), device=d2t.device) + d2t, persistent=False)
+        self.register_buffer("t2d", t2d.bool(), persistent=False)
+        self.chunk = chunk
+
+    @torch.no_grad()
+    def forward(self, last: torch.Tensor):
+        """last [B, T, H] -> probs [B, T, Vd] fp32, in_vocab [B, T] bool, argmax [B, T] (draft ids)."""
+        B, T, H = last.shape
+        flat = last.reshape(B * T, H)
+        probs, ok, arg = [], [], []
+        for i in range(0, flat.shape[0], self.chunk):
+            x = self.norm(flat[i:i + self.chunk].to(self.weight.dtype))
+            logits = F.linear(x.to(self.weight.dtype), self.weight).float()      # [c, V]: one chunk only
+            ok.append(self.t2d[logits.argmax(-1)])
+            d = logits.index_select(1, self.draft_ids)
+            probs.append(torch.softmax(d, dim=-1))
+            arg.append(d.argmax(-1))
+        Vd = self.draft_ids.numel()
+        return torch.cat(probs).view(B, T, Vd), torch.cat(ok).view(B, T), torch.cat(arg).view(B, T)
+
+
+class TTTUnroll(nn.Module):
+    """Wraps the draft so that one forward() is the whole K-step unroll + loss (DDP/FSDP2 hook on it)."""
+
+    def __init__(self, draft: Eagle3Draft, steps: int, decay: float = 0.8, attention: str = "dense"):
+        super().__init__()
+        if steps < 1:
+            raise ValueError(f"ttt steps must be >= 1, got {steps}")
+        if attention not in ("dense", "flex"):
+            raise ValueError(f"attention must be 'dense' or 'flex', got {attention!r}")
+        self.draft, self.steps, self.decay, self.attention = draft, steps, decay, attention
+
+    def mask(self, doc: torch.Tensor, k: int):
+        return ttt_block_mask(doc, k) if self.attention == "flex" else ttt_dense_mask(doc, k)
+
+    def forward(self, input_ids, position_ids, loss_mask, aux, probs, in_vocab, target_arg):
+        """input_ids/position_ids/loss_mask [B, T]; aux [B, T, k, Ht]; probs [B, T, Vd]; in_vocab,
+        target_arg [B, T] (from TargetHead). Returns (loss, stats [K, 3] = ce_sum, correct, count)."""
+        draft = self.draft
+        doc = document_ids(position_ids)
+        hidden = draft.combine(aux)                                       # [B, T, H]
+        past = None
+        loss = hidden.new_zeros((), dtype=torch.float32)
+        stats = []
+        for k in range(self.steps):
+            tokens = shift_left(input_ids, 1 + k)
+            pre, (kk, vv) = draft(tokens, hidden, position_ids + k, mask=self.mask(doc, k), past=past)
+            past = (kk, vv) if past is None else (torch.cat([past[0], kk], 2), torch.cat([past[1], vv], 2))
+            valid = step_valid(doc, loss_mask, in_vocab, k)
+            # Logits only where counted: user turns and padding cost no lm_head FLOPs.
+            logits = draft.logits(pre[valid]).float()                     # [N, Vd]
+            p = shift_left(probs, 1 + k)[valid]
+            ce = -(p * torch.log_softmax(logits, dim=-1)).sum(-1)
+            n = valid.sum()
+            loss = loss + (self.decay ** k) * ce.sum() / n.clamp(min=1)
+            correct = (logits.argmax(-1) == shift_left(target_arg, 1 + k)[valid]).sum()
+            stats.append(torch.stack([ce.sum().detach(), correct.float(), n.float()]))
+            hidden = pre
+        return loss, torch.stack(stats)
+
+
+def step_accuracy(stats: torch.Tensor) -> list[float]:
+    """stats [K, 3] (summed over batches) -> per-step accuracy."""
+    return [float(c / n) if n > 0 else 0.0 for _, c, n in stats.tolist()]
+
+
+def simulated_tau(step_acc: list[float], K: int | None = None) -> float:
+    """Expected tokens per verification of a K-token chain from per-step accuracies.
+
+    acc_k is measured with the true prefix (teacher forcing), i.e. it estimates P(draft k correct |
+    drafts 0..k-1 accepted). The chain emits the accepted run plus the bonus token:
+        tau = 1 + sum_{k<K} prod_{j<=k} acc_j
+    Steps beyond the trained ones reuse the last measured accuracy. K defaults to len(step_acc).
+    """
+    if not step_acc:
+        raise ValueError("simulated_tau needs at least one step accuracy")
+    K = len(step_acc) if K is None else int(K)
+    tau, run = 1.0, 1.0
+    for k in range(K):
+        run *= float(step_acc[min(k, len(step_acc) - 1)])
+        tau += run
+    return tau

@@ -1,0 +1,120 @@
+import json
+
+import pytest
+import torch
+
+from eyas.config import ConfigError, build_config
+from eyas.draft.io import load_draft
+from eyas.train import TrainConfig, train
+from eyas.train.loop import latest_checkpoint
+from tests.train.fakes import FakePrepared, FakeStore, make_rows, tiny_target, vocab_for
+
+
+@pytest.fixture(scope="module")
+def world():
+    target = tiny_target()
+    rows = make_rows(12, length=24)
+    d2t, t2d = vocab_for(rows, 64)
+    return target, rows, FakePrepared(rows, d2t, t2d), FakeStore(rows, target)
+
+
+def cfg(tmp_path, name="run", **kw):
+    base = dict(target="tiny-llama", out=tmp_path / name, store=tmp_path / "store", ttt_steps=3, batch_size=2,
+                steps=6, lr=1e-3, eval_fraction=0.2, eval_every=3, save_every=3, log_every=1, seed=1,
+                progress=False, tensorboard=False, device="cpu")
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def metrics(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_overfit_reaches_step0_accuracy(tmp_path, world):
+    target, rows, prepared, store = world
+    few = FakeStore(rows[:2], target)
+    c = cfg(tmp_path, steps=100, lr=1e-2, eval_fraction=0, batch_size=2, ttt_steps=2, log_every=10,
+            save_every=1000, warmup_steps=5)
+    summary = train(c, target=target, store=few, dataset=FakePrepared(rows[:2], *prepared.vocab()))
+    last = metrics(c.out)[-1]
+    assert last["split"] == "train" and last["acc"][0] >= 0.95, last
+    assert summary["steps"] == 100
+
+
+def test_offline_equals_online(tmp_path, world):
+    target, rows, prepared, store = world
+    off = train(cfg(tmp_path, "off"), target=target, store=store, dataset=prepared)
+    on = train(cfg(tmp_path, "on", online=True, store=None, data=tmp_path / "prep"), target=target, dataset=prepared)
+    assert off["mode"] == "offline" and on["mode"] == "online"
+    m_off, m_on = metrics(tmp_path / "off"), metrics(tmp_path / "on")
+    assert [m["split"] for m in m_off] == [m["split"] for m in m_on]
+    for a, b in zip(m_off, m_on):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-5), (a, b)
+        assert a["acc"] == b["acc"]
+    wa, _ = load_draft(tmp_path / "off")
+    wb, _ = load_draft(tmp_path / "on")
+    for k, v in wa.state_dict().items():
+        torch.testing.assert_close(v, wb.state_dict()[k], rtol=1e-4, atol=1e-5)
+
+
+def test_run_dir_layout_and_best_checkpoint(tmp_path, world):
+    target, rows, prepared, store = world
+    c = cfg(tmp_path, tensorboard=True)
+    s = train(c, target=target, store=store, dataset=prepared)
+    out = c.out
+    assert (out / "train_config.yaml").is_file() and (out / "tb").is_dir()
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-3", "step-6"]
+    model, meta = load_draft(out)
+    assert meta["aux_layer_ids"] == [0, 2, 3] and meta["train"]["ttt_steps"] == 3
+    assert meta["target"]["name"] == "tiny-llama" and meta["target"]["hidden_size"] == 32
+    evals = [m for m in metrics(out) if m["split"] == "eval"]
+    best = max(evals, key=lambda m: m["tau"])
+    assert meta["metrics"]["best_step"] == best["step"] == s["best_step"]
+    assert meta["metrics"]["tau"] == pytest.approx(best["tau"])
+    assert torch.equal(model.d2t, prepared.vocab()[0]) and torch.equal(model.t2d, prepared.vocab()[1])
+    # embeddings are the target's, frozen
+    assert torch.equal(model.embed_tokens.weight, target.layout.embed.weight)
+
+
+def test_resume_continues_exactly(tmp_path, world):
+    target, rows, prepared, store = world
+    full = cfg(tmp_path, "full", steps=8, save_every=4, eval_every=4)
+    train(full, target=target, store=store, dataset=prepared)
+    part = cfg(tmp_path, "part", steps=8, save_every=4, eval_every=4)
+    t = train(part.model_copy(update={"steps": 8}), target=target, store=store, dataset=prepared)
+    # Simulate a crash after step 4: drop the later checkpoint and log lines, then resume.
+    import shutil
+    shutil.rmtree(part.out / "checkpoints" / "step-8")
+    assert latest_checkpoint(part.out).name == "step-4"
+    lines = [m for m in metrics(part.out) if m["step"] <= 4]
+    (part.out / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+    train(part.model_copy(update={"resume": True}), target=target, store=store, dataset=prepared)
+    a, b = metrics(full.out), metrics(part.out)
+    assert [(m["split"], m["step"]) for m in a] == [(m["split"], m["step"]) for m in b]
+    for x, y in zip(a, b):
+        assert x["loss"] == y["loss"], (x, y)
+    assert t["steps"] == 8
+
+
+def test_resume_refuses_a_different_data_order(tmp_path, world):
+    target, rows, prepared, store = world
+    c = cfg(tmp_path, steps=3)
+    train(c, target=target, store=store, dataset=prepared)
+    with pytest.raises(ConfigError, match="seed"):
+        train(c.model_copy(update={"resume": True, "seed": 7, "steps": 6}), target=target, store=store, dataset=prepared)
+
+
+def test_store_shape_mismatch_is_a_clear_error(tmp_path, world):
+    target, rows, prepared, store = world
+    with pytest.raises(ValueError, match="aux"):
+        train(cfg(tmp_path, aux_layer_ids=[1, 2, 3]), target=target, store=store, dataset=prepared)
+
+
+def test_yaml_keys_are_flag_names_and_cli_overrides(tmp_path):
+    y = tmp_path / "t.yaml"
+    y.write_text("target: t\nout: o\nstore: s\nttt-steps: 3\nlr: 0.001\n")
+    c = build_config(TrainConfig, {"lr": 0.002}, yaml_path=y)
+    assert c.ttt_steps == 3 and c.lr == 0.002 and str(c.store) == "s"
+    y.write_text("target: t\nout: o\nttt_stepz: 3\n")
+    with pytest.raises(ConfigError, match="ttt_stepz"):
+        build_config(TrainConfig, {}, yaml_path=y)
