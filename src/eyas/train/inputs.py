@@ -105,10 +105,6 @@ def open_inputs(cfg, device: torch.device, *, target=None, store=None, dataset=N
     if dataset is None and cfg.data is not None:
         from eyas.data import PreparedDataset
         dataset = PreparedDataset(cfg.data)
-    if not cfg.online and store is None:
-        from eyas.store import HiddenStateStore
-        store = HiddenStateStore(cfg.store)
-
     loaded = target is None
     if loaded:
         gpu = device.type == "cuda"
@@ -116,6 +112,18 @@ def open_inputs(cfg, device: torch.device, *, target=None, store=None, dataset=N
         target = load_target(cfg.target, dtype=torch.bfloat16 if gpu else torch.float32,
                              device=device if cfg.online else "cpu")
     layout = target.layout
+    if not cfg.online and store is None:
+        from eyas.store import HiddenStateStore
+        from eyas.store.format import config_hash
+        # The store must come from this very network (config hash), not just the same shapes.
+        from eyas.store.format import StoreError
+        try:
+            store = HiddenStateStore(cfg.store, expect={"config_hash": config_hash(target.config)})
+        except StoreError as e:  # one clear CLI line, like every other input error
+            raise ValueError(str(e)) from None
+    if store is not None and dataset is not None and not cfg.online and len(store) != len(dataset):
+        raise ValueError(f"store {cfg.store} has {len(store)} rows but the prepared data {cfg.data} has "
+                         f"{len(dataset)}; store row i must be prepared row i")
     manifest = dict(getattr(store, "manifest", None) or {}) if store is not None else {}
     store_aux = _find(manifest, "aux_layer_ids", "aux_ids")
     aux = cfg.aux_layer_ids or store_aux or default_aux_layer_ids(layout.num_layers)

@@ -1,0 +1,75 @@
+"""End to end through the real readers: PREPARED dir -> `eyas extract` (bf16, fp8) -> `eyas train` offline
+and online via the CLI, tiny target saved to disk."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from eyas.cli import main
+from eyas.draft.io import load_draft
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    from eyas.data.dataset import ShardWriter, write_manifest, write_vocab
+    from tests.store.conftest import make_tiny_target
+
+    root = tmp_path_factory.mktemp("e2e")
+    target = make_tiny_target(root / "target", layers=4)
+    prep = root / "prep"
+    prep.mkdir()
+    rng = np.random.default_rng(0)
+    w = ShardWriter(prep, shard_rows=4)
+    for docs in [[20, 12], [32], [9, 9, 9], [30], [16, 16], [25], [31], [12, 20]]:
+        w.add([(rng.integers(0, 96, n), np.arange(n) >= n // 2) for n in docs])
+    w.flush()
+    freq = torch.bincount(torch.from_numpy(rng.integers(0, 96, 2000)), minlength=96)
+    ids = torch.sort(torch.topk(freq, 48).indices).values
+    t2d = torch.zeros(96, dtype=torch.bool)
+    t2d[ids] = True
+    write_vocab(prep, ids - torch.arange(48), t2d, freq)
+    write_manifest(prep, {"format": "eyas-prepared", "version": 1, "target": {"name": "tiny", "vocab_size": 96},
+                          "max_length": 32, "shards": w.shards, "summary": {"rows": 8}})
+    for dt in ("bf16", "fp8"):
+        assert main(["extract", "--target", str(target), "--data", str(prep), "--out", str(root / dt),
+                     "--dtype", dt, "--device", "cpu"]) == 0
+    return root, target, prep
+
+
+COMMON = ["--ttt-steps", "2", "--batch-size", "2", "--steps", "4", "--eval-every", "2", "--save-every", "2",
+          "--eval-fraction", "0.25", "--no-progress", "--no-tensorboard", "--device", "cpu", "--lr", "1e-3"]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+def test_train_offline_from_store(dirs, dtype, capsys):
+    root, target, prep = dirs
+    out = root / f"run-{dtype}"
+    assert main(["train", "--target", str(target), "--store", str(root / dtype), "--data", str(prep),
+                 "--out", str(out), *COMMON]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["mode"] == "offline" and summary["steps"] == 4 and summary["best_tau"] >= 1.0
+    model, meta = load_draft(out)
+    assert model.config.draft_vocab_size == 48 and meta["aux_layer_ids"] == [0, 2, 3]
+    assert (out / "checkpoints" / "step-4" / "state.pt").is_file()
+
+
+def test_train_online_and_vocab_resize(dirs, capsys):
+    root, target, prep = dirs
+    out = root / "run-online"
+    assert main(["train", "--target", str(target), "--data", str(prep), "--online", "--draft-vocab-size", "32",
+                 "--out", str(out), *COMMON]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["mode"] == "online"
+    model, _ = load_draft(out)
+    assert model.config.draft_vocab_size == 32 and int(model.t2d.sum()) == 32
+
+
+def test_store_from_another_target_is_refused(dirs, tmp_path, capsys):
+    root, target, prep = dirs
+    from tests.store.conftest import make_tiny_target
+    other = make_tiny_target(tmp_path / "other", layers=5)
+    rc = main(["train", "--target", str(other), "--store", str(root / "bf16"), "--data", str(prep),
+               "--out", str(tmp_path / "r"), *COMMON])
+    assert rc == 1 and "different target" in capsys.readouterr().err
