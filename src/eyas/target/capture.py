@@ -41,8 +41,7 @@ class Captured:
 
 
 @contextmanager
-def capture(layout: Layout, aux_ids: list[int], *, last: bool = True,
-            stop_after_last_aux: bool = False) -> Iterator[Captured]:
+def capture(layout: Layout, aux_ids: list[int], *, last: bool = True) -> Iterator[Captured]:
     """Hooks live only inside the `with` block. Tensors are detached views (no copies)."""
     ids = validate_aux_layer_ids(aux_ids, layout.num_layers)
     out = Captured(aux_ids=ids)
@@ -92,18 +91,25 @@ def target_states(model: nn.Module, layout: Layout, input_ids: torch.Tensor, aux
                   logits: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Run the target once; return (aux [B,T,k,H], last [B,T,H], logits or None).
 
-    Packed rows: pass `position_ids` that restart per document and no `attention_mask`; an explicit
-    document-causal 4-D mask is built so every attention backend keeps documents apart.
+    Padded batches: pass the 2-D `attention_mask` (left or right padding); position ids are derived
+    from it so left-padded rows get the positions an unpadded run would (absolute-position models
+    such as GPT-2 depend on that). Packed rows: pass `position_ids` that restart per document and no
+    `attention_mask`; transformers then builds document-causal masks itself, per layer type, so
+    sliding-window layers (Gemma, Mistral) keep their window inside each document, and flash
+    attention runs varlen. Pad a batch of packed rows by appending one more "document" of pad
+    tokens with restarting positions. A 4-D mask is passed through untouched.
     """
-    if position_ids is not None and attention_mask is None:
-        attention_mask = document_causal_mask(position_ids)
+    if attention_mask is not None and attention_mask.ndim == 2 and position_ids is None:
+        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    backbone = _backbone(model, layout)
+    if position_ids is not None and attention_mask is None and _uses_mrope(getattr(backbone, "config", None)):
+        position_ids = _mrope_packed_positions(position_ids)
     kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
     with capture(layout, aux_ids) as cap:
         if logits:
             out = model(**kwargs).logits
         else:
-            # Skip the full-vocab lm_head when only states are needed.
-            backbone = _backbone(model, layout)
+            # Skip the wrapper (vision towers, full-vocab lm_head) when only states are needed.
             backbone(**kwargs)
             out = None
     return cap.aux, cap.last, out
@@ -112,3 +118,20 @@ def target_states(model: nn.Module, layout: Layout, input_ids: torch.Tensor, aux
 def _backbone(model: nn.Module, layout: Layout) -> nn.Module:
     path = layout.paths["layers"].rsplit(".", 1)
     return model.get_submodule(path[0]) if len(path) == 2 else model
+
+
+def _uses_mrope(config) -> bool:
+    """Multimodal RoPE (Qwen2-VL family): positions are [3, B, T] (time, height, width) per token."""
+    for key in ("rope_parameters", "rope_scaling"):
+        rope = getattr(config, key, None)
+        if isinstance(rope, dict) and "mrope_section" in rope:
+            return True
+    return False
+
+
+def _mrope_packed_positions(position_ids: torch.Tensor) -> torch.Tensor:
+    """[B, T] text positions -> [4, B, T]: mrope models read row 0 as the text positions that drive
+    packed-document masking and rows 1..3 as the rotary positions (all equal for text tokens)."""
+    if position_ids.ndim != 2:
+        return position_ids  # already 3-D/4-D: the caller built multimodal positions itself
+    return position_ids[None].expand(4, -1, -1)

@@ -41,10 +41,14 @@ class Layout:
 
 def default_aux_layer_ids(num_layers: int) -> list[int]:
     """vLLM's default: (2, N//2, N-3); aux id k is the residual stream entering layer k."""
-    if num_layers < 4:
-        # Too shallow for the standard triple; still three distinct, valid ids where possible.
-        return sorted({0, num_layers // 2, max(num_layers - 1, 0)})
-    return [2, num_layers // 2, num_layers - 3]
+    if num_layers < 1:
+        raise ValueError(f"a target needs at least one decoder layer, got {num_layers}")
+    ids = [2, num_layers // 2, num_layers - 3]
+    if ids[0] < ids[1] < ids[2] < num_layers:
+        return ids
+    # Too shallow for the standard triple (N < 7 repeats, reorders or leaves the range): spread up to three
+    # distinct ids evenly over the stack instead (first layer, middle, last).
+    return sorted({round(j * (num_layers - 1) / 2) for j in range(3)})
 
 
 def validate_aux_layer_ids(ids: list[int], num_layers: int) -> list[int]:
