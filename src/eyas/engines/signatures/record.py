@@ -13,6 +13,7 @@ the same file first); `X = Literal[...]` aliases give their members, following a
 from __future__ import annotations
 
 import argparse
+import re
 import ast
 import json
 import sys
@@ -170,6 +171,13 @@ def record(root: Path, version: str, entry_points=ENTRY_POINTS) -> dict:
             "signatures": {ep.name: describe(ep, tree) for ep in entry_points}}
 
 
+def dumps(doc: dict) -> str:
+    """JSON with one parameter per line: small diffs between releases, readable in review."""
+    text = json.dumps(doc, indent=1)
+    # json's indent puts each list item on its own line; fold the innermost [name, kind, default] triples.
+    return re.sub(r"\[\s*(\"[^\"]*\"),\s*(\"[A-Z_]+\"),\s*(true|false)\s*\]", r"[\1, \2, \3]", text) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("src", type=Path, help="unpacked vLLM source root (contains vllm/)")
@@ -179,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = record(args.src, args.version)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"vllm-{args.version}.json"
-    path.write_text(json.dumps(doc, indent=1) + "\n")
+    path.write_text(dumps(doc))
     absent = [k for k, v in doc["signatures"].items() if "missing" in v]
     print(f"wrote {path}: {len(doc['signatures'])} entry points, absent: {absent or 'none'}")
     return 0

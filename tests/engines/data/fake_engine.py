@@ -1,0 +1,128 @@
+"""A fake `vllm` package + a fake engine interpreter, for probe tests without a real vLLM.
+
+`make_fake_vllm(tmp, replace={...})` writes a tiny package that defines every entry point eyas probes with
+vLLM 0.32.0's parameter names (only the ones eyas relies on, plus a few it does not), and a `python` wrapper
+script that runs the current interpreter with that package first on the path. `replace` maps
+(relative file, old text) -> new text, to inject a drifted signature.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+from pathlib import Path
+
+FILES: dict[str, str] = {
+    "vllm/__init__.py": (
+        "__version__ = '0.32.0'\n"
+        "from vllm.entrypoints.llm import LLM\n"
+        "from vllm.sampling_params import SamplingParams\n"),
+    "vllm/entrypoints/__init__.py": "",
+    "vllm/entrypoints/llm.py": (
+        "from typing import overload\n"
+        "class LLM:\n"
+        "    def __init__(self, model: str, *, tokenizer=None, dtype='auto', seed=0, gpu_memory_utilization=0.9,\n"
+        "                 enforce_eager=False, **kwargs):\n"
+        "        raise RuntimeError('the probe must never construct an LLM')\n"
+        "    @overload\n"
+        "    def generate(self, prompts: str) -> list: ...\n"
+        "    def generate(self, prompts, sampling_params=None, *, use_tqdm=True, lora_request=None):\n"
+        "        raise RuntimeError('never called by the probe')\n"
+        "    def get_metrics(self):\n"
+        "        return []\n"),
+    "vllm/sampling_params.py": (
+        "from dataclasses import dataclass\n"
+        "@dataclass\n"
+        "class SamplingParams:\n"
+        "    n: int = 1\n"
+        "    temperature: float = 1.0\n"
+        "    seed: int | None = None\n"
+        "    ignore_eos: bool = False\n"
+        "    max_tokens: int | None = 16\n"
+        "    extra_args: dict | None = None\n"),
+    "vllm/engine/__init__.py": "",
+    "vllm/engine/arg_utils.py": (
+        "from dataclasses import dataclass\n"
+        "@dataclass\n"
+        "class EngineArgs:\n"
+        "    model: str = 'x'\n"
+        "    dtype: str = 'auto'\n"
+        "    seed: int = 0\n"
+        "    max_model_len: int | None = None\n"
+        "    gpu_memory_utilization: float = 0.9\n"
+        "    enforce_eager: bool = False\n"
+        "    disable_log_stats: bool = False\n"
+        "    speculative_config: dict | None = None\n"
+        "    kv_transfer_config: object = None\n"),
+    "vllm/v1/__init__.py": "",
+    "vllm/v1/metrics/__init__.py": "",
+    "vllm/v1/metrics/reader.py": (
+        "from dataclasses import dataclass\n"
+        "@dataclass\n"
+        "class Metric:\n"
+        "    name: str\n"
+        "    labels: dict\n"
+        "@dataclass\n"
+        "class Counter(Metric):\n"
+        "    value: int\n"
+        "@dataclass\n"
+        "class Vector(Metric):\n"
+        "    values: list\n"),
+    "vllm/config/__init__.py": "from vllm.config.kv_transfer import KVTransferConfig\n",
+    "vllm/config/kv_transfer.py": (
+        "from dataclasses import dataclass, field\n"
+        "@dataclass\n"
+        "class KVTransferConfig:\n"
+        "    kv_connector: str | None = None\n"
+        "    kv_role: str | None = None\n"
+        "    kv_connector_extra_config: dict = field(default_factory=dict)\n"),
+    "vllm/config/speculative.py": (
+        "from typing import Literal\n"
+        "MTPModelTypes = Literal['mtp']\n"
+        "EagleModelTypes = Literal['eagle', 'eagle3', 'extract_hidden_states', MTPModelTypes]\n"
+        "SpeculativeMethod = Literal['ngram', 'draft_model', EagleModelTypes]\n"),
+    "vllm/transformers_utils/__init__.py": "",
+    "vllm/transformers_utils/configs/__init__.py": "",
+    "vllm/transformers_utils/configs/speculators/__init__.py": "",
+    "vllm/transformers_utils/configs/speculators/base.py": (
+        "class SpeculatorsConfig:\n"
+        "    @classmethod\n"
+        "    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):\n"
+        "        raise RuntimeError('never called by the probe')\n"
+        "    @classmethod\n"
+        "    def extract_vllm_speculative_config(cls, config_dict):\n"
+        "        return {}\n"),
+    "vllm/transformers_utils/configs/speculators/algos.py": (
+        "def update_eagle3(config_dict: dict, pre_trained_config: dict) -> None:\n"
+        "    pre_trained_config['draft_vocab_size'] = config_dict.get('draft_vocab_size')\n"),
+    "vllm/distributed/__init__.py": "",
+    "vllm/distributed/kv_transfer/__init__.py": "",
+    "vllm/distributed/kv_transfer/kv_connector/__init__.py": "",
+    "vllm/distributed/kv_transfer/kv_connector/v1/__init__.py": "",
+    "vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py": (
+        "def load_hidden_states(path: str) -> dict:\n"
+        "    raise RuntimeError('never called by the probe')\n"
+        "def cleanup_hidden_states(path: str, keep_hidden_states: bool = False) -> None:\n"
+        "    pass\n"),
+}
+
+
+def make_fake_vllm(tmp: Path, replace: dict[tuple[str, str], str] | None = None) -> Path:
+    """Write the fake package under tmp/src and return the path of a fake engine interpreter."""
+    src = Path(tmp) / "src"
+    files = dict(FILES)
+    for (rel, old), new in (replace or {}).items():
+        if old not in files[rel]:
+            raise KeyError(f"fake vllm: {old!r} not in {rel}")
+        files[rel] = files[rel].replace(old, new)
+    for rel, text in files.items():
+        p = src / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    py = Path(tmp) / "bin" / "python"
+    py.parent.mkdir(parents=True, exist_ok=True)
+    # run_in_env drops PYTHONPATH from the environment, so the wrapper sets it itself, like a venv would.
+    py.write_text(f"#!/bin/sh\nPYTHONPATH={src} exec {sys.executable} \"$@\"\n")
+    py.chmod(py.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return py
