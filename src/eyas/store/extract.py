@@ -27,7 +27,7 @@ from pydantic import Field
 from eyas.config import StageConfig
 from eyas.store.format import (DTYPES, MANIFEST, StoreError, bytes_per_token, encode_states, read_json,
                                target_identity)
-from eyas.store.writer import (Plan, ShardWriter, clean_temp_files, completed_shards, merge,
+from eyas.store.writer import (Plan, ShardWriter, clean_temp_files, completed_shards, crash_point, merge,
                                samples_per_shard)
 
 
@@ -202,6 +202,7 @@ def extract_to_store(model: torch.nn.Module, layout, dataset, out: str | os.Path
     finally:
         writer.close()
     elapsed = time.perf_counter() - t_start
+    crash_point("before-merge")
     manifest = merge(out, header, plan)
     return {"out": str(out), "rank": rank, "world": world, "dtype": dtype, "aux_layer_ids": aux_ids,
             "samples": n, "shards": plan.num_shards, "shards_written": len(todo), "shards_resumed": len(done),
