@@ -69,7 +69,8 @@ FILES: dict[str, str] = {
         "@dataclass\n"
         "class Vector(Metric):\n"
         "    values: list\n"),
-    "vllm/config/__init__.py": "from vllm.config.kv_transfer import KVTransferConfig\n",
+    "vllm/config/__init__.py": ("from vllm.config.kv_transfer import KVTransferConfig\n"
+                                "from vllm.config.speculative import SpeculativeConfig\n"),
     "vllm/config/kv_transfer.py": (
         "from dataclasses import dataclass, field\n"
         "@dataclass\n"
@@ -78,10 +79,16 @@ FILES: dict[str, str] = {
         "    kv_role: str | None = None\n"
         "    kv_connector_extra_config: dict = field(default_factory=dict)\n"),
     "vllm/config/speculative.py": (
+        "from dataclasses import dataclass\n"
         "from typing import Literal\n"
         "MTPModelTypes = Literal['mtp']\n"
         "EagleModelTypes = Literal['eagle', 'eagle3', 'extract_hidden_states', MTPModelTypes]\n"
-        "SpeculativeMethod = Literal['ngram', 'draft_model', EagleModelTypes]\n"),
+        "SpeculativeMethod = Literal['ngram', 'draft_model', EagleModelTypes]\n"
+        "@dataclass\n"
+        "class SpeculativeConfig:\n"
+        "    num_speculative_tokens: int | None = None\n"
+        "    model: str | None = None\n"
+        "    method: SpeculativeMethod | None = None\n"),
     "vllm/transformers_utils/__init__.py": "",
     "vllm/transformers_utils/configs/__init__.py": "",
     "vllm/transformers_utils/configs/speculators/__init__.py": "",
