@@ -1,0 +1,154 @@
+"""Training throughput of the EAGLE-3 draft at a target's shape, with random inputs.
+
+Default: the Llama-3.1-8B draft (hidden 4096, 32 heads / 8 kv, MLP 14336, vocab 128256, draft vocab 32000),
+TTT 7, one packed row of 2048 tokens, bf16 autocast + fp32 master weights + AdamW, FlexAttention masks,
+the target's head (norm + full-vocab lm_head, chunked) included in each step as in real training.
+Reports tokens/s, step time, peak memory and MFU (model FLOPs of the draft's forward+backward over the
+step's time; the target-head forward is reported separately and excluded from MFU).
+
+  python bench/train.py --out bench/results/train_h200.json          # GPU
+  python bench/train.py --tiny --out /tmp/train_tiny.json            # CPU smoke run (seconds)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from types import SimpleNamespace
+
+import torch
+
+from eyas.draft.model import Eagle3Draft, compile_flex_attention, draft_config_from_target
+from eyas.train.ttt import TargetHead, TTTUnroll, step_valid, document_ids
+
+LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
+                vocab_size=128256, rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=131072,
+                num_hidden_layers=32, model_type="llama")
+TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
+            rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=512, num_hidden_layers=4, model_type="llama")
+PEAK_BF16_TFLOPS = {"H200": 989.4, "H100": 989.4, "A100": 312.0, "L40S": 362.0}
+
+
+def draft_flops_per_token(cfg, T: int, K: int, valid_frac: float) -> float:
+    """Forward matmul FLOPs per token for the K-step unroll (x3 for forward + backward).
+    Attention counts the unmasked keys only: a causal prefix (T/2 on average) + k diagonal entries."""
+    H, I, nh, nkv, d = (cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads, cfg.num_key_value_heads,
+                        cfg.head_dim)
+    per_step = 2 * (2 * H * (nh + 2 * nkv) * d + nh * d * H + 3 * H * I) + 2 * H * cfg.draft_vocab_size * valid_frac
+    attn = sum(4 * nh * d * (T / 2 + k) for k in range(K))
+    return 3 * (2 * cfg.num_aux * cfg.target_hidden_size * H + K * per_step + attn)
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tiny", action="store_true", help="tiny shapes on CPU (smoke test)")
+    p.add_argument("--seq", type=int, default=None, help="tokens per row (default 2048; tiny 64)")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--ttt-steps", type=int, default=None, help="default 7; tiny 3")
+    p.add_argument("--draft-vocab", type=int, default=None, help="default 32000; tiny 128")
+    p.add_argument("--docs", type=int, default=4, help="documents packed per row (document masking)")
+    p.add_argument("--steps", type=int, default=None, help="timed steps (default 10; tiny 3)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 3; tiny 1)")
+    p.add_argument("--device", default=None)
+    p.add_argument("--attention", choices=["flex", "dense"], default=None)
+    p.add_argument("--no-compile", action="store_true", help="eager flex attention (slow; for debugging)")
+    p.add_argument("--peak-tflops", type=float, default=None, help="bf16 dense peak for MFU (default by GPU name)")
+    p.add_argument("--out", default=None, help="write the JSON result here")
+    a = p.parse_args(argv)
+
+    shape = TINY if a.tiny else LLAMA_8B
+    dev = torch.device(a.device or ("cpu" if a.tiny or not torch.cuda.is_available() else "cuda"))
+    gpu = dev.type == "cuda"
+    T, K = a.seq or (64 if a.tiny else 2048), a.ttt_steps or (3 if a.tiny else 7)
+    Vd = a.draft_vocab or (128 if a.tiny else 32000)
+    steps, warmup = a.steps or (3 if a.tiny else 10), a.warmup if a.warmup is not None else (1 if a.tiny else 3)
+    attention = a.attention or ("flex" if gpu else "dense")
+    if attention == "flex" and gpu and not a.no_compile:
+        compile_flex_attention()
+
+    torch.manual_seed(0)
+    tcfg = SimpleNamespace(**shape)
+    N = shape["num_hidden_layers"]
+    cfg = draft_config_from_target(tcfg, aux_layer_ids=[2, N // 2, N - 3], draft_vocab_size=Vd)
+    V, H = cfg.vocab_size, cfg.hidden_size
+    ids = torch.sort(torch.randperm(V)[:Vd]).values
+    d2t, t2d = ids - torch.arange(Vd), torch.zeros(V, dtype=torch.bool)
+    t2d[ids] = True
+    draft = Eagle3Draft(cfg)
+    draft.set_vocab_map(d2t, t2d)
+    draft = draft.to(dev)
+    hdt = torch.bfloat16 if gpu else torch.float32
+    norm = torch.nn.RMSNorm(H, eps=cfg.rms_norm_eps).to(dev, hdt)
+    head = TargetHead(norm, (torch.randn(V, H, device=dev) * H ** -0.5).to(hdt), d2t.to(dev), t2d.to(dev))
+    unroll = TTTUnroll(draft, K, attention=attention)
+    opt = torch.optim.AdamW([q for q in draft.parameters() if q.requires_grad], lr=1e-4, betas=(0.9, 0.95))
+
+    B = a.batch
+    lengths = [T // a.docs] * (a.docs - 1) + [T - (T // a.docs) * (a.docs - 1)]
+    pos = torch.cat([torch.arange(n) for n in lengths]).expand(B, T).contiguous().to(dev)
+    input_ids = torch.randint(0, V, (B, T), device=dev)
+    loss_mask = torch.ones(B, T, dtype=torch.bool, device=dev)
+    aux = torch.randn(B, T, cfg.num_aux, H, device=dev, dtype=hdt)
+    last = torch.randn(B, T, H, device=dev, dtype=hdt)
+    amp = torch.bfloat16 if gpu else None
+
+    def sync():
+        if gpu:
+            torch.cuda.synchronize()
+
+    def step():
+        t0 = time.perf_counter()
+        probs, ok, arg = head(last)
+        ok = torch.ones_like(ok)          # random head: count every position, as a trained target mostly would
+        sync()
+        t1 = time.perf_counter()
+        with torch.autocast(dev.type, dtype=amp, enabled=amp is not None):
+            loss, _ = unroll(input_ids, pos, loss_mask, aux, probs, ok, arg)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), 0.5)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sync()
+        return t1 - t0, time.perf_counter() - t1
+
+    for _ in range(warmup):
+        step()
+    if gpu:
+        torch.cuda.reset_peak_memory_stats()
+    times = [step() for _ in range(steps)]
+    head_s = sum(t[0] for t in times) / steps
+    draft_s = sum(t[1] for t in times) / steps
+    doc = document_ids(pos)
+    valid = sum(float(step_valid(doc, loss_mask, torch.ones_like(loss_mask), k).float().mean()) for k in range(K)) / K
+    flops = draft_flops_per_token(cfg, T, K, valid) * B * T
+    name = torch.cuda.get_device_name(dev) if gpu else platform.processor() or "cpu"
+    peak = a.peak_tflops or next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
+    res = {
+        "bench": "train", "device": name, "torch": torch.__version__, "shape": "tiny" if a.tiny else "llama-3.1-8b",
+        "hidden": H, "vocab": V, "draft_vocab": Vd, "ttt_steps": K, "seq": T, "batch": B, "docs_per_row": a.docs,
+        "attention": attention, "compiled": attention == "flex" and gpu and not a.no_compile,
+        "step_s": round(head_s + draft_s, 4), "target_head_s": round(head_s, 4), "draft_step_s": round(draft_s, 4),
+        "tokens_per_s": round(B * T / (head_s + draft_s), 1),
+        "draft_tflops_per_step": round(flops / 1e12, 3),
+        "achieved_tflops": round(flops / (head_s + draft_s) / 1e12, 2),
+        "mfu": round(flops / (head_s + draft_s) / (peak * 1e12), 4) if peak else None,
+        "peak_tflops_assumed": peak,
+        "peak_memory_gib": round(torch.cuda.max_memory_allocated(dev) / 2 ** 30, 2) if gpu else None,
+        "draft_params_trainable": sum(q.numel() for q in draft.parameters() if q.requires_grad),
+    }
+    try:
+        import speculators  # noqa: F401  (its trainer would be the comparison point)
+        res["speculators"] = f"installed {getattr(speculators, '__version__', '?')}; comparison not run by this script"
+    except ImportError:
+        res["speculators"] = "not installed in this environment (GPU stack has no internet); no ratio"
+    print(json.dumps(res, indent=2))
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(res, f, indent=2)
+    return res
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_bench_train_tiny_runs_on_cpu(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import train as bench_train
+
+    out = tmp_path / "t.json"
+    res = bench_train.main(["--tiny", "--steps", "1", "--warmup", "0", "--out", str(out)])
+    assert json.loads(out.read_text()) == res
+    assert res["tokens_per_s"] > 0 and res["ttt_steps"] == 3 and res["attention"] == "dense"
+    assert res["draft_tflops_per_step"] >= 0 and res["draft_params_trainable"] > 0
+    sys.modules.pop("train", None)
+
+
+def test_flops_count_scales_with_steps():
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import train as bench_train
+        from types import SimpleNamespace
+        from eyas.draft.model import draft_config_from_target
+        cfg = draft_config_from_target(SimpleNamespace(**bench_train.LLAMA_8B), aux_layer_ids=[2, 16, 29],
+                                       draft_vocab_size=32000)
+        one = bench_train.draft_flops_per_token(cfg, 2048, 1, 1.0)
+        seven = bench_train.draft_flops_per_token(cfg, 2048, 7, 1.0)
+        assert 6 < seven / one < 7.5
+        # ~ 6 x (trainable matmul params) per token per step, within attention's share
+        assert one == pytest.approx(6 * (3 * 4096 * 4096 + 2 * 4096 * 6144 + 4096 * 4096 + 3 * 4096 * 14336
+                                         + 4096 * 32000) + 3 * 4 * 4096 * 1024, rel=1e-6)
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+        sys.modules.pop("train", None)
