@@ -187,3 +187,16 @@ def test_cli_export_and_import(tiny, capsys):
     assert main(["export", "--draft", str(tiny["draft_dir"]), "--out", str(tiny["root"] / "s"),
                  "--format", "sglang"]) == 1
     assert "norm_before_residual" in capsys.readouterr().err
+
+
+def test_full_vocab_draft_exports_without_vocab_map(tiny):
+    d = make_draft(tiny["target"], draft_vocab=96, seed=9)
+    d.set_vocab_map(torch.zeros(96, dtype=torch.long), torch.ones(96, dtype=torch.bool))
+    src = save_draft(d, tiny["root"] / "draft-full", {"target": str(tiny["target_dir"])})
+    out = export_vllm(src, tiny["root"] / "vllm-full")
+    cfg, tensors = read_export(out)
+    assert "d2t" not in tensors and "t2d" not in tensors  # vLLM refuses a d2t when the vocabularies are equal
+    tensors["d2t"] = torch.zeros(96, dtype=torch.long)
+    assert any(e.startswith("d2t/t2d: present") for e in check_contract(cfg, tensors))
+    back, _ = load_draft(import_draft(out, tiny["root"] / "back-full"))
+    assert torch.equal(draft_logits(d), draft_logits(back))

@@ -52,9 +52,10 @@ def expected_tensors(dc: DraftConfig, *, embed: bool) -> dict[str, tuple[tuple[i
         "layers.0.mlp.down_proj.weight": ((H, I), FLOAT, f"hidden_size={H}, intermediate_size={I}"),
         "norm.weight": ((H,), FLOAT, f"hidden_size={H}"),
         "lm_head.weight": ((Vd, H), FLOAT, f"draft_vocab_size={Vd}, hidden_size={H}"),
-        "d2t": ((Vd,), INT64, f"draft_vocab_size={Vd}"),
-        "t2d": ((V,), BOOL, f"vocab_size={V}"),
     }
+    if Vd != V:  # a full-vocab draft has no map: vLLM then has no draft_id_to_target_id and refuses a d2t
+        t["d2t"] = ((Vd,), INT64, f"draft_vocab_size={Vd}")
+        t["t2d"] = ((V,), BOOL, f"vocab_size={V}")
     if dc.attention_bias:
         for p, n in (("q", nh), ("k", nkv), ("v", nkv)):
             t[f"layers.0.self_attn.{p}_proj.bias"] = ((n * d,), FLOAT, "attention_bias=true")
@@ -105,7 +106,13 @@ def check_tensors(dc: DraftConfig, tensors: dict[str, torch.Tensor], fmt: str) -
             errors.append(f"{key}: shape {list(t.shape)} does not match the config: expected {list(shape)} from {why}")
         if _kind(t) != kind:
             errors.append(f"{key}: dtype {str(t.dtype).replace('torch.', '')} but the contract needs {kind}")
+    full_vocab_map = dc.draft_vocab_size == dc.vocab_size and {"d2t", "t2d"} & set(tensors)
+    if full_vocab_map and fmt == SPECULATORS:
+        errors.append(f"d2t/t2d: present although draft_vocab_size == vocab_size == {dc.vocab_size}; vLLM then has no "
+                      f"draft_id_to_target_id parameter and refuses to load the draft")
     for key in sorted(set(tensors) - set(want)):
+        if key in ("d2t", "t2d") and full_vocab_map:
+            continue
         if not key.endswith(IGNORABLE_SUFFIXES):
             errors.append(f"{key}: unexpected key (no such parameter in a {fmt} EAGLE-3 draft with this config)")
     floats = {str(t.dtype) for k, t in tensors.items() if k in want and want[k][1] == FLOAT}

@@ -74,14 +74,14 @@ def import_draft(src: str | os.PathLike, out: str | os.PathLike, *, target: str 
                 f"the target's token embedding (looked for {spec!r})"])
         tensors[emb_key] = emb.to(next(v.dtype for v in tensors.values() if v.is_floating_point()))
         notes["embed_tokens"] = f"copied from target {tdir}"
-    if dc.draft_vocab_size == dc.vocab_size and "d2t" not in tensors and "t2d" not in tensors:
-        # Full-vocab drafts often ship no map: the identity is the only meaning they can have.
-        tensors["d2t"] = torch.zeros(dc.vocab_size, dtype=torch.int64)
-        tensors["t2d"] = torch.ones(dc.vocab_size, dtype=torch.bool)
-        notes["vocab_map"] = "identity (full-vocab draft without d2t/t2d)"
     errors = check_tensors(dc, tensors, fmt)
     if errors:
         raise ContractError(f"cannot import {src}", errors)
+    if dc.draft_vocab_size == dc.vocab_size and "d2t" not in tensors:
+        # Full-vocab drafts ship no map (vLLM refuses one): the identity is the only meaning it can have.
+        tensors["d2t"] = torch.zeros(dc.vocab_size, dtype=torch.int64)
+        tensors["t2d"] = torch.ones(dc.vocab_size, dtype=torch.bool)
+        notes["vocab_map"] = "identity (full-vocab draft without d2t/t2d)"
 
     sd = {to_eyas_key(k, fmt): v for k, v in tensors.items()}
     fdtype = next(v.dtype for v in sd.values() if v.is_floating_point())

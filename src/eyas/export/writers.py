@@ -159,6 +159,12 @@ def _prepare(draft_dir, dtype: str, verifier: str | None, embed: str):
     keep_embed, note = decide_embed(sd, ver, embed)
     if not keep_embed:
         sd.pop("embed_tokens.weight")
+    if dc.draft_vocab_size == dc.vocab_size:
+        # Full vocab: the map must be the identity, and engines expect no map at all.
+        d2t, t2d = sd.pop("d2t"), sd.pop("t2d")
+        if bool(d2t.any()) or not bool(t2d.all()):
+            raise ContractError(f"refusing to export {draft_dir}", [
+                "d2t/t2d: draft_vocab_size == vocab_size but the map is not the identity"])
     fdtype = str(next(v.dtype for v in sd.values() if v.is_floating_point())).replace("torch.", "")
     return model, meta, dc, sd, ver, archs, note, fdtype
 
