@@ -25,6 +25,7 @@ import torch
 from pydantic import Field
 
 from eyas.config import StageConfig
+from eyas.target.capture import _backbone, capture
 from eyas.store.format import (DTYPES, MANIFEST, StoreError, bytes_per_token, encode_states, read_json,
                                target_identity)
 from eyas.store.writer import (Plan, ShardWriter, clean_temp_files, completed_shards, crash_point, merge,
@@ -114,11 +115,6 @@ def _pad(rows: list[dict[str, torch.Tensor]], packed: bool) -> dict[str, torch.T
 
 
 # ---------------------------------------------------------------- the loop
-def _backbone(model: torch.nn.Module, layout) -> torch.nn.Module:
-    parent = layout.paths["layers"].rsplit(".", 1)
-    return model.get_submodule(parent[0]) if len(parent) == 2 else model
-
-
 class _HostCopier:
     """Device -> pinned host copies on a side stream; the writer waits on the returned event."""
 
@@ -176,7 +172,6 @@ def extract_to_store(model: torch.nn.Module, layout, dataset, out: str | os.Path
     backbone = _backbone(model, layout)
     copier = _HostCopier(device)
     writer = ShardWriter(out, rank, header, plan, threads=writer_threads)
-    from eyas.target.capture import capture
 
     t_start = time.perf_counter()
     tokens = padded = 0

@@ -1,0 +1,188 @@
+"""Extraction throughput: end-to-end (forward + capture + encode + copy + write store) vs a plain forward
+vs the bf16 matmul ceiling, all measured in the same run on the same device.
+
+GPU (the real benchmark; Llama-3.1-8B shapes, random bf16 weights, ~50k tokens at length 2048):
+    python bench/extract.py --out bench/results/extract-h200.json
+CPU smoke run at tiny shapes:
+    python bench/extract.py --tiny --out bench/results/extract-cpu-tiny.json
+
+Ceiling: tokens/s = measured matmul FLOP/s / FLOPs per token, where FLOPs per token = 2 x (decoder
+linear parameters) + attention (2 x hidden x seq per layer, causal average). The lm_head is not in
+it: extraction never runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from eyas.store import HiddenStateStore, bytes_per_token, target_identity
+from eyas.store.extract import _backbone, extract_to_store, make_batches
+from eyas.target import default_aux_layer_ids, find_layout
+
+LLAMA_8B = dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                intermediate_size=14336, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0)
+TINY = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=128, vocab_size=512, max_position_embeddings=512)
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def build_model(shape: dict, device: torch.device):
+    """Random bf16 weights without ever materialising fp32 ones: meta -> to_empty -> init in place."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    cfg = LlamaConfig(**shape, attn_implementation="sdpa")
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    model.to_empty(device=device)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.fill_(1.0) if p.dim() == 1 else p.normal_(0.0, 0.02)
+    model.model.rotary_emb = LlamaRotaryEmbedding(cfg).to(device)   # its buffers were lost on meta
+    return model.eval().requires_grad_(False), cfg
+
+
+class RandomRows:
+    """A PREPARED-like dataset in memory: single-document rows of random ids."""
+
+    def __init__(self, rows: int, seq: int, vocab: int):
+        g = torch.Generator().manual_seed(0)
+        self.ids = torch.randint(0, vocab, (rows, seq), generator=g)
+        self.manifest = {"max_length": seq, "bench": "random"}
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        n = self.ids.shape[1]
+        return {"input_ids": self.ids[i], "loss_mask": torch.ones(n, dtype=torch.bool), "position_ids": torch.arange(n)}
+
+
+def matmul_tflops(device: torch.device, n: int, iters: int) -> float:
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        a @ b
+    sync(device)
+    return 2 * n**3 * iters / (time.perf_counter() - t0) / 1e12
+
+
+def flops_per_token(model, cfg, seq: int) -> float:
+    layers = _backbone(model, find_layout(model)).layers
+    linear = sum(p.numel() for p in layers.parameters() if p.dim() == 2)
+    return 2 * linear + 2 * cfg.hidden_size * seq * cfg.num_hidden_layers
+
+
+@torch.inference_mode()
+def plain_forward(model, data, token_budget: int, device) -> float:
+    """tokens/s of the backbone alone over the same batches (no hooks, no copies, no store)."""
+    layout = find_layout(model)
+    backbone = _backbone(model, layout)
+    batches = make_batches({i: data[i]["input_ids"].numel() for i in range(len(data))}, token_budget)
+    run = lambda b: backbone(input_ids=torch.stack([data[i]["input_ids"] for i in b]).to(device), use_cache=False)  # noqa: E731
+    run(batches[0])                                                  # warm-up (kernels, allocator)
+    sync(device)
+    t0 = time.perf_counter()
+    for b in batches:
+        run(b)
+    sync(device)
+    return sum(len(b) for b in batches) * data.ids.shape[1] / (time.perf_counter() - t0)
+
+
+def fp8_error(bf16_dir: Path, fp8_dir: Path, samples: int = 4) -> dict:
+    a, b = HiddenStateStore(bf16_dir, check_finite=False), HiddenStateStore(fp8_dir, check_finite=False)
+    errs = []
+    for i in range(min(samples, len(a))):
+        for key in ("aux", "last"):
+            x, y = a[i][key].float(), b[i][key].float()
+            errs.append((y - x).norm(dim=-1).flatten() / x.norm(dim=-1).flatten().clamp_min(1e-12))
+    e = torch.cat(errs)
+    return {"mean_rel_err": round(float(e.mean()), 5), "max_rel_err": round(float(e.max()), 5)}
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tiny", action="store_true", help="tiny shapes on CPU (smoke run)")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--tokens", type=int, default=None, help="tokens to extract (default 51200, tiny 4096)")
+    ap.add_argument("--seq", type=int, default=None, help="row length (default 2048, tiny 128)")
+    ap.add_argument("--token-budget", type=int, default=None, help="tokens per batch (default 16384, tiny 512)")
+    ap.add_argument("--shard-mb", type=float, default=256.0)
+    ap.add_argument("--writer-threads", type=int, default=3)
+    ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp8"])
+    ap.add_argument("--store-dir", type=Path, default=None, help="where the stores go (default a temp dir)")
+    ap.add_argument("--out", type=Path, default=None, help="JSON results file")
+    a = ap.parse_args(argv)
+
+    device = torch.device(a.device or ("cpu" if a.tiny or not torch.cuda.is_available() else "cuda"))
+    shape = TINY if a.tiny else LLAMA_8B
+    seq = a.seq or (128 if a.tiny else 2048)
+    tokens = a.tokens or (4096 if a.tiny else 51200)
+    budget = a.token_budget or (512 if a.tiny else 16384)
+    mm_n, mm_iters = (1024, 5) if device.type == "cpu" else (8192, 50)
+
+    model, cfg = build_model(shape, device)
+    layout = find_layout(model)
+    data = RandomRows(max(1, tokens // seq), seq, cfg.vocab_size)
+    aux_ids = default_aux_layer_ids(layout.num_layers)
+    fpt = flops_per_token(model, cfg, seq)
+    tflops = matmul_tflops(device, mm_n, mm_iters)
+    ceiling = tflops * 1e12 / fpt
+    fwd = plain_forward(model, data, budget, device)
+    result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+              "torch": torch.__version__, "shape": shape, "seq": seq, "tokens": len(data) * seq,
+              "token_budget": budget, "aux_layer_ids": aux_ids, "matmul_n": mm_n,
+              "matmul_tflops": round(tflops, 2), "flops_per_token": fpt, "ceiling_tokens_per_s": round(ceiling, 1),
+              "forward_tokens_per_s": round(fwd, 1), "forward_frac_of_ceiling": round(fwd / ceiling, 4), "stores": {}}
+    root = a.store_dir or Path(tempfile.mkdtemp(prefix="eyas-bench-extract-"))
+    dirs = {}
+    try:
+        for dtype in a.dtypes:
+            out = root / dtype
+            shutil.rmtree(out, ignore_errors=True)
+            ident = target_identity("bench-random", cfg, aux_ids, dtype, hidden_size=cfg.hidden_size,
+                                    num_layers=cfg.num_hidden_layers, vocab_size=cfg.vocab_size)
+            sync(device)
+            s = extract_to_store(model, layout, data, out, identity=ident, token_budget=budget, shard_mb=a.shard_mb,
+                                 writer_threads=a.writer_threads, device=device)
+            disk = sum(p.stat().st_size for p in out.glob("shard-*.safetensors"))
+            result["stores"][dtype] = {
+                "tokens_per_s": s["tokens_per_s"], "frac_of_ceiling": round(s["tokens_per_s"] / ceiling, 4),
+                "frac_of_forward": round(s["tokens_per_s"] / fwd, 4), "seconds": s["seconds"],
+                "writer_stall_s": s["writer_stall_s"], "writer_busy_s": s["writer_busy_s"],
+                "padding_fraction": s["padding_fraction"], "shards": s["shards"],
+                "disk_bytes_per_token": round(disk / s["tokens"], 1),
+                "formula_bytes_per_token": bytes_per_token(cfg.hidden_size, len(aux_ids), dtype),
+                "write_mb_per_s": round(disk / s["seconds"] / 2**20, 1)}
+            dirs[dtype] = out
+        if {"bf16", "fp8"} <= set(dirs):
+            result["fp8_vs_bf16"] = fp8_error(dirs["bf16"], dirs["fp8"])
+    finally:
+        if a.store_dir is None:
+            shutil.rmtree(root, ignore_errors=True)
+    text = json.dumps(result, indent=2)
+    print(text)
+    if a.out:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(text + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
