@@ -1,0 +1,152 @@
+"""Generation backends for `eyas regenerate`: the target itself (hf) or any OpenAI-compatible server.
+
+Both answer a list of chat prompts (each ending with a user turn) with (text, finish_reason), where
+finish_reason is "stop" (the model ended its turn) or "length" (max_new_tokens ran out).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import urllib.error
+import urllib.request
+from typing import Sequence
+
+
+class GenerationError(RuntimeError):
+    """A prompt the backend could not answer; the message says why (kept per row, never fatal to the run)."""
+
+
+class HFBackend:
+    """Batched `generate` on the target; a static KV cache on CUDA (fixed shapes), the default cache elsewhere."""
+
+    def __init__(self, target: str, *, device: str | None = None, dtype: str = "auto", batch_size: int = 16,
+                 max_new_tokens: int = 512, max_prompt_tokens: int | None = None, temperature: float = 0.0,
+                 top_p: float = 1.0, static_cache: bool | None = None, cache=None, trust_remote_code: bool = False,
+                 model=None, tokenizer=None):
+        import torch
+
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if model is None:
+            from eyas.target.load import load_target
+
+            td = {"auto": torch.bfloat16 if self.device.startswith("cuda") else torch.float32,
+                  "bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[dtype]
+            t = load_target(target, dtype=td, device=self.device, cache=cache, trust_remote_code=trust_remote_code)
+            model, tokenizer = t.model, t.tokenizer
+        self.model, self.tok = model, tokenizer
+        self.batch_size, self.max_new_tokens, self.max_prompt_tokens = batch_size, max_new_tokens, max_prompt_tokens
+        self.temperature, self.top_p = temperature, top_p
+        self.static_cache = self.device.startswith("cuda") if static_cache is None else static_cache
+        gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        eos = set(gen_eos if isinstance(gen_eos, list) else [gen_eos] if gen_eos is not None else [])
+        if tokenizer.eos_token_id is not None:
+            eos.add(tokenizer.eos_token_id)
+        if not eos:
+            raise ValueError(f"target {target!r}: no eos token in its tokenizer or generation config")
+        self.eos = sorted(eos)
+        self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos[0]
+        self.name = target
+
+    def generate(self, prompts: Sequence[Sequence[dict]]) -> list[tuple[str, str] | GenerationError]:
+        out: list = [None] * len(prompts)
+        texts = []
+        for i, p in enumerate(prompts):
+            try:
+                texts.append((i, self.tok.apply_chat_template(list(p), tokenize=False, add_generation_prompt=True)))
+            except Exception as e:  # noqa: BLE001 - template refusals are per-row errors
+                out[i] = GenerationError(f"template_error: {str(e)[:200]}")
+        enc = []
+        for i, t in texts:
+            ids = self.tok(t, add_special_tokens=False)["input_ids"]
+            if self.max_prompt_tokens and len(ids) > self.max_prompt_tokens:
+                out[i] = GenerationError(f"prompt_too_long: {len(ids)} tokens > max_prompt_tokens "
+                                         f"{self.max_prompt_tokens}")
+            else:
+                enc.append((i, ids))
+        enc.sort(key=lambda x: len(x[1]))  # similar lengths per batch: little padding
+        for b in range(0, len(enc), self.batch_size):
+            chunk = enc[b:b + self.batch_size]
+            for (i, _), res in zip(chunk, self._batch([ids for _, ids in chunk])):
+                out[i] = res
+        return out
+
+    def _batch(self, batch: list[list[int]]) -> list[tuple[str, str]]:
+        import torch
+
+        width = max(len(x) for x in batch)
+        ids = torch.full((len(batch), width), self.pad, dtype=torch.long)
+        att = torch.zeros((len(batch), width), dtype=torch.long)
+        for r, x in enumerate(batch):  # left padding: every prompt ends at the same column
+            ids[r, width - len(x):] = torch.tensor(x)
+            att[r, width - len(x):] = 1
+        kw = dict(max_new_tokens=self.max_new_tokens, eos_token_id=self.eos, pad_token_id=self.pad,
+                  do_sample=self.temperature > 0)
+        if self.temperature > 0:
+            kw.update(temperature=self.temperature, top_p=self.top_p)
+        if self.static_cache:
+            kw["cache_implementation"] = "static"
+        with torch.inference_mode():
+            gen = self.model.generate(input_ids=ids.to(self.device), attention_mask=att.to(self.device), **kw)
+        new = gen[:, width:].cpu().tolist()
+        res = []
+        for row in new:
+            stop = next((k for k, t in enumerate(row) if t in self.eos), None)
+            toks = row if stop is None else row[:stop]
+            res.append((self.tok.decode(toks, skip_special_tokens=True).strip(), "length" if stop is None else "stop"))
+        return res
+
+
+class OpenAIBackend:
+    """POST /chat/completions with retries: connection errors, timeouts, 429 and 5xx back off and retry."""
+
+    RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
+
+    def __init__(self, base_url: str, model: str, *, api_key: str | None = None, max_new_tokens: int = 512,
+                 temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None, max_retries: int = 5,
+                 backoff: float = 0.5, timeout: float = 120.0):
+        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.model, self.api_key = model, api_key
+        self.max_new_tokens, self.temperature, self.top_p, self.seed = max_new_tokens, temperature, top_p, seed
+        self.max_retries, self.backoff, self.timeout = max_retries, backoff, timeout
+        self.name = model
+
+    def chat(self, messages: Sequence[dict]) -> tuple[str, str]:
+        body = {"model": self.model, "messages": list(messages), "max_tokens": self.max_new_tokens,
+                "temperature": self.temperature, "top_p": self.top_p}
+        if self.seed is not None:
+            body["seed"] = self.seed
+        data = json.dumps(body).encode()
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        last = ""
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                # exponential backoff with jitter, so concurrent workers do not retry in lockstep
+                time.sleep(min(30.0, self.backoff * 2 ** (attempt - 1)) * (0.5 + random.random()))
+            req = urllib.request.Request(self.url, data=data, headers=headers, method="POST")
+            try:
+                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                    payload = json.loads(resp.read().decode("utf-8"))
+            except urllib.error.HTTPError as e:
+                detail = e.read()[:200].decode("utf-8", "replace")
+                last = f"HTTP {e.code}: {detail}"
+                if e.code in self.RETRY_STATUS:
+                    continue
+                raise GenerationError(f"http_{e.code}: {detail}") from None
+            except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as e:
+                last = f"{type(e).__name__}: {getattr(e, 'reason', e)}"
+                continue
+            except json.JSONDecodeError as e:
+                last = f"invalid JSON from server: {e}"
+                continue
+            try:
+                choice = payload["choices"][0]
+                text = choice["message"]["content"] or ""
+                finish = choice.get("finish_reason") or "stop"
+            except (KeyError, IndexError, TypeError):
+                raise GenerationError(f"bad_response: no choices[0].message.content in {str(payload)[:200]}") from None
+            return text.strip(), "length" if finish == "length" else "stop"
+        raise GenerationError(f"retries_exhausted: {self.max_retries + 1} attempts, last error {last}")

@@ -1,0 +1,230 @@
+"""`eyas regenerate`: replace every assistant turn with the target's own answer, turn by turn.
+
+The draft has to learn the target's distribution, not ChatGPT's. For a conversation u1 a1 u2 a2 we generate
+a1' from [u1], then a2' from [u1 a1' u2]: later prompts contain the target's earlier answers, as they would
+at serving time. Output is OpenAI `messages` JSONL (one line per conversation, with its source row), which
+`eyas prepare` reads directly. The output is appended to and flushed per row, so a killed run resumes:
+rows already in the file are skipped, failed rows (in OUT.errors.jsonl) are retried.
+Accounting: written + failed + skipped = input rows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+from typing import Iterator, Literal
+
+from pydantic import Field
+
+from eyas.config import StageConfig
+from eyas.data.backends import GenerationError, HFBackend, OpenAIBackend
+from eyas.data.sources import Record, iter_conversations
+
+
+class RegenerateConfig(StageConfig):
+    target: str = Field(description="the target: HF dir, hub id, .gguf or built-in name (hf backend), or served model name")
+    data: str = Field(description="conversations: ShareGPT JSON/JSONL, messages JSONL, or built-in 'sharegpt'")
+    out: Path = Field(description="output JSONL (OpenAI messages); errors go to OUT.errors.jsonl")
+    backend: Literal["hf", "openai"] = Field("hf", description="hf: generate with the target; openai: an OpenAI-compatible server")
+    max_samples: int | None = Field(None, ge=1, description="read at most this many source rows")
+    max_new_tokens: int = Field(512, ge=1, description="tokens per generated turn")
+    max_prompt_tokens: int = Field(2048, ge=1, description="a turn whose prompt is longer ends the conversation there (hf)")
+    temperature: float = Field(0.0, ge=0.0, description="sampling temperature (0 = greedy)")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling threshold when temperature > 0")
+    seed: int = Field(0, description="sampling seed")
+    batch_size: int = Field(16, ge=1, description="prompts per generate call (hf)")
+    device: str | None = Field(None, description="hf device (default: cuda if available, else cpu)")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field("auto", description="hf weights dtype (auto: bf16 on GPU, fp32 on CPU)")
+    static_cache: bool | None = Field(None, description="static KV cache in generate (default: on for cuda)")
+    base_url: str = Field("http://127.0.0.1:8000/v1", description="OpenAI-compatible server base URL (openai)")
+    model: str | None = Field(None, description="served model name (openai; default: --target)")
+    api_key_env: str = Field("OPENAI_API_KEY", description="environment variable holding the API key (openai)")
+    concurrency: int = Field(8, ge=1, description="conversations in flight (openai)")
+    max_retries: int = Field(5, ge=0, description="retries per request on connection errors, 429 and 5xx (openai)")
+    retry_backoff: float = Field(0.5, ge=0, description="first retry delay in seconds, doubling per attempt (openai)")
+    request_timeout: float = Field(300.0, gt=0, description="seconds per request (openai)")
+    assistant_first: Literal["reject", "skip"] = Field("skip", description="rows opening with the assistant: reject, or skip those turns")
+    cache_dir: Path | None = Field(None, description="cache for built-in targets/datasets")
+    trust_remote_code: bool = Field(False, description="allow the target's own modelling code")
+    json: bool = Field(False, description="print the summary as JSON")
+
+
+class Conversation:
+    """Turn-by-turn state: the prompts to answer, and the regenerated messages so far."""
+
+    def __init__(self, rec: Record):
+        self.rec = rec
+        msgs = rec.messages or []
+        self.history = [m for m in msgs[:1] if m["role"] == "system"]
+        self.users = [m for m in msgs if m["role"] == "user"]
+        self.turn = 0
+        self.finish: list[str] = []
+        self.done = not self.users
+        self.stop_reason = ""
+
+    def prompt(self) -> list[dict] | None:
+        return None if self.done else self.history + [self.users[self.turn]]
+
+    def accept(self, text: str, finish: str) -> None:
+        if not text:  # an empty answer cannot be learnt from (and prepare would reject it): end here
+            self.done, self.stop_reason = True, "empty answer"
+            return
+        self.history += [self.users[self.turn], {"role": "assistant", "content": text}]
+        self.finish.append(finish)
+        self.turn += 1
+        # a cut-off answer is kept, but continuing after it would ask the target about its own truncation
+        self.done = self.turn >= len(self.users) or finish == "length"
+
+    def stop(self, reason: str) -> None:
+        self.done, self.stop_reason = True, reason
+
+    def result(self) -> dict | str:
+        if not any(m["role"] == "assistant" for m in self.history):
+            return self.stop_reason or "no answer generated"
+        return {"row": self.rec.row, "id": self.rec.id, "messages": self.history, "finish_reasons": self.finish}
+
+
+def _done_rows(out: Path) -> set[int]:
+    """Rows already written; a torn last line (killed mid-write) is cut off so appends stay valid JSONL."""
+    if not out.is_file():
+        return set()
+    done, good = set(), 0
+    with open(out, "rb") as f:
+        for line in f:
+            try:
+                done.add(int(json.loads(line)["row"]))
+            except (ValueError, KeyError, TypeError):
+                break
+            good += len(line)
+    if good != out.stat().st_size:
+        with open(out, "r+b") as f:
+            f.truncate(good)
+    return done
+
+
+def regenerate(cfg: RegenerateConfig, backend=None) -> dict:
+    """Run the stage; `backend` may be passed in (tests, or callers holding a loaded model)."""
+    t0 = time.perf_counter()
+    out = Path(cfg.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    errors_path = out.with_name(out.name + ".errors.jsonl")
+    done = _done_rows(out)
+    backend = backend or _make_backend(cfg)
+    counts = {"input": 0, "written": 0, "failed": 0, "skipped": 0, "turns": 0}
+    from tqdm import tqdm
+
+    bar = tqdm(desc=f"regenerate ({cfg.backend})", unit=" rows", total=cfg.max_samples, disable=None)
+    with open(out, "a", encoding="utf-8") as fout, open(errors_path, "a", encoding="utf-8") as ferr:
+        def write(conv: Conversation) -> None:
+            res = conv.result()
+            if isinstance(res, dict):
+                fout.write(json.dumps(res, ensure_ascii=False) + "\n")
+                fout.flush()
+                counts["written"] += 1
+                counts["turns"] += len(res["finish_reasons"])
+            else:
+                fail(conv.rec, res)
+            bar.update(1)
+
+        def fail(rec: Record, reason: str) -> None:
+            ferr.write(json.dumps({"row": rec.row, "id": rec.id, "error": reason}, ensure_ascii=False) + "\n")
+            ferr.flush()
+            counts["failed"] += 1
+
+        def pending() -> Iterator[Conversation]:
+            for rec in iter_conversations(cfg.data, cfg.max_samples, cfg.cache_dir,
+                                          skip_leading_assistant=cfg.assistant_first == "skip"):
+                counts["input"] += 1
+                if rec.row in done:
+                    counts["skipped"] += 1
+                    bar.update(1)
+                elif not rec.ok:
+                    fail(rec, f"invalid input: {rec.reason}")
+                    bar.update(1)
+                elif rec.messages is None:
+                    fail(rec, "invalid input: a plain-text row has no turns to regenerate")
+                    bar.update(1)
+                else:
+                    yield Conversation(rec)
+
+        if isinstance(backend, OpenAIBackend):
+            _run_openai(backend, pending(), cfg.concurrency, write)
+        else:
+            _run_batched(backend, pending(), cfg, write)
+    bar.close()
+    assert counts["written"] + counts["failed"] + counts["skipped"] == counts["input"], counts
+    seconds = time.perf_counter() - t0
+    return {**counts, "backend": cfg.backend, "model": backend.name, "out": str(out), "errors": str(errors_path),
+            "seconds": round(seconds, 2), "rows_per_s": round(counts["input"] / seconds, 2) if seconds else 0.0}
+
+
+def _make_backend(cfg: RegenerateConfig):
+    if cfg.backend == "openai":
+        return OpenAIBackend(cfg.base_url, cfg.model or cfg.target, api_key=os.environ.get(cfg.api_key_env),
+                             max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
+                             seed=cfg.seed, max_retries=cfg.max_retries, backoff=cfg.retry_backoff,
+                             timeout=cfg.request_timeout)
+    import torch
+
+    torch.manual_seed(cfg.seed)
+    return HFBackend(cfg.target, device=cfg.device, dtype=cfg.dtype, batch_size=cfg.batch_size,
+                     max_new_tokens=cfg.max_new_tokens, max_prompt_tokens=cfg.max_prompt_tokens,
+                     temperature=cfg.temperature, top_p=cfg.top_p,
+                     static_cache=cfg.static_cache, cache=cfg.cache_dir, trust_remote_code=cfg.trust_remote_code)
+
+
+def _run_batched(backend: HFBackend, convs: Iterator[Conversation], cfg: RegenerateConfig, write) -> None:
+    """Wavefronts over chunks of conversations: every active conversation's next turn goes in one batch."""
+    chunk_rows = cfg.batch_size * 4
+    while True:
+        chunk = [c for _, c in zip(range(chunk_rows), convs)]
+        if not chunk:
+            return
+        while True:
+            active = [c for c in chunk if not c.done]
+            if not active:
+                break
+            prompts = [(c, c.prompt()) for c in active]
+            results = backend.generate([p for _, p in prompts]) if prompts else []
+            for (c, _), res in zip(prompts, results):
+                if isinstance(res, GenerationError):
+                    c.stop(str(res))
+                else:
+                    c.accept(*res)
+        for c in chunk:  # written in input order, once the whole chunk has finished
+            write(c)
+
+
+def _run_openai(backend: OpenAIBackend, convs: Iterator[Conversation], concurrency: int, write) -> None:
+    """One thread per conversation in flight; each walks its turns in order; results written as they finish."""
+    def walk(c: Conversation) -> Conversation:
+        while (p := c.prompt()) is not None:
+            try:
+                c.accept(*backend.chat(p))
+            except GenerationError as e:
+                c.stop(str(e))
+                c.history = [m for m in c.history if m["role"] == "system"]  # a failed row is not half-written
+        return c
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        inflight = set()
+        for c in convs:
+            inflight.add(pool.submit(walk, c))
+            if len(inflight) >= concurrency * 2:  # bounded read-ahead: a 94k-row file never sits in memory
+                finished = next(as_completed(inflight))
+                inflight.remove(finished)
+                write(finished.result())
+        for f in as_completed(inflight):
+            write(f.result())
+
+
+def run(cfg: RegenerateConfig):
+    summary = regenerate(cfg)
+    if cfg.json:
+        return summary
+    for k, v in summary.items():
+        print(f"{k:<12} {v}")
+    return 0
