@@ -1,0 +1,499 @@
+"""`eyas doctor`: check every hand-over of the pipeline in seconds, before a single weight loads.
+
+The target is built on the meta device from its config alone (a 1T-parameter MoE inside a multimodal wrapper
+costs ~2 s), so layer paths, aux ids, sizes, the chat template's loss mask, the dataset, an existing draft or
+export, the store's disk and GPU budgets and the engine's API are all checked against the same numbers the
+real run will use. Each check is pass / warn / fail / skip; every fail says how to fix it; exit 1 on any fail.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from eyas.config import StageConfig
+
+
+@dataclass
+class Check:
+    name: str
+    status: str          # pass | warn | fail | skip
+    detail: str
+    fix: str = ""
+
+
+class DoctorConfig(StageConfig):
+    target: str = Field(description="HF dir, hub id, .gguf file or built-in name (smollm2-135m)")
+    data: str | None = Field(None, description="conversations (file or built-in name) or a PREPARED dir")
+    draft: Path | None = Field(None, description="an eyas draft/run dir or a vLLM/SGLang export to check "
+                                                  "against the target")
+    engine: Literal["none", "vllm"] = Field("none", description="probe this engine's version and entry points")
+    python: str | None = Field(None, description="the engine env's python (default $EYAS_VLLM_PYTHON)")
+    aux_layer_ids: list[int] | None = Field(None, description="planned aux layer ids (default: the draft's, "
+                                                              "else 2, N//2, N-3)")
+    layers_path: str | None = Field(None, description="where you expect the decoder layers (e.g. model.layers)")
+    chat_template: Path | None = Field(None, description="Jinja chat template file overriding the tokenizer's")
+    mask_rows: int = Field(16, description="conversations of --data rendered to validate the loss mask")
+    store: Path | None = Field(None, description="an existing STORE to verify, or where the planned store goes")
+    store_dtype: Literal["bf16", "fp8"] = Field("bf16", description="planned store dtype")
+    samples: int | None = Field(None, description="planned number of samples (rows) to extract")
+    tokens: int | None = Field(None, description="planned number of tokens to extract (overrides --samples)")
+    max_length: int = Field(2048, description="planned tokens per row (for the disk and memory estimates)")
+    draft_vocab_size: int = Field(32000, description="planned draft vocabulary (when no data/draft gives it)")
+    batch_tokens: int = Field(16384, description="planned tokens per extraction batch")
+    ttt_steps: int = Field(7, description="planned training-time-test steps")
+    gpu_memory_gib: float | None = Field(None, description="GPU memory per device to plan for (default: the "
+                                                           "visible GPUs, if any)")
+    gpus: int = Field(1, description="GPUs the target is spread over for extraction / online training")
+    cache_dir: Path | None = Field(None, description="cache for built-in targets/datasets")
+    trust_remote_code: bool = Field(False, description="allow the target's own modelling code")
+    json: bool = Field(False, description="print JSON instead of a table")
+
+
+@dataclass
+class TargetFacts:
+    """What every check needs to know about the target, from its config alone."""
+    config: Any
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    num_parameters: int
+    dtype_bytes: int
+    paths: dict[str, str]
+
+
+def _dtype_bytes(config) -> int:
+    t = getattr(config, "text_config", None) or config
+    d = str(getattr(t, "dtype", None) or getattr(t, "torch_dtype", None) or getattr(config, "dtype", None)
+            or "bfloat16")
+    return 4 if "32" in d else 1 if "8" in d else 2
+
+
+def check_target(cfg: DoctorConfig, out: list[Check]) -> TargetFacts | None:
+    from eyas.target import LayoutError, build_meta, find_layout, load_config
+
+    try:
+        config = load_config(cfg.target, cache=cfg.cache_dir, trust_remote_code=cfg.trust_remote_code)
+    except Exception as e:  # noqa: BLE001 - any loader failure is this check's finding
+        out.append(Check("target config", "fail", f"{cfg.target}: {type(e).__name__}: {e}",
+                         "pass a HF model dir with config.json, a hub id, a .gguf or a built-in name"))
+        return None
+    try:
+        model = build_meta(config)
+    except Exception as e:  # noqa: BLE001
+        out.append(Check("target architecture", "fail", f"cannot build {getattr(config, 'architectures', None)} "
+                         f"from its config: {type(e).__name__}: {e}",
+                         "upgrade transformers, or pass --trust-remote-code for custom architectures"))
+        return None
+    try:
+        layout = find_layout(model)
+    except LayoutError as e:
+        out.append(Check("decoder layers", "fail", str(e), "eyas finds the decoder by structure; a model whose "
+                         "text decoder is not a ModuleList next to the token embedding is not supported yet"))
+        return None
+    n, H, V = layout.num_layers, layout.hidden_size, layout.vocab_size
+    out.append(Check("decoder layers", "pass", f"{layout.paths['layers']} ({n} x {type(layout.layers[0]).__name__}"
+                     f" in {type(model).__name__}); norm {layout.paths['norm']}, lm_head {layout.paths['lm_head']}"))
+    if cfg.layers_path:
+        try:
+            found = model.get_submodule(cfg.layers_path)
+        except AttributeError:
+            found = None
+        if found is not layout.layers:
+            what = "does not exist" if found is None else f"is a {type(found).__name__}, not the decoder layers"
+            out.append(Check("layer path", "fail", f"--layers-path {cfg.layers_path} {what} in "
+                             f"{type(model).__name__}; the decoder layers are at {layout.paths['layers']}",
+                             f"use {layout.paths['layers']} (a wrapper moves the text model one level down)"))
+        else:
+            out.append(Check("layer path", "pass", f"{cfg.layers_path} is the decoder"))
+    t = getattr(config, "text_config", None) or config
+    problems = []
+    if getattr(t, "hidden_size", H) != H:
+        problems.append(f"config hidden_size {t.hidden_size} != embedding width {H}")
+    if getattr(t, "vocab_size", V) != V:
+        problems.append(f"config vocab_size {t.vocab_size} != lm_head rows {V}")
+    params = sum(p.numel() for p in model.parameters())
+    out.append(Check("hidden size / vocab", "fail" if problems else "pass",
+                     "; ".join(problems) or f"hidden {H}, vocab {V}, {params / 1e9:,.2f}B parameters",
+                     "fix the target's config.json" if problems else ""))
+    return TargetFacts(config, n, H, V, params, _dtype_bytes(config), layout.paths)
+
+
+def check_aux(cfg: DoctorConfig, facts: TargetFacts, draft_ids: list[int] | None, out: list[Check]) -> list[int]:
+    from eyas.target import default_aux_layer_ids, validate_aux_layer_ids
+
+    ids = list(cfg.aux_layer_ids or draft_ids or default_aux_layer_ids(facts.num_layers))
+    source = "--aux-layer-ids" if cfg.aux_layer_ids else "the draft" if draft_ids else "default (2, N//2, N-3)"
+    try:
+        validate_aux_layer_ids(ids, facts.num_layers)
+    except ValueError as e:
+        out.append(Check("aux layer ids", "fail", f"{source}: {e}",
+                         f"pick ids in 0..{facts.num_layers - 1}, e.g. "
+                         f"{default_aux_layer_ids(facts.num_layers)}"))
+        return ids
+    out.append(Check("aux layer ids", "pass", f"{ids} from {source}, valid for {facts.num_layers} layers"))
+    return ids
+
+
+# ---------------------------------------------------------------- draft / export
+@dataclass
+class DraftFacts:
+    path: Path
+    kind: str                    # "eyas draft" or the export format
+    aux_layer_ids: list[int] | None
+    target_hidden_size: int | None
+    vocab_size: int | None
+    draft_vocab_size: int | None
+    fc_in: int | None            # fc.weight's input width = k * target hidden
+    t2d_len: int | None
+    errors: list[str]
+
+
+def _header_shapes(path: Path, keys: tuple[str, ...]) -> dict[str, list[int]]:
+    """Tensor shapes from safetensors headers only: a draft's embedding can be GBs; shapes are enough here."""
+    from safetensors import safe_open
+
+    shapes: dict[str, list[int]] = {}
+    for f in sorted(path.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as h:
+            for k in h.keys():
+                if k in keys:
+                    shapes[k] = list(h.get_slice(k).get_shape())
+    return shapes
+
+
+def read_draft(path: Path, out: list[Check]) -> DraftFacts | None:
+    import json
+
+    cfg_file = Path(path) / "config.json"
+    if not cfg_file.is_file():
+        out.append(Check("draft", "fail", f"{path}: no config.json", "pass an eyas draft/run dir or an export dir"))
+        return None
+    doc = json.loads(cfg_file.read_text())
+    if doc.get("format") == "eyas-draft":
+        from eyas.draft.io import read_draft_meta
+        from eyas.draft.model import DraftConfig
+
+        try:
+            dc, errors = DraftConfig.from_dict(read_draft_meta(path)["draft"]), []
+        except (KeyError, TypeError, ValueError) as e:
+            out.append(Check("draft", "fail", f"{cfg_file}: {e}", "re-save the draft with this eyas"))
+            return None
+        shapes, kind = _header_shapes(Path(path), ("fc.weight", "t2d")), "eyas draft"
+    else:
+        from eyas.export import check_contract, detect_format, read_export
+        from eyas.export.files import parse_config
+
+        try:
+            config, tensors = read_export(path)
+            kind = detect_format(config, tensors)
+            dc, errors = parse_config(config, kind, strict=False)
+            errors = sorted(set(errors + check_contract(config, tensors)))
+        except (OSError, ValueError, KeyError) as e:
+            out.append(Check("draft", "fail", f"{path}: {e}", "point --draft at an eyas draft or an export"))
+            return None
+        shapes = {k: list(tensors[k].shape) for k in ("fc.weight", "t2d") if k in tensors}
+        kind = f"{kind} export"
+        if dc is None:
+            out.append(Check("draft", "fail", f"{path}: " + "; ".join(errors), "re-export the draft"))
+            return None
+    fc = shapes.get("fc.weight")
+    return DraftFacts(Path(path), kind, list(dc.aux_layer_ids), dc.target_hidden_size, dc.vocab_size,
+                      dc.draft_vocab_size, fc[1] if fc and len(fc) == 2 else None,
+                      shapes["t2d"][0] if "t2d" in shapes else None, errors)
+
+
+def check_draft(d: DraftFacts, ids: list[int], facts: TargetFacts, out: list[Check]) -> None:
+    bad, H, V, N = [], facts.hidden_size, facts.vocab_size, facts.num_layers
+    if d.vocab_size != V:
+        bad.append(f"vocab mismatch: the draft was built for a {d.vocab_size}-token target vocabulary, "
+                   f"the target has {V}")
+    if d.t2d_len is not None and d.t2d_len != V:
+        bad.append(f"vocab mismatch: t2d covers {d.t2d_len} target tokens, the target has {V}")
+    if d.target_hidden_size != H:
+        bad.append(f"hidden size mismatch: draft expects target hidden {d.target_hidden_size}, target has {H}")
+    out_of_range = [i for i in d.aux_layer_ids or [] if not 0 <= i < N]
+    if out_of_range:
+        bad.append(f"the draft's aux layer ids {out_of_range} are out of range for {N} layers")
+    elif d.aux_layer_ids and list(ids) != d.aux_layer_ids:
+        bad.append(f"aux layer ids differ: planned {list(ids)}, the draft was trained on {d.aux_layer_ids}")
+    if d.fc_in is not None and d.fc_in != len(ids) * H:
+        bad.append(f"aux count != fc width: {len(ids)} aux layers x hidden {H} = {len(ids) * H}, "
+                   f"but fc.weight takes {d.fc_in} inputs ({d.fc_in / H:g} layers)")
+    bad += [f"contract: {e}" for e in d.errors]
+    out.append(Check(f"draft vs target", "fail" if bad else "pass", "; ".join(bad) or
+                     f"{d.kind} {d.path.name}: hidden {H}, vocab {V} (draft vocab {d.draft_vocab_size}), "
+                     f"aux {d.aux_layer_ids}, fc width {d.fc_in}",
+                     "train/export the draft for this target, or pass the draft's --aux-layer-ids" if bad else ""))
+
+
+# ---------------------------------------------------------------- template, data
+PROBE_CHAT = [{"role": "system", "content": "You are a helpful assistant."},
+              {"role": "user", "content": "What is two plus two?"},
+              {"role": "assistant", "content": "Two plus two is four."},
+              {"role": "user", "content": "And three plus three?"},
+              {"role": "assistant", "content": "Three plus three is six."}]
+
+
+def check_template(cfg: DoctorConfig, facts: TargetFacts, out: list[Check]):
+    from eyas.data import MaskError, render_with_mask
+    from eyas.target import load_tokenizer
+
+    try:
+        tok = load_tokenizer(cfg.target, cache=cfg.cache_dir, trust_remote_code=cfg.trust_remote_code)
+    except Exception as e:  # noqa: BLE001
+        out.append(Check("tokenizer", "fail", f"{cfg.target}: {type(e).__name__}: {e}",
+                         "add the tokenizer files to the target dir"))
+        return None
+    if len(tok) > facts.vocab_size:
+        out.append(Check("tokenizer", "fail", f"tokenizer has {len(tok)} tokens, the target's vocab {facts.vocab_size}",
+                         "use the target's own tokenizer"))
+    if cfg.chat_template:
+        tok.chat_template = Path(cfg.chat_template).read_text()
+    src = f"--chat-template {cfg.chat_template}" if cfg.chat_template else "the tokenizer's chat template"
+    try:
+        ids, mask = render_with_mask(tok, PROBE_CHAT)
+    except MaskError as e:
+        out.append(Check("chat template / loss mask", "fail", f"{src}: {e}",
+                         "use a template that renders every assistant turn verbatim (or pass --chat-template)"))
+        return tok
+    n = int(mask.sum())
+    out.append(Check("chat template / loss mask", "pass" if n else "fail",
+                     f"{src}: {n}/{len(ids)} tokens of a 2-turn chat are assistant targets" if n else
+                     f"{src}: the loss mask is empty (no assistant tokens)",
+                     "" if n else "use a template that renders the assistant turns"))
+    return tok
+
+
+def check_data(cfg: DoctorConfig, facts: TargetFacts, tok, out: list[Check]) -> dict | None:
+    from collections import Counter
+
+    from eyas.data import MaskError, iter_conversations, render_with_mask
+
+    path = Path(str(cfg.data)).expanduser()
+    if (path / "manifest.json").is_file():
+        return check_prepared(path, facts, tok, out)
+    try:
+        records = list(iter_conversations(cfg.data, limit=cfg.mask_rows * 4, cache=cfg.cache_dir))
+    except (OSError, ValueError) as e:
+        out.append(Check("dataset schema", "fail", f"{cfg.data}: {e}", "pass a conversations file, a built-in "
+                         "dataset name or a PREPARED dir"))
+        return None
+    ok = [r for r in records if r.ok]
+    rejects = Counter(r.category for r in records if not r.ok)
+    out.append(Check("dataset schema", "fail" if not ok else "warn" if len(ok) < len(records) / 2 else "pass",
+                     f"{len(ok)}/{len(records)} sampled rows usable" + (f"; rejects {dict(rejects)}" if rejects else ""),
+                     "rows need [{role, content}] messages (or ShareGPT from/value) with assistant turns"))
+    if tok is None or not ok:
+        return None
+    fails, n_ok = Counter(), 0
+    for r in ok[:cfg.mask_rows]:
+        if r.messages is None:
+            continue  # plain-text rows have no template to validate
+        try:
+            n_ok += bool(render_with_mask(tok, r.messages)[1].any())
+        except MaskError as e:
+            fails[str(e).split(":", 1)[0]] += 1
+    total = n_ok + sum(fails.values())
+    status = "pass" if not fails else "fail" if n_ok == 0 else "warn"
+    out.append(Check("loss mask on data", status, f"{n_ok}/{total} rendered rows have a valid assistant mask"
+                     + (f"; failures {dict(fails)}" if fails else ""), "check the chat template against these rows"))
+    return None
+
+
+def check_prepared(path: Path, facts: TargetFacts, tok, out: list[Check]) -> dict | None:
+    from eyas.data import PreparedDataset, check_draft_vocab
+    from eyas.data.masks import template_hash
+
+    try:
+        ds = PreparedDataset(path)
+        m = ds.manifest
+        d2t, t2d = ds.vocab()
+        freq = ds.freq()
+    except (OSError, ValueError, KeyError) as e:
+        out.append(Check("dataset schema", "fail", f"{path}: {e}", "re-run `eyas prepare`"))
+        return None
+    bad = []
+    if m["target"].get("vocab_size") not in (None, facts.vocab_size):
+        bad.append(f"prepared for vocab {m['target']['vocab_size']}, target has {facts.vocab_size}")
+    want = m["target"].get("chat_template_sha256")
+    if want and tok is not None and getattr(tok, "chat_template", None) and template_hash(tok) != want:
+        bad.append("prepared with a different chat template than the target's tokenizer has")
+    out.append(Check("dataset schema", "fail" if bad else "pass", "; ".join(bad) or
+                     f"PREPARED {path.name}: {len(ds)} rows, max_length {m['max_length']}",
+                     "re-run `eyas prepare` with this target" if bad else ""))
+    problems = check_draft_vocab(d2t, t2d) + ([f"t2d covers {t2d.numel()} tokens, target vocab {facts.vocab_size}"]
+                                              if t2d.numel() != facts.vocab_size else [])
+    total = int(freq.sum())
+    coverage = float(freq[t2d].sum()) / total if total and freq.numel() == t2d.numel() else 0.0
+    status = "fail" if problems else "warn" if coverage < 0.9 else "pass"
+    out.append(Check("draft vocab coverage", status, "; ".join(problems) or
+                     f"{d2t.numel()} draft tokens cover {coverage:.1%} of assistant tokens",
+                     "re-run `eyas prepare`" if problems else "raise --draft-vocab-size in `eyas prepare`"))
+    return {"draft_vocab_size": int(d2t.numel()), "tokens": int(m["summary"].get("tokens") or 0) or None}
+
+
+# ---------------------------------------------------------------- store, disk, memory
+def planned_tokens(cfg: DoctorConfig, prepared: dict | None) -> int | None:
+    if cfg.tokens:
+        return cfg.tokens
+    if cfg.samples:
+        return cfg.samples * cfg.max_length
+    return (prepared or {}).get("tokens")
+
+
+def check_store(cfg: DoctorConfig, facts: TargetFacts, ids: list[int], tokens: int | None, out: list[Check]) -> None:
+    from eyas.store import bytes_per_token, verify_store
+
+    if cfg.store is not None and (Path(cfg.store) / "manifest.json").is_file():
+        problems = verify_store(cfg.store)
+        if not problems:
+            import json
+
+            tgt = json.loads((Path(cfg.store) / "manifest.json").read_text()).get("target", {})
+            want = {"hidden_size": facts.hidden_size, "num_layers": facts.num_layers,
+                    "vocab_size": facts.vocab_size, "aux_layer_ids": list(ids)}
+            problems = [f"store {k} is {tgt.get(k)!r}, target/plan has {v!r}" for k, v in want.items()
+                        if k in tgt and tgt[k] != v]
+        out.append(Check("store", "fail" if problems else "pass", "; ".join(problems[:5]) +
+                         (f" (+{len(problems) - 5} more)" if len(problems) > 5 else "") or
+                         f"{cfg.store}: every shard verified (sha256, shapes, finite values)",
+                         "re-run `eyas extract` into this dir (it redoes only the bad shards)" if problems else ""))
+        return
+    if not tokens:
+        out.append(Check("disk for store", "skip", "no --tokens / --samples / PREPARED dir to size the store"))
+        return
+    bpt = bytes_per_token(facts.hidden_size, len(ids), cfg.store_dtype)
+    need = bpt * tokens
+    where = Path(cfg.store or ".").expanduser().resolve()
+    while not where.exists():
+        where = where.parent
+    free = shutil.disk_usage(where).free
+    gib = 1 << 30
+    status = "fail" if need > free else "warn" if need > 0.8 * free else "pass"
+    out.append(Check("disk for store", status, f"{tokens:,} tokens x {bpt:,} B/token ({cfg.store_dtype}, "
+                     f"{len(ids)} aux + last) = {need / gib:,.1f} GiB; {free / gib:,.1f} GiB free at {where}",
+                     "free disk, use --store-dtype fp8 (about half), extract fewer samples, or train online"))
+
+
+def draft_parameters(facts: TargetFacts, ids: list[int], vd: int) -> tuple[int, int]:
+    """(trainable, frozen) parameters of the draft this target gets, counted on the meta device."""
+    import torch
+
+    from eyas.draft.model import Eagle3Draft, draft_config_from_target
+
+    with torch.device("meta"):
+        d = Eagle3Draft(draft_config_from_target(facts.config, aux_layer_ids=ids, draft_vocab_size=vd))
+    frozen = d.embed_tokens.weight.numel()
+    return sum(p.numel() for p in d.parameters()) - frozen, frozen
+
+
+def check_memory(cfg: DoctorConfig, facts: TargetFacts, ids: list[int], vd: int, out: list[Check]) -> None:
+    gib, H, k, T = 1 << 30, facts.hidden_size, len(ids), cfg.max_length
+    t = getattr(facts.config, "text_config", None) or facts.config
+    inter = max(int(getattr(t, "intermediate_size", 4 * H) or 4 * H), 4 * H)
+    weights = facts.num_parameters * facts.dtype_bytes / max(cfg.gpus, 1)
+    # Extraction: weights + captured states (k+1 bf16 vectors/token) + the widest transient (MLP) per batch.
+    extract = weights + cfg.batch_tokens * (k + 1) * H * 2 + cfg.batch_tokens * (inter + 4 * H) * 2 * 2
+    trainable, frozen = draft_parameters(facts, ids, vd)
+    # Training: fp32 master + grad + 2 Adam moments (16 B) per trainable, bf16 frozen embedding, and per TTT step
+    # the draft-vocab logits in fp32 (value + softmax + grad) and the layer activations of one row.
+    train = trainable * 16 + frozen * 2 + cfg.ttt_steps * T * (vd * 4 * 3 + 24 * H * 2) + T * k * H * 2
+    avail = cfg.gpu_memory_gib * gib if cfg.gpu_memory_gib else None
+    if avail is None:
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                avail = float(torch.cuda.get_device_properties(0).total_memory)
+        except Exception:  # noqa: BLE001 - no usable CUDA means nothing to compare against
+            avail = None
+    for name, need, fix in (("GPU memory: extraction", extract, "spread the target over more GPUs (--gpus), use a "
+                             "smaller --batch-tokens, or a quantized target"),
+                            ("GPU memory: training (offline)", train, "shorten --max-length or the draft vocabulary"),
+                            ("GPU memory: training (online)", train + weights, "train offline from a store, or "
+                             "spread the target over more GPUs")):
+        detail = f"~{need / gib:,.1f} GiB per GPU (estimate)"
+        if avail is None:
+            out.append(Check(name, "pass", detail + "; no GPU visible here (pass --gpu-memory-gib to compare)"))
+        else:
+            status = "fail" if need > avail else "warn" if need > 0.9 * avail else "pass"
+            out.append(Check(name, status, detail + f" of {avail / gib:,.0f} GiB", fix))
+
+
+# ---------------------------------------------------------------- engine
+def check_engine(cfg: DoctorConfig, out: list[Check]) -> None:
+    from eyas.engines.base import EngineError
+    from eyas.engines.vllm import HOW_TO_CREATE, TESTED_VERSIONS, VllmAdapter, version_status
+
+    t0 = time.perf_counter()
+    try:
+        adapter = VllmAdapter(cfg.python)
+        version = adapter.version()
+        results = adapter.probe()
+    except EngineError as e:
+        out.append(Check("engine: vllm", "fail", str(e).split("\n")[0], HOW_TO_CREATE.replace("\n", " ")))
+        return
+    status, detail = version_status(version)
+    out.append(Check("engine: vllm version", status, f"{detail} at {adapter.python}",
+                     f"install a tested version: {', '.join(TESTED_VERSIONS)}"))
+    bad = [r for r in results if not r.ok]
+    for r in bad:
+        out.append(Check(f"engine: {r.entry_point}", "fail", r.detail,
+                         f"vLLM {version} changed an API eyas calls: install vLLM {TESTED_VERSIONS[-1]}, or update "
+                         f"the caller and eyas.engines.vllm.ENTRY_POINTS"))
+    out.append(Check("engine: entry points", "fail" if bad else "pass",
+                     f"{len(results) - len(bad)}/{len(results)} vLLM entry points bind with eyas's arguments "
+                     f"(probed in {time.perf_counter() - t0:.1f}s, no model loaded)"))
+
+
+def diagnose(cfg: DoctorConfig) -> list[Check]:
+    out: list[Check] = []
+    facts = check_target(cfg, out)
+    draft = None
+    if facts is not None:
+        draft = read_draft(cfg.draft, out) if cfg.draft else None
+        ids = check_aux(cfg, facts, draft.aux_layer_ids if draft else None, out)
+        if draft is not None:
+            check_draft(draft, ids, facts, out)
+        tokenizer = check_template(cfg, facts, out)
+        prepared = check_data(cfg, facts, tokenizer, out) if cfg.data else None
+        check_store(cfg, facts, ids, planned_tokens(cfg, prepared), out)
+        vd = (draft.draft_vocab_size if draft else None) or (prepared or {}).get("draft_vocab_size") \
+            or min(cfg.draft_vocab_size, facts.vocab_size)
+        check_memory(cfg, facts, ids, vd, out)
+    if cfg.engine != "none":
+        check_engine(cfg, out)
+    return out
+
+
+def render_table(checks: list[Check]) -> str:
+    width = max(len(c.name) for c in checks)
+    mark = {"pass": "PASS", "warn": "WARN", "fail": "FAIL", "skip": "skip"}
+    lines = []
+    for c in checks:
+        lines.append(f"{mark[c.status]}  {c.name:<{width}}  {c.detail}")
+        if c.fix and c.status in ("fail", "warn"):
+            lines.append(f"{'':4}  {'':<{width}}  fix: {c.fix}")
+    n = {s: sum(c.status == s for c in checks) for s in mark}
+    lines.append(f"{n['pass']} passed, {n['warn']} warnings, {n['fail']} failed, {n['skip']} skipped")
+    return "\n".join(lines)
+
+
+def run(cfg: DoctorConfig):
+    t0 = time.perf_counter()
+    checks = diagnose(cfg)
+    seconds = round(time.perf_counter() - t0, 2)
+    failed = [c.name for c in checks if c.status == "fail"]
+    if cfg.json:
+        print(__import__("json").dumps({"ok": not failed, "failed": failed, "seconds": seconds,
+                                        "checks": [asdict(c) for c in checks]}, indent=2))
+    else:
+        print(render_table(checks) + f" in {seconds:.1f}s")
+    return 1 if failed else 0
