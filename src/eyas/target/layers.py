@@ -66,53 +66,72 @@ def _is_norm(mod: nn.Module) -> bool:
     return "norm" in type(mod).__name__.lower()
 
 
-def _homogeneous_list(mod: nn.Module) -> bool:
-    return isinstance(mod, nn.ModuleList) and len(mod) > 0 and len({type(m) for m in mod}) == 1
+def _call_getter(model: nn.Module, getter: str) -> nn.Module | None:
+    try:
+        return getattr(model, getter)()
+    except (AttributeError, NotImplementedError):
+        return None
+
+
+def _token_embedding(model: nn.Module) -> nn.Module | None:
+    """get_input_embeddings(), else (plain nn.Modules) the nn.Embedding with the most rows: the token
+    table is larger than any position or type table."""
+    embed = _call_getter(model, "get_input_embeddings")
+    if embed is not None:
+        return embed
+    tables = [m for m in model.modules() if isinstance(m, nn.Embedding)]
+    return max(tables, key=lambda m: m.num_embeddings) if tables else None
+
+
+def _block_list(children: dict[str, nn.Module]) -> str | None:
+    """Name of the decoder stack among an owner's children: the longest non-empty ModuleList,
+    preferring lists of one block type (hybrid stacks of mixed types still qualify)."""
+    lists = [(n, c) for n, c in children.items() if isinstance(c, nn.ModuleList) and len(c) > 0]
+    if not lists:
+        return None
+    return max(lists, key=lambda nc: (len({type(m) for m in nc[1]}) == 1, len(nc[1])))[0]
 
 
 def find_layout(model: nn.Module) -> Layout:
     """Locate decoder layers, token embedding, final norm and lm_head of a causal LM."""
-    searched: list[str] = []
-    try:
-        embed = model.get_input_embeddings()
-    except (AttributeError, NotImplementedError):
-        embed = None
-    lm_head = None
-    try:
-        lm_head = model.get_output_embeddings()
-    except (AttributeError, NotImplementedError):
-        pass
-    names = {id(m): n for n, m in model.named_modules()}
+    embed = _token_embedding(model)
+    lm_head = _call_getter(model, "get_output_embeddings")
     if lm_head is None:
         lm_head = getattr(model, "lm_head", None)
     if embed is None or lm_head is None:
         raise LayoutError(
-            f"{type(model).__name__}: no token embedding / lm_head found (get_input_embeddings() -> "
-            f"{type(embed).__name__ if embed is not None else None}, get_output_embeddings() -> "
-            f"{type(lm_head).__name__ if lm_head is not None else None}); is this a causal LM?")
+            f"{type(model).__name__}: no token embedding / lm_head found (searched get_input_embeddings(), "
+            f"nn.Embedding modules -> {type(embed).__name__ if embed is not None else None}; "
+            f"get_output_embeddings(), .lm_head -> {type(lm_head).__name__ if lm_head is not None else None}); "
+            f"is this a causal LM?")
+    names = {id(m): n for n, m in model.named_modules()}
 
+    # The decoder backbone is the module that owns the token embedding directly: the layer list
+    # and the final norm are its siblings in every family we know (and need no name table).
+    searched: list[str] = []
     for name, mod in model.named_modules():
         children = dict(mod.named_children())
         if not any(c is embed for c in children.values()):
             continue
-        searched.append(name or "<root>")
-        lists = [(n, c) for n, c in children.items() if _homogeneous_list(c)]
-        if not lists:
+        where = name or "<root>"
+        list_name = _block_list(children)
+        if list_name is None:
+            searched.append(f"{where} (no ModuleList among children {list(children)})")
             continue
-        # The decoder stack is the longest homogeneous list directly under the embedding's owner.
-        list_name, layers = max(lists, key=lambda nc: len(nc[1]))
         order = list(children)
         after = [n for n in order[order.index(list_name) + 1:] if _is_norm(children[n])]
         norms = after or [n for n in order if _is_norm(children[n])]
         if not norms:
+            searched.append(f"{where} (layer list {list_name!r} but no *Norm child among {order})")
             continue
-        norm_name = norms[-1]
+        norm_name = norms[-1]  # the final norm is registered after the blocks
         prefix = f"{name}." if name else ""
         return Layout(
-            layers=layers, embed=embed, norm=children[norm_name], lm_head=lm_head,
+            layers=children[list_name], embed=embed, norm=children[norm_name], lm_head=lm_head,
             paths={"layers": prefix + list_name, "embed": names.get(id(embed), "?"),
                    "norm": prefix + norm_name, "lm_head": names.get(id(lm_head), "lm_head")})
     raise LayoutError(
-        f"{type(model).__name__}: no text decoder found. Searched the modules owning the token embedding "
-        f"({names.get(id(embed), '?')}): {searched or 'none'} for a ModuleList of identical layers plus a "
-        f"final norm (common shapes: model.layers + model.norm, language_model.layers, transformer.h + ln_f).")
+        f"{type(model).__name__}: no text decoder found. Searched every module owning the token embedding "
+        f"{names.get(id(embed), '?')!r} for a ModuleList of decoder blocks plus a final norm: "
+        f"{'; '.join(searched) or 'none'}. Common shapes: model.layers + model.norm, "
+        f"model.language_model.layers (multimodal wrappers), transformer.h + transformer.ln_f.")

