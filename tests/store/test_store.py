@@ -107,7 +107,7 @@ def test_expect_mismatch_names_the_key(bf16_store):
 
 
 def test_token_ids_checked_against_other_data(bf16_store, tmp_path):
-    from conftest import ROWS, make_prepared
+    from storekit import ROWS, make_prepared
 
     other = make_prepared(tmp_path / "other", ROWS[::-1])
     store = HiddenStateStore(bf16_store[0], prepared=other)
@@ -181,7 +181,7 @@ def test_resume_with_other_settings_is_refused(target, prepared, tmp_path):
 
 
 def test_bad_token_id_names_the_row(target, tmp_path):
-    from conftest import make_prepared
+    from storekit import make_prepared
 
     ds = PreparedDataset(make_prepared(tmp_path / "p", [[10], [10]], vocab=500))
     ds_ids = [int(ds[i]["input_ids"].max()) for i in range(2)]

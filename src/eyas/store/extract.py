@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -43,6 +44,7 @@ class ExtractConfig(StageConfig):
                                            "its own environment (see --python)")
     python: str | None = Field(None, description="vLLM environment's python for --backend vllm "
                                "(default $EYAS_VLLM_PYTHON)")
+    tensor_parallel_size: int = Field(1, ge=1, description="--backend vllm: GPUs vLLM shards the target over")
     device: str | None = Field(None, description="torch device (default cuda[:LOCAL_RANK] if available, else cpu)")
     attn_implementation: str = Field("sdpa", description="transformers attention: sdpa | flash_attention_2 "
                                      "(packs each batch into one row) | flex_attention | eager")
@@ -137,22 +139,41 @@ class _HostCopier:
         return host, event
 
 
-@torch.inference_mode()
-def extract_to_store(model: torch.nn.Module, layout, dataset, out: str | os.PathLike, *, identity: dict[str, Any],
-                     token_budget: int = 16384, shard_mb: float = 256.0, writer_threads: int = 2,
-                     limit: int | None = None, rank: int = 0, world: int = 1, packed: bool = False,
-                     device: torch.device | str | None = None) -> dict[str, Any]:
-    """Extract `dataset` rows (or the first `limit`) into the store at `out`; resumable; returns a summary."""
+@dataclass
+class StoreJob:
+    """One rank's share of a store: the plan, what is already done, and the shards left to write."""
+    out: Path
+    plan: Plan
+    header: dict[str, Any]
+    done: dict[int, dict[str, Any]]
+    todo: list[int]
+    token_bytes: int
+
+    def writer(self, rank: int, threads: int) -> ShardWriter:
+        return ShardWriter(self.out, rank, self.header, self.plan, threads=threads)
+
+    def finish(self, summary: dict[str, Any]) -> dict[str, Any]:
+        crash_point("before-merge")
+        manifest = merge(self.out, self.header, self.plan)
+        return {"out": str(self.out), **summary, "samples": self.plan.num_samples, "shards": self.plan.num_shards,
+                "shards_written": len(self.todo), "shards_resumed": len(self.done),
+                "bytes_per_token": self.token_bytes, "merged": manifest is not None}
+
+
+def begin_store(dataset, out: str | os.PathLike, identity: dict[str, Any], *, shard_mb: float = 256.0,
+                limit: int | None = None, rank: int = 0, world: int = 1) -> StoreJob | dict[str, Any]:
+    """Plan the store and find this rank's remaining shards (a summary dict when it is already complete).
+
+    Both backends go through here, so their stores are interchangeable and resume each other."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    device = torch.device(device) if device is not None else next(model.parameters()).device
-    aux_ids, dtype = identity["aux_layer_ids"], identity["dtype"]
+    dtype = identity["dtype"]
     if dtype not in DTYPES:
         raise StoreError(f"store dtype {dtype!r}: choose one of {DTYPES}")
     n = min(len(dataset), limit) if limit else len(dataset)
     if n == 0:
         raise StoreError("the prepared dataset has no rows")
-    token_bytes = bytes_per_token(identity["hidden_size"], len(aux_ids), dtype)
+    token_bytes = bytes_per_token(identity["hidden_size"], len(identity["aux_layer_ids"]), dtype)
     max_len = int((getattr(dataset, "manifest", None) or {}).get("max_length") or 0) or \
         max(int(dataset[i]["input_ids"].numel()) for i in range(n))
     plan = Plan(n, samples_per_shard(shard_mb, max_len, token_bytes))
@@ -168,10 +189,24 @@ def extract_to_store(model: torch.nn.Module, layout, dataset, out: str | os.Path
     done = completed_shards(out, header)
     todo = [j for j in plan.mine(rank, world) if j not in done]
     clean_temp_files(out, todo)
+    return StoreJob(out, plan, header, done, todo, token_bytes)
 
+
+@torch.inference_mode()
+def extract_to_store(model: torch.nn.Module, layout, dataset, out: str | os.PathLike, *, identity: dict[str, Any],
+                     token_budget: int = 16384, shard_mb: float = 256.0, writer_threads: int = 2,
+                     limit: int | None = None, rank: int = 0, world: int = 1, packed: bool = False,
+                     device: torch.device | str | None = None) -> dict[str, Any]:
+    """Extract `dataset` rows (or the first `limit`) into the store at `out`; resumable; returns a summary."""
+    job = begin_store(dataset, out, identity, shard_mb=shard_mb, limit=limit, rank=rank, world=world)
+    if isinstance(job, dict):
+        return job
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    aux_ids, dtype = identity["aux_layer_ids"], identity["dtype"]
+    plan, todo = job.plan, job.todo
     backbone = _backbone(model, layout)
     copier = _HostCopier(device)
-    writer = ShardWriter(out, rank, header, plan, threads=writer_threads)
+    writer = job.writer(rank, writer_threads)
 
     t_start = time.perf_counter()
     tokens = padded = 0
@@ -197,14 +232,10 @@ def extract_to_store(model: torch.nn.Module, layout, dataset, out: str | os.Path
     finally:
         writer.close()
     elapsed = time.perf_counter() - t_start
-    crash_point("before-merge")
-    manifest = merge(out, header, plan)
-    return {"out": str(out), "rank": rank, "world": world, "dtype": dtype, "aux_layer_ids": aux_ids,
-            "samples": n, "shards": plan.num_shards, "shards_written": len(todo), "shards_resumed": len(done),
-            "tokens": tokens, "padding_fraction": round(1 - tokens / padded, 4) if padded else 0.0,
-            "seconds": round(elapsed, 3), "tokens_per_s": round(tokens / elapsed, 1) if elapsed else None,
-            "writer_stall_s": round(writer.stall_s, 3), "writer_busy_s": round(writer.write_s, 3),
-            "bytes_per_token": token_bytes, "merged": manifest is not None}
+    return job.finish({"rank": rank, "world": world, "dtype": dtype, "aux_layer_ids": aux_ids, "tokens": tokens,
+                       "padding_fraction": round(1 - tokens / padded, 4) if padded else 0.0,
+                       "seconds": round(elapsed, 3), "tokens_per_s": round(tokens / elapsed, 1) if elapsed else None,
+                       "writer_stall_s": round(writer.stall_s, 3), "writer_busy_s": round(writer.write_s, 3)})
 
 
 # ---------------------------------------------------------------- CLI entry
