@@ -42,19 +42,25 @@ def resolve_verifier(meta: dict[str, Any], dc: DraftConfig, verifier: str | None
     """(name_or_path, architectures) for speculators_config.verifier. Local and built-in targets become an
     absolute path so `LLM(model=EXPORT)` finds them; hub ids stay hub ids; --verifier overrides."""
     archs = list(dc.extra.get("target_architectures") or [])
-    spec = verifier or target_spec(meta)
-    if not spec:
+    train = meta.get("train") if isinstance(meta.get("train"), dict) else {}
+    candidates = [c for c in (verifier, target_spec(meta), train.get("target")) if isinstance(c, str) and c]
+    if not candidates:
         raise ValueError("the draft's config.json names no target (meta key 'target'); pass --verifier NAME_OR_PATH "
                          "(the model vLLM should serve as the verifier)")
-    try:
-        from eyas.target.load import resolve
-        src = resolve(spec)
+    from eyas.target.load import resolve
+    name, errors = None, []
+    for spec in candidates:
+        try:
+            src = resolve(spec)
+        except FileNotFoundError as e:
+            errors.append(str(e))
+            continue
         name = str(Path(src.path).resolve()) if Path(src.path).is_dir() else src.path
-    except FileNotFoundError:
-        if verifier:  # an explicit --verifier the user vouches for (e.g. a hub id used on another machine)
-            name = verifier
-        else:
-            raise
+        break
+    if name is None:
+        if not verifier:
+            raise FileNotFoundError("cannot resolve the draft's target for the export's verifier: " + "; ".join(errors))
+        name = verifier  # an explicit --verifier the user vouches for (e.g. a hub id used on another machine)
     if not archs and Path(name).is_dir() and (Path(name) / "config.json").is_file():
         archs = list(json.loads((Path(name) / "config.json").read_text()).get("architectures") or [])
     return name, archs
@@ -108,7 +114,8 @@ def _tau_lines(meta: dict[str, Any]) -> list[str]:
 def model_card(fmt: str, meta: dict[str, Any], dc: DraftConfig, verifier: str, chain: int, embed_note: str,
                source: Path) -> str:
     train = meta.get("train")
-    data = meta.get("data") or (train.get("data") if isinstance(train, dict) else None)
+    train = train if isinstance(train, dict) else {}
+    data = meta.get("data") or train.get("data") or train.get("store")
     taus = _tau_lines(meta)
     serve = (f"```bash\nvllm serve {{THIS_DIR}}          # zero flags: the verifier and K={chain} come from config.json\n"
              f"eyas serve-check --draft {{THIS_DIR}} --engine vllm   # served τ vs eyas's native τ\n```"
