@@ -137,3 +137,33 @@ def test_real_smollm2_tokenizer_with_each_template(style):
     for (a, b), m in zip(spans, [CHAT[1], CHAT[3]]):
         assert tok.convert_ids_to_tokens(int(ids[b - 1])) == STYLES[style][1]
         assert norm(tok.decode(ids[a:b - 1].tolist())) == norm(m["content"])
+
+
+TRICKY = ["\u200b zero width first", "日本語の答え", "🙂 emoji", "é", "tabs\tand  double  spaces ", "x\u200b"]
+
+
+def both_paths_agree(tok):
+    from eyas.data.masks import ChatRenderer
+
+    chats = [[{"role": "user", "content": "q"}, {"role": "assistant", "content": c}] for c in TRICKY]
+    fast, slow = ChatRenderer(tok), ChatRenderer(tok)
+    slow.backend = None  # the offset-mapping path every fast tokenizer supports through transformers
+    for c, a, b in zip(TRICKY, fast.masks(chats), slow.masks(chats)):
+        assert not isinstance(a, Exception), (c, a)
+        assert not isinstance(b, Exception), (c, b)
+        assert torch.equal(torch.as_tensor(a[0]), torch.as_tensor(b[0]))
+        assert torch.equal(torch.as_tensor(a[1]), torch.as_tensor(b[1])), c
+
+
+def test_multibyte_characters_split_over_tokens():
+    both_paths_agree(make_tokenizer("smollm2"))
+
+
+@pytest.mark.slow
+def test_multibyte_characters_real_smollm2():
+    path = Path.home() / ".cache" / "eyas" / "models" / "smollm2-135m"
+    if not (path / "tokenizer.json").is_file():
+        pytest.skip("SmolLM2 is not in the eyas cache")
+    from transformers import AutoTokenizer
+
+    both_paths_agree(AutoTokenizer.from_pretrained(path))

@@ -54,6 +54,8 @@ class ChatRenderer:
         added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
         # Atomic marker tokens: any of them directly after the content is the turn's end-of-turn token.
         self.marker_ids = set(int(i) for i in added) | set(getattr(tokenizer, "all_special_ids", []) or [])
+        self.marker_arr = np.asarray(sorted(self.marker_ids), dtype=np.int64)
+        self.backend = getattr(tokenizer, "backend_tokenizer", None)
 
     def render(self, messages: Sequence[dict], add_generation_prompt: bool = False) -> str:
         try:
@@ -103,50 +105,108 @@ class ChatRenderer:
             where.append((j, spans, msgs))
         if not texts:
             return results
+        for (j, spans, msgs), view, text in zip(where, self._encode(texts), texts):
+            try:
+                results[j] = self._mask_one(view, spans, msgs, text)
+            except MaskError as e:
+                results[j] = e
+        return results
+
+    def _encode(self, texts: list[str]) -> list["_Offsets | _Encoding"]:
+        if self.backend is not None:  # the Rust tokenizer directly: no per-token Python conversion
+            return [_Encoding(e) for e in self.backend.encode_batch(texts, add_special_tokens=False)]
         try:
             enc = self.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
         except NotImplementedError:
             raise MaskError("tokenizer_unsupported: the tokenizer gives no character offsets (use a fast "
                             "tokenizer)") from None
-        for (j, spans, msgs), ids, offs, text in zip(where, enc["input_ids"], enc["offset_mapping"], texts):
-            try:
-                results[j] = self._mask_one(np.asarray(ids, dtype=np.int64), np.asarray(offs, dtype=np.int64).reshape(-1, 2),
-                                            spans, msgs, text)
-            except MaskError as e:
-                results[j] = e
-        return results
+        return [_Offsets(ids, offs) for ids, offs in zip(enc["input_ids"], enc["offset_mapping"])]
 
-    def _mask_one(self, ids: np.ndarray, offs: np.ndarray, spans, msgs, text: str):
+    def _decode(self, ids: np.ndarray) -> str:
+        if self.backend is not None:
+            return self.backend.decode(ids.tolist(), skip_special_tokens=False)
+        return self.tokenizer.decode(ids.tolist(), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def _mask_one(self, view: "_Offsets | _Encoding", spans, msgs, text: str):
+        ids = view.ids
         mask = np.zeros(len(ids), dtype=bool)
-        starts, ends = offs[:, 0], offs[:, 1]
         for cs, ce, te, i in spans:
-            # content tokens: any token overlapping the content's characters
-            inside = np.nonzero((starts < ce) & (ends > cs))[0]
-            if len(inside) == 0:
+            # content tokens: every token overlapping the content's characters
+            found = view.locate(cs, ce)
+            if found is None:
                 raise MaskError(f"mask_mismatch: assistant turn {i} has no tokens")
-            lo, hi = int(inside[0]), int(inside[-1]) + 1
-            got = self.tokenizer.decode(ids[lo:hi].tolist(), skip_special_tokens=False,
-                                        clean_up_tokenization_spaces=False)
+            lo, hi = found
+            got = self._decode(ids[lo:hi])
             if " ".join(got.split()) != " ".join(msgs[i]["content"].split()):
                 raise MaskError(f"mask_mismatch: decoded tokens of assistant turn {i} differ from its content "
                                 f"({got[:40]!r}... vs {msgs[i]['content'][:40]!r}...): unknown characters or a "
                                 f"token straddling the turn boundary")
-            if int(starts[lo]) < cs and text[int(starts[lo]):cs].strip():
+            first = view.chars(lo)[0]
+            if first < cs and text[first:cs].strip():
                 raise MaskError(f"mask_mismatch: first token of assistant turn {i} also covers template text")
-            if any(int(t) in self.marker_ids for t in ids[lo:hi]):
+            if np.isin(ids[lo:hi], self.marker_arr).any():
                 raise MaskError(f"special_token_in_content: assistant turn {i} contains a template/special token "
                                 f"string, which would teach the draft to end turns early")
             mask[lo:hi] = True
             # end-of-turn: whitespace tokens then the first marker token, inside this turn's own text
             k = hi
-            while k < len(ids) and starts[k] < te:
+            while k < len(ids):
+                start, end = view.chars(k)
+                if start >= te:
+                    break
                 if int(ids[k]) in self.marker_ids:
                     mask[hi:k + 1] = True
                     break
-                if text[int(starts[k]):int(ends[k])].strip():
+                if text[start:end].strip():
                     break  # textual turn end: the content alone is learnt
                 k += 1
         return ids, mask
+
+
+class _Encoding:
+    """Token view over a `tokenizers.Encoding`: char->token lookups done in Rust."""
+
+    def __init__(self, enc):
+        self.enc = enc
+        self.ids = np.asarray(enc.ids, dtype=np.int64)
+        self._fallback: _Offsets | None = None
+
+    def locate(self, cs: int, ce: int) -> tuple[int, int] | None:
+        a, b = self.enc.char_to_token(cs), self.enc.char_to_token(ce - 1)
+        if a is None or b is None:  # a character no token covers (normalizer/trimmed offsets): scan offsets
+            if self._fallback is None:
+                self._fallback = _Offsets(self.enc.ids, self.enc.offsets)
+            return self._fallback.locate(cs, ce)
+        # a character split over several byte-level tokens maps to one of them: widen to all overlapping tokens
+        while a > 0 and self.chars(a - 1)[1] > cs:
+            a -= 1
+        while b + 1 < len(self.ids) and self.chars(b + 1)[0] < ce:
+            b += 1
+        return a, b + 1
+
+    def chars(self, k: int) -> tuple[int, int]:
+        span = self.enc.token_to_chars(k) if self._fallback is None else None
+        if span is None:  # token_to_chars has no answer (or we already hold the offsets)
+            if self._fallback is None:
+                self._fallback = _Offsets(self.enc.ids, self.enc.offsets)
+            return self._fallback.chars(k)
+        return int(span[0]), int(span[1])
+
+
+class _Offsets:
+    """Token view over ids + an offset mapping (any tokenizer that returns offsets)."""
+
+    def __init__(self, ids, offsets):
+        self.ids = np.asarray(ids, dtype=np.int64)
+        offs = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+        self.starts, self.ends = offs[:, 0], offs[:, 1]
+
+    def locate(self, cs: int, ce: int) -> tuple[int, int] | None:
+        inside = np.nonzero((self.starts < ce) & (self.ends > cs))[0]
+        return (int(inside[0]), int(inside[-1]) + 1) if len(inside) else None
+
+    def chars(self, k: int) -> tuple[int, int]:
+        return int(self.starts[k]), int(self.ends[k])
 
 
 def render_with_mask(tokenizer, messages: Sequence[dict], chat_template: str | None = None

@@ -284,10 +284,14 @@ def _summary(cfg, counts: Counter, writer: ShardWriter, freq: np.ndarray, d2t, c
     }
 
 
-def run(cfg: PrepareConfig):
-    summary = prepare(cfg)
-    if cfg.json:
+def report(summary: dict, as_json: bool):
+    """What `run` hands the CLI: the summary itself for --json, else a printed table and exit code 0."""
+    if as_json:
         return summary
     for k, v in summary.items():
         print(f"{k:<20} {v}")
     return 0
+
+
+def run(cfg: PrepareConfig):
+    return report(prepare(cfg), cfg.json)

@@ -222,9 +222,6 @@ def _run_openai(backend: OpenAIBackend, convs: Iterator[Conversation], concurren
 
 
 def run(cfg: RegenerateConfig):
-    summary = regenerate(cfg)
-    if cfg.json:
-        return summary
-    for k, v in summary.items():
-        print(f"{k:<12} {v}")
-    return 0
+    from eyas.data.prepare import report
+
+    return report(regenerate(cfg), cfg.json)
