@@ -13,7 +13,7 @@ import json
 import multiprocessing as mp
 import os
 import time
-from collections import Counter
+from collections import Counter, deque
 from pathlib import Path
 from typing import Iterator, Literal
 
@@ -197,8 +197,7 @@ def prepare(cfg: PrepareConfig) -> dict:
         if workers > 1:
             ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
             pool = ctx.Pool(workers, _init_worker, (cfg.target, cfg.cache_dir, cfg.trust_remote_code, template))
-            pending = ((b, i) for b, i in batches)
-            it = _pool_results(pool, pending)
+            it = _pool_results(pool, batches, depth=2 * workers)
         else:
             it = ((_encode_batch(b, renderer), i) for b, i in batches)
         try:
@@ -243,17 +242,18 @@ def prepare(cfg: PrepareConfig) -> dict:
     return summary
 
 
-def _pool_results(pool, batches):
-    """Ordered results from the pool while keeping the record ids next to their batch."""
-    id_maps: list = []
-
-    def feed():
-        for b, i in batches:
-            id_maps.append(i)
-            yield b
-
-    for res in pool.imap(_encode_batch, feed(), chunksize=1):
-        yield res, id_maps.pop(0)
+def _pool_results(pool, batches, depth: int):
+    """Ordered results with at most `depth` batches in flight: memory stays flat on any file size, and the
+    source is read (and rejects written) only from this thread."""
+    pending: deque = deque()
+    for batch, ids in batches:
+        pending.append((pool.apply_async(_encode_batch, (batch,)), ids))
+        if len(pending) >= depth:
+            res, i = pending.popleft()
+            yield res.get(), i
+    while pending:
+        res, i = pending.popleft()
+        yield res.get(), i
 
 
 def _apply_length(cfg: PrepareConfig, ids: np.ndarray, mask: np.ndarray, V: int, counts: Counter):
