@@ -17,17 +17,7 @@ from eyas.store import HiddenStateStore, verify_store
 from eyas.store.extract import ExtractConfig, run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "store"))
-from storekit import ROWS, make_prepared, make_tiny_target  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def tiny_target(tmp_path_factory):
-    return make_tiny_target(tmp_path_factory.mktemp("target"))
-
-
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
-    return make_prepared(tmp_path_factory.mktemp("prepared"), ROWS)
+from storekit import prepared, tiny_target  # noqa: E402,F401  (fixtures)
 
 VLLM_PYTHON = Path(os.environ.get("EYAS_VLLM_PYTHON", "/work/vllm-venv/bin/python"))
 

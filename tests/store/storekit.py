@@ -1,6 +1,7 @@
 """Tiny target + tiny PREPARED dir builders, built in-process (no network); shared by store and engine tests."""
 
 import numpy as np
+import pytest
 import torch
 
 
@@ -38,3 +39,13 @@ def make_prepared(path, rows, vocab=96, max_length=40, shard_rows=5):
 
 ROWS = [[40], [12, 20, 8], [33], [5, 5, 5], [17, 9], [40], [2], [30, 10], [25], [11, 11, 11, 7], [38], [19]]
 
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tmp_path_factory):
+    return make_tiny_target(tmp_path_factory.mktemp("target"))
+
+
+@pytest.fixture(scope="session")
+def prepared(tmp_path_factory):
+    return make_prepared(tmp_path_factory.mktemp("prepared"), ROWS)

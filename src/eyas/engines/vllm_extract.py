@@ -26,45 +26,30 @@ atomic ShardWriter as the hf backend, so crash safety, resume, fp8 and validatio
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file
 
-from eyas.engines.base import EngineError, engine_python, run_in_env
+from eyas.engines.base import EngineError, run_in_env
+# The vLLM lock and env discovery are serve-check's (one real vLLM at a time on a machine).
+from eyas.engines.serve_check import vllm_lock, vllm_python
 
 WORKER = Path(__file__).with_name("vllm_extract_worker.py")
 CONNECTOR = Path(__file__).with_name("eyas_connector.py")
 CHECKED_VLLM_VERSIONS = ("0.32.0",)
 MIN_VLLM = (0, 18)
-LOCK = "/tmp/eyas-vllm.lock"
-_HOW_TO = ("Create a separate vLLM environment (python3 -m venv V && V/bin/pip install vllm) and pass "
-           "--python V/bin/python or set $EYAS_VLLM_PYTHON.")
-
-
-def vllm_python(python: str | None) -> Path:
-    """The vLLM env's interpreter, via the doctor's adapter when it is there."""
-    try:
-        from eyas.engines.vllm import ENV_VAR, HOW_TO_CREATE
-    except ImportError:
-        ENV_VAR, HOW_TO_CREATE = "EYAS_VLLM_PYTHON", _HOW_TO
-    return engine_python(python, ENV_VAR, HOW_TO_CREATE)
 
 
 def vllm_version(python: Path) -> str | None:
-    try:
-        from eyas.engines.vllm import VllmAdapter
+    from eyas.engines.vllm import VllmAdapter
 
-        return VllmAdapter(python).version()
-    except ImportError:
-        return None
+    return VllmAdapter(python).version()
 
 
 def check_version(version: str | None) -> None:
@@ -86,17 +71,6 @@ def documents(position_ids: torch.Tensor) -> list[tuple[int, int]]:
     pos = position_ids.tolist()
     starts = [0] + [t for t in range(1, len(pos)) if pos[t] != pos[t - 1] + 1]
     return list(zip(starts, starts[1:] + [len(pos)]))
-
-
-@contextmanager
-def vllm_lock(path: str = LOCK):
-    """One real vLLM at a time on a machine (CPU memory is shared)."""
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def run_vllm(python: Path, model: str, layer_ids: list[int], docs: list[list[int]], storage: Path, *,

@@ -120,15 +120,13 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, data: bytes, *, before_rename=None) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
     """Write to a temp name, fsync, rename, fsync the directory: the file is whole or absent."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
-    if before_rename is not None:
-        before_rename()
     os.replace(tmp, path)
     fsync_dir(path.parent)
 
@@ -149,13 +147,47 @@ def read_json(path: Path, what: str) -> dict[str, Any]:
     return data
 
 
-def sha256_bytes(data: bytes | memoryview) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def sha256_file(path: Path, chunk: int = 16 << 20) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+# ---------------------------------------------------------------- streaming safetensors writer
+_ST_DTYPES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.int64: "I64",
+              torch.int32: "I32", torch.uint8: "U8", torch.bool: "BOOL", FP8: "F8_E4M3"}
+
+
+def _raw(t: torch.Tensor) -> memoryview:
+    """The bytes of a CPU tensor without copying (bf16/fp8 have no numpy dtype, so view them as bytes)."""
+    t = t.contiguous()
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy()) if t.numel() else memoryview(b"")
+
+
+def write_safetensors(f, parts: dict[str, list[torch.Tensor]], metadata: dict[str, str]) -> tuple[int, str]:
+    """Write a safetensors file whose tensor `name` is the concatenation of `parts[name]` along dim 0,
+    straight from the parts (no concatenated copy, no in-memory file); return (bytes, sha256).
+
+    Layout (the safetensors spec): u64 little-endian header size, JSON header (dtype, shape,
+    data_offsets per tensor, __metadata__) padded with spaces to 8 bytes, then the raw data."""
+    header: dict[str, Any] = {"__metadata__": metadata}
+    offset = 0
+    for name, ps in parts.items():
+        shape = [sum(int(p.shape[0]) for p in ps), *ps[0].shape[1:]]
+        nbytes = sum(p.numel() * p.element_size() for p in ps)
+        header[name] = {"dtype": _ST_DTYPES[ps[0].dtype], "shape": shape, "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)
+    h = hashlib.sha256()
+    for block in (len(head).to_bytes(8, "little"), head):
+        f.write(block)
+        h.update(block)
+    for ps in parts.values():
+        for p in ps:
+            mv = _raw(p)
+            f.write(mv)
+            h.update(mv)
+    return 8 + len(head) + offset, h.hexdigest()

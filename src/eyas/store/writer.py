@@ -24,11 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save as st_save
 
 from eyas import __version__
-from eyas.store.format import (FORMAT, FORMAT_VERSION, ID_DTYPE, MANIFEST, StoreError, atomic_write,
-                               atomic_write_json, fsync_dir, read_json, sha256_bytes, shard_name)
+from eyas.store.format import (FORMAT, FORMAT_VERSION, ID_DTYPE, MANIFEST, StoreError, atomic_write_json, fsync_dir,
+                               read_json, shard_name, write_safetensors)
 
 
 # ---------------------------------------------------------------- crash hooks (tests)
@@ -204,32 +203,31 @@ class ShardWriter:
                 raise StoreError(f"{shard_name(shard.j)}: samples {missing[:5]} were never computed")
             parts = [shard.parts[r] for r in shard.rows]
             lengths = [int(p["input_ids"].shape[0]) for p in parts]
-            tensors = {k: torch.cat([p[k] for p in parts]).contiguous() for k in parts[0]}
-            tensors["input_ids"] = tensors["input_ids"].to(ID_DTYPE)
-            tensors["position_ids"] = tensors["position_ids"].to(ID_DTYPE)
-            tensors["offsets"] = torch.tensor([0] + lengths, dtype=torch.int64).cumsum(0)
-            tensors["sample_ids"] = torch.tensor(list(shard.rows), dtype=torch.int64)
-            shard.parts.clear()
-            # One metadata key: safetensors orders several keys at random, and equal inputs should give
-            # byte-identical shards (same sha256 whatever rank or run wrote them).
+            cols = {k: [p[k] for p in parts] for k in parts[0]}
+            for k in ("input_ids", "position_ids"):
+                cols[k] = [x.to(ID_DTYPE) for x in cols[k]]
+            cols["offsets"] = [torch.tensor([0] + lengths, dtype=torch.int64).cumsum(0)]
+            cols["sample_ids"] = [torch.tensor(list(shard.rows), dtype=torch.int64)]
+            # One metadata key: equal inputs give byte-identical shards (same sha256 whatever rank wrote them).
             meta = json.dumps({"format": FORMAT + "-shard", "shard": shard.j, "dtype": self.header["target"]["dtype"]},
                               sort_keys=True)
-            data = st_save(tensors, metadata={"eyas": meta})
-            del tensors
-            entry = {"shard": shard.j, "file": shard_name(shard.j), "first": shard.rows.start,
-                     "count": len(shard.rows), "tokens": sum(lengths), "bytes": len(data),
-                     "sha256": sha256_bytes(data)}
-            path = self.out / entry["file"]
+            path = self.out / shard_name(shard.j)
+            tmp = path.with_name(path.name + ".tmp")
+            # Streamed from the per-sample host tensors: no concatenated copy, no in-memory file.
+            with open(tmp, "wb") as f:
+                nbytes, sha = write_safetensors(f, cols, {"eyas": meta})
+                f.flush()
+                os.fsync(f.fileno())
+            shard.parts.clear()
+            del parts, cols
             if os.environ.get("EYAS_STORE_PAUSE_AT") == "shard-partial":
-                # Leave a half-written temp file on disk, as a crash in the middle of write() would.
-                tmp = path.with_name(path.name + ".tmp")
-                with open(tmp, "wb") as f:
-                    f.write(data[: len(data) // 2])
-                    f.flush()
-                    os.fsync(f.fileno())
+                os.truncate(tmp, nbytes // 2)          # as if the process died in the middle of write()
                 crash_point("shard-partial")
-            atomic_write(path, data, before_rename=lambda: crash_point("shard-before-rename"))
-            del data
+            crash_point("shard-before-rename")
+            os.replace(tmp, path)
+            fsync_dir(self.out)
+            entry = {"shard": shard.j, "file": path.name, "first": shard.rows.start, "count": len(shard.rows),
+                     "tokens": sum(lengths), "bytes": nbytes, "sha256": sha}
             crash_point("shard-renamed")
             with self._lock:
                 self._entries[shard.j] = entry
