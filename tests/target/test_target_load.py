@@ -66,12 +66,13 @@ def test_hub_id_resolves_through_the_hub_cache(hub_cache):
     assert Path(t.model.config._name_or_path) in (Path("acme/tiny-llama"), snapshot)
 
 
+@pytest.mark.slow  # a fresh interpreter importing torch + transformers: ~5 s idle, 30 s on a busy CPU
 def test_hub_id_cli_in_a_fresh_process(tmp_path):
     """The real path end to end: env vars only, read at import by a new interpreter."""
     cache = tmp_path / "hub"
     write_hub_cache(cache, "acme/tiny-llama")
     env = dict(os.environ, HF_HUB_CACHE=str(cache), HF_HOME=str(tmp_path / "home"), HF_HUB_OFFLINE="1",
-               PYTHONPATH=str(REPO_ROOT / "src"))
+               PYTHONPATH=str(REPO_ROOT / "src"), OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-m", "eyas.cli", "inspect", "--target", "acme/tiny-llama", "--json"],
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
