@@ -435,8 +435,8 @@ def check_engine(cfg: DoctorConfig, out: list[Check]) -> None:
     t0 = time.perf_counter()
     try:
         adapter = VllmAdapter(cfg.python)
+        results = adapter.probe()  # one worker run: the version comes with it
         version = adapter.version()
-        results = adapter.probe()
     except EngineError as e:
         out.append(Check("engine: vllm", "fail", str(e).split("\n")[0], HOW_TO_CREATE.replace("\n", " ")))
         return

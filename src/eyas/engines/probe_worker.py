@@ -1,23 +1,26 @@
 """Runs INSIDE an engine's environment: report the engine version and the signature of each entry point.
 
-Usage: python probe_worker.py IN.json OUT.json, where IN is {"engine": "vllm", "entry_points": [{"name",
-"module", "qualname", "kind"}]}. Only the standard library and the engine are imported (eyas is not installed
+Usage: python probe_worker.py IN.json OUT.json, where IN is {"engine": "vllm", "distributions": [...], "import":
+true, "entry_points": [{"name", "module", "qualname", "kind"}]}. Only the standard library and the engine are imported (eyas is not installed
 there), and nothing is instantiated: imports and `inspect.signature` only, so no model and no device is touched.
 The judgement (is this signature what eyas needs?) happens in eyas (`eyas.engines.vllm.check_signatures`), so
 the same code judges these live signatures and the ones recorded from vLLM's source at release tags.
 
 Output: {"version", "python", "import_s", "signatures": {name: {"kind": "callable", "params": [[name, kind,
-has_default], ...]} | {"kind": "values", "values": [...]} | {"missing": "why"}}}.
+has_default], ...]} | {"kind": "values", "values": [...]} | {"missing": "why"}}}. Kind "attrs" reports a
+class's attribute names (as "values"): what a subclass of an engine class relies on.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.metadata
 import inspect
 import json
 import os
 import sys
+import textwrap
 import time
 import typing
 
@@ -39,6 +42,23 @@ def literal_values(tp) -> list:
     return out
 
 
+def class_attrs(cls) -> list[str]:
+    """Names a subclass may rely on: class-body names and `self.X = ...` targets of every class in the MRO
+    (read from the source: instance attributes exist only once constructed, and the probe constructs nothing)."""
+    names: set[str] = set()
+    for c in inspect.getmro(cls):
+        if c is object:
+            continue
+        names.update(n for n in vars(c) if not (n.startswith("__") and n.endswith("__")))
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(c)))
+        except (OSError, TypeError, SyntaxError):
+            continue
+        names.update(n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
+                     and isinstance(n.value, ast.Name) and n.value.id == "self")
+    return sorted(names)
+
+
 def resolve(module: str, qualname: str):
     obj = importlib.import_module(module)
     for part in qualname.split("."):
@@ -54,6 +74,8 @@ def describe(ep: dict) -> dict:
     except Exception as e:  # an absent module or attribute is exactly what the probe reports
         return {"missing": f"{type(e).__name__}: {e}"}
     try:
+        if ep.get("kind") == "attrs":
+            return {"kind": "values", "values": class_attrs(obj)}
         if ep.get("kind") == "values":
             if isinstance(obj, dict):
                 return {"kind": "values", "values": sorted(map(str, obj))}
@@ -88,7 +110,8 @@ def main(inp: str, out: str) -> int:
     t0 = time.perf_counter()
     import_error = None
     try:
-        importlib.import_module(req["engine"])
+        if req.get("import", True):  # version-only requests read package metadata and skip the slow import
+            importlib.import_module(req["engine"])
     except Exception as e:
         import_error = f"{type(e).__name__}: {e}"
     import_s = time.perf_counter() - t0

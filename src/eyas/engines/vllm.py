@@ -44,7 +44,8 @@ class EntryPoint:
     qualname: str
     used_by: str                                   # which eyas code calls it (for the fix message)
     source: str = ""
-    kind: str = "callable"                         # "callable": check a signature; "values": a Literal's members
+    kind: str = "callable"                         # "callable": a signature; "values": a Literal's members;
+                                                   # "attrs": a class's attribute names (eyas subclasses it)
     positional: tuple[str, ...] = ()               # passed positionally, in this order (after self)
     keywords: tuple[str, ...] = ()                 # passed by keyword
     kwargs_into: str | None = None                 # entry point whose parameters a **kwargs is forwarded to
@@ -53,62 +54,66 @@ class EntryPoint:
     fix: str = field(default="", compare=False)
 
 
+_CONN = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
+_CONN_FILE = "vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py"
+_SPEC = "vllm.transformers_utils.configs.speculators"
+
 ENTRY_POINTS: tuple[EntryPoint, ...] = (
-    # --- serve-check (engines/serve_check.py + vllm_serve_worker.py): LLM with a speculators export
+    # --- LLM construction, shared by serve-check (vllm_serve_worker.py) and extraction (vllm_extract_worker.py)
     EntryPoint("vllm.LLM.__init__", "vllm", "LLM.__init__", "serve-check, vllm extraction",
                "vllm/entrypoints/llm.py",
-               keywords=("model", "speculative_config", "max_model_len", "disable_log_stats", "enforce_eager",
-                         "dtype", "seed", "kv_transfer_config"),
+               keywords=("model", "dtype", "seed", "max_model_len", "enforce_eager", "disable_log_stats",
+                         "tensor_parallel_size", "speculative_config", "kv_transfer_config"),
                kwargs_into="vllm.engine.arg_utils.EngineArgs"),
     EntryPoint("vllm.engine.arg_utils.EngineArgs", "vllm.engine.arg_utils", "EngineArgs", "LLM(**kwargs)",
                "vllm/engine/arg_utils.py",
-               keywords=("model", "speculative_config", "max_model_len", "disable_log_stats", "enforce_eager",
-                         "dtype", "seed", "kv_transfer_config")),
+               keywords=("model", "dtype", "seed", "max_model_len", "enforce_eager", "disable_log_stats",
+                         "tensor_parallel_size", "speculative_config", "kv_transfer_config")),
     EntryPoint("vllm.LLM.generate", "vllm", "LLM.generate", "serve-check, vllm extraction",
                "vllm/entrypoints/llm.py", positional=("prompts", "sampling_params"), keywords=("use_tqdm",)),
+    EntryPoint("vllm.SamplingParams", "vllm", "SamplingParams", "serve-check, vllm extraction",
+               "vllm/sampling_params.py", keywords=("temperature", "max_tokens", "ignore_eos")),
+    # speculative_config={...} is read into SpeculativeConfig; serve-check reads method/model/K back from it.
+    EntryPoint("vllm.config.SpeculativeConfig", "vllm.config", "SpeculativeConfig",
+               "serve-check (reads the loaded draft), vllm extraction (draft_model_config)",
+               "vllm/config/speculative.py",
+               keywords=("method", "num_speculative_tokens", "model", "draft_model_config"), reads_only=True),
+    EntryPoint("vllm.config.speculative.SpeculativeMethod", "vllm.config.speculative", "SpeculativeMethod",
+               "serve-check (method=eagle3), vllm extraction (method=extract_hidden_states)",
+               "vllm/config/speculative.py", kind="values", values=("eagle3", "extract_hidden_states")),
+    # --- serve-check: the served acceptance counters, and the speculators parser that reads eyas's export
     EntryPoint("vllm.LLM.get_metrics", "vllm", "LLM.get_metrics", "serve-check (served acceptance counters)",
                "vllm/entrypoints/llm.py"),
-    EntryPoint("vllm.SamplingParams", "vllm", "SamplingParams", "serve-check, vllm extraction",
-               "vllm/sampling_params.py",
-               keywords=("temperature", "max_tokens", "ignore_eos", "extra_args")),
     EntryPoint("vllm.v1.metrics.reader.Counter", "vllm.v1.metrics.reader", "Counter", "serve-check (metric values)",
                "vllm/v1/metrics/reader.py", keywords=("name", "value"), reads_only=True),
     EntryPoint("vllm.v1.metrics.reader.Vector", "vllm.v1.metrics.reader", "Vector",
                "serve-check (per-position acceptance)", "vllm/v1/metrics/reader.py", keywords=("name", "values"),
                reads_only=True),
-    # serve-check reports which draft vLLM actually loaded: llm.llm_engine.vllm_config.speculative_config.*
-    EntryPoint("vllm.config.SpeculativeConfig", "vllm.config", "SpeculativeConfig",
-               "serve-check (reads the loaded speculative config)", "vllm/config/speculative.py",
-               keywords=("method", "num_speculative_tokens", "model"), reads_only=True),
-    EntryPoint("vllm.config.speculative.SpeculativeMethod", "vllm.config.speculative", "SpeculativeMethod",
-               "serve-check (method=eagle3), vllm extraction (method=extract_hidden_states)",
-               "vllm/config/speculative.py", kind="values", values=("eagle3", "extract_hidden_states")),
-    # The speculators config parser reads eyas's vLLM export (config.json with speculators_model_type: eagle3).
-    EntryPoint("vllm.transformers_utils.configs.speculators.base.SpeculatorsConfig.from_pretrained",
-               "vllm.transformers_utils.configs.speculators.base", "SpeculatorsConfig.from_pretrained",
-               "serve-check (reads the export)", "vllm/transformers_utils/configs/speculators/base.py",
-               positional=("pretrained_model_name_or_path",)),
-    EntryPoint("vllm.transformers_utils.configs.speculators.base.SpeculatorsConfig.extract_vllm_speculative_config",
-               "vllm.transformers_utils.configs.speculators.base",
-               "SpeculatorsConfig.extract_vllm_speculative_config", "serve-check (export contract in the engine)",
+    EntryPoint(f"{_SPEC}.base.SpeculatorsConfig.from_pretrained", f"{_SPEC}.base",
+               "SpeculatorsConfig.from_pretrained", "serve-check (LLM(model=EXPORT) reads the export)",
+               "vllm/transformers_utils/configs/speculators/base.py", positional=("pretrained_model_name_or_path",)),
+    EntryPoint(f"{_SPEC}.base.SpeculatorsConfig.extract_vllm_speculative_config", f"{_SPEC}.base",
+               "SpeculatorsConfig.extract_vllm_speculative_config", "serve-check (zero-flag speculative config)",
                "vllm/transformers_utils/configs/speculators/base.py", positional=("config_dict",)),
-    EntryPoint("vllm.transformers_utils.configs.speculators.algos.update_eagle3",
-               "vllm.transformers_utils.configs.speculators.algos", "update_eagle3",
-               "export (which eagle3 keys vLLM reads)", "vllm/transformers_utils/configs/speculators/algos.py",
+    EntryPoint(f"{_SPEC}.algos.update_eagle3", f"{_SPEC}.algos", "update_eagle3",
+               "export (the eagle3 keys vLLM reads)", "vllm/transformers_utils/configs/speculators/algos.py",
                positional=("config_dict", "pre_trained_config")),
-    # --- vLLM extraction backend (engines/vllm_extract*.py): extract_hidden_states + the hidden-states connector
+    # --- vllm extraction: kv_transfer_config={...} and eyas_connector.EyasHiddenStatesConnector, a subclass of
+    # vLLM's reference hidden-states connector that overrides _submit_async_write and reads its internals.
     EntryPoint("vllm.config.KVTransferConfig", "vllm.config", "KVTransferConfig", "vllm extraction",
-               "vllm/config/kv_transfer.py", keywords=("kv_connector", "kv_role", "kv_connector_extra_config")),
-    EntryPoint("vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector.load_hidden_states",
-               "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector", "load_hidden_states",
-               "vllm extraction (reads the saved states)",
-               "vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py",
-               positional=("path",)),
-    EntryPoint("vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector.cleanup_hidden_states",
-               "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector",
-               "cleanup_hidden_states", "vllm extraction (removes the saved states)",
-               "vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py",
-               positional=("path",)),
+               "vllm/config/kv_transfer.py",
+               keywords=("kv_connector", "kv_connector_module_path", "kv_role", "kv_connector_extra_config")),
+    EntryPoint(f"{_CONN}.ExampleHiddenStatesConnector", _CONN, "ExampleHiddenStatesConnector",
+               "vllm extraction (eyas_connector subclasses it)", _CONN_FILE, kind="attrs",
+               values=("_submit_async_write", "_block_size", "_kv_cache", "_lock_fds", "_req_copy_events",
+                       "use_lock", "_is_tp_rank_zero")),
+    EntryPoint(f"{_CONN}.ExampleHiddenStatesConnector._submit_async_write", _CONN,
+               "ExampleHiddenStatesConnector._submit_async_write", "vllm extraction (eyas_connector overrides it)",
+               _CONN_FILE, positional=("pending",)),
+    EntryPoint(f"{_CONN}.PendingSave", _CONN, "PendingSave", "vllm extraction (eyas_connector reads it)",
+               _CONN_FILE, keywords=("req_id", "filename", "token_ids", "block_ids"), reads_only=True),
+    EntryPoint(f"{_CONN}.extract_from_kv_cache", _CONN, "extract_from_kv_cache", "vllm extraction (eyas_connector)",
+               _CONN_FILE, positional=("kv_cache", "slot_mapping", "num_tokens")),
 )
 
 
@@ -172,7 +177,7 @@ def check_signatures(sigs: dict[str, dict], entry_points=ENTRY_POINTS) -> list[P
             why = (sig or {}).get("missing", "not reported by the probe")
             results.append(ProbeResult(ep.name, False, f"absent: {why} (used by {ep.used_by})"))
             continue
-        if ep.kind == "values":
+        if ep.kind in ("values", "attrs"):
             have = set(sig.get("values", []))
             lacking = [v for v in ep.values if v not in have]
             results.append(ProbeResult(ep.name, not lacking,
@@ -217,23 +222,29 @@ class VllmAdapter:
         self.python = engine_python(python, ENV_VAR, HOW_TO_CREATE)
         self._report: dict[str, Any] | None = None
 
+    def _run_worker(self, entry_points, *, do_import: bool, timeout: float) -> dict[str, Any]:
+        payload = {"engine": "vllm", "distributions": list(DISTRIBUTIONS), "import": do_import,
+                   "entry_points": [{"name": ep.name, "module": ep.module, "qualname": ep.qualname, "kind": ep.kind}
+                                    for ep in entry_points]}
+        # No model is built, so nothing needs the vLLM lock; the env var keeps any import-time CPU-cache
+        # sizing small in case a vLLM version reads it on import.
+        rep = run_in_env(self.python, Path(__file__).with_name("probe_worker.py"), payload, timeout=timeout,
+                         env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "ERROR"})
+        if rep.get("import_error"):
+            raise EngineError(f"`import vllm` failed under {self.python}: {rep['import_error']}\n{HOW_TO_CREATE}")
+        return rep
+
     def _probe_report(self, timeout: float = 600.0) -> dict[str, Any]:
         """One worker run gives version + every signature (importing vLLM is the slow part, so do it once)."""
         if self._report is None:
-            payload = {"engine": "vllm", "distributions": list(DISTRIBUTIONS),
-                       "entry_points": [{"name": ep.name, "module": ep.module, "qualname": ep.qualname,
-                                         "kind": ep.kind} for ep in ENTRY_POINTS]}
-            # No model is built, so nothing needs the vLLM lock; the env var keeps any import-time
-            # CPU-cache sizing small in case a vLLM version reads it on import.
-            rep = run_in_env(self.python, Path(__file__).with_name("probe_worker.py"), payload, timeout=timeout,
-                             env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "ERROR"})
-            if rep.get("import_error"):
-                raise EngineError(f"`import vllm` failed under {self.python}: {rep['import_error']}\n{HOW_TO_CREATE}")
-            self._report = rep
+            self._report = self._run_worker(ENTRY_POINTS, do_import=True, timeout=timeout)
         return self._report
 
     def version(self) -> str | None:
-        return self._probe_report().get("version")
+        """The installed version from package metadata (about a second: vLLM itself is not imported)."""
+        if self._report is not None:
+            return self._report.get("version")
+        return self._run_worker((), do_import=False, timeout=120).get("version")
 
     def probe(self) -> list[ProbeResult]:
         return check_signatures(self._probe_report()["signatures"])

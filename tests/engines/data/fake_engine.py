@@ -22,8 +22,8 @@ FILES: dict[str, str] = {
     "vllm/entrypoints/llm.py": (
         "from typing import overload\n"
         "class LLM:\n"
-        "    def __init__(self, model: str, *, tokenizer=None, dtype='auto', seed=0, gpu_memory_utilization=0.9,\n"
-        "                 enforce_eager=False, **kwargs):\n"
+        "    def __init__(self, model: str, *, tokenizer=None, dtype='auto', seed=0, tensor_parallel_size=1,\n"
+        "                 gpu_memory_utilization=0.9, enforce_eager=False, **kwargs):\n"
         "        raise RuntimeError('the probe must never construct an LLM')\n"
         "    @overload\n"
         "    def generate(self, prompts: str) -> list: ...\n"
@@ -51,6 +51,7 @@ FILES: dict[str, str] = {
         "    seed: int = 0\n"
         "    max_model_len: int | None = None\n"
         "    gpu_memory_utilization: float = 0.9\n"
+        "    tensor_parallel_size: int = 1\n"
         "    enforce_eager: bool = False\n"
         "    disable_log_stats: bool = False\n"
         "    speculative_config: dict | None = None\n"
@@ -77,6 +78,7 @@ FILES: dict[str, str] = {
         "class KVTransferConfig:\n"
         "    kv_connector: str | None = None\n"
         "    kv_role: str | None = None\n"
+        "    kv_connector_module_path: str | None = None\n"
         "    kv_connector_extra_config: dict = field(default_factory=dict)\n"),
     "vllm/config/speculative.py": (
         "from dataclasses import dataclass\n"
@@ -88,7 +90,8 @@ FILES: dict[str, str] = {
         "class SpeculativeConfig:\n"
         "    num_speculative_tokens: int | None = None\n"
         "    model: str | None = None\n"
-        "    method: SpeculativeMethod | None = None\n"),
+        "    method: SpeculativeMethod | None = None\n"
+        "    draft_model_config: object = None\n"),
     "vllm/transformers_utils/__init__.py": "",
     "vllm/transformers_utils/configs/__init__.py": "",
     "vllm/transformers_utils/configs/speculators/__init__.py": "",
@@ -108,10 +111,25 @@ FILES: dict[str, str] = {
     "vllm/distributed/kv_transfer/kv_connector/__init__.py": "",
     "vllm/distributed/kv_transfer/kv_connector/v1/__init__.py": "",
     "vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py": (
-        "def load_hidden_states(path: str) -> dict:\n"
+        "from dataclasses import dataclass\n"
+        "def extract_from_kv_cache(kv_cache, slot_mapping, num_tokens):\n"
         "    raise RuntimeError('never called by the probe')\n"
-        "def cleanup_hidden_states(path: str, keep_hidden_states: bool = False) -> None:\n"
-        "    pass\n"),
+        "@dataclass\n"
+        "class PendingSave:\n"
+        "    req_id: str\n"
+        "    filename: str\n"
+        "    token_ids: object\n"
+        "    block_ids: list\n"
+        "class ExampleHiddenStatesConnector:\n"
+        "    def __init__(self, vllm_config, role, kv_cache_config=None):\n"
+        "        self._block_size = 16\n"
+        "        self._kv_cache = None\n"
+        "        self._is_tp_rank_zero = True\n"
+        "        self.use_lock = True\n"
+        "        self._lock_fds = {}\n"
+        "        self._req_copy_events = {}\n"
+        "    def _submit_async_write(self, pending):\n"
+        "        raise RuntimeError('never called by the probe')\n"),
 }
 
 

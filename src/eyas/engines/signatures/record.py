@@ -7,7 +7,8 @@ output, `vllm-VERSION.json`, has the same shape probe_worker.py reports from a l
 `eyas.engines.vllm.check_signatures` judges both the same way. Functions give their parameters (the
 implementation, not `@overload` stubs; classmethods drop `cls` as inspect does); classes give their
 `__init__` or, for dataclass / msgspec / pydantic config classes, their annotated fields (bases defined in
-the same file first); `X = Literal[...]` aliases give their members, following aliases in the same file.
+the same file first); `X = Literal[...]` aliases give their members, following aliases in the same file;
+"attrs" entries give a class's attribute names (methods, class fields, `self.X = ...` targets).
 """
 
 from __future__ import annotations
@@ -140,6 +141,26 @@ def literal_values(expr: ast.expr, module: ast.Module, depth: int = 0) -> list:
     return []
 
 
+def class_attrs(cls: ast.ClassDef, module: ast.Module, depth: int = 0) -> list[str]:
+    """Class-body names and `self.X = ...` targets of the class and its bases defined in the same file (the
+    live probe also sees bases from other files; eyas's required names live on the class itself)."""
+    names: set[str] = set()
+    for base in cls.bases:
+        b = _find(module.body, base.id) if isinstance(base, ast.Name) and depth < 8 else None
+        if isinstance(b, ast.ClassDef):
+            names.update(class_attrs(b, module, depth + 1))
+    for node in cls.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    names.update(n.attr for n in ast.walk(cls) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
+                 and isinstance(n.value, ast.Name) and n.value.id == "self")
+    return sorted(n for n in names if not (n.startswith("__") and n.endswith("__")))  # as the live probe
+
+
 def describe(ep: EntryPoint, tree: SourceTree) -> dict:
     parts = ep.qualname.split(".")
     for rel in tree.candidates(ep):
@@ -153,6 +174,10 @@ def describe(ep: EntryPoint, tree: SourceTree) -> dict:
                 break
             body = node.body if isinstance(node, ast.ClassDef) else []
         if node is None:
+            continue
+        if ep.kind == "attrs":
+            if isinstance(node, ast.ClassDef):
+                return {"kind": "values", "values": class_attrs(node, module), "file": rel}
             continue
         if ep.kind == "values":
             if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
