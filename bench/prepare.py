@@ -52,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join([Path(sys.executable).name, "bench/prepare.py", *(argv or sys.argv[1:])]),
         "commit": _commit(),
         "hardware": {"cpus": os.cpu_count(), "machine": platform.machine(), "processor": platform.processor(),
-                     "torch_threads": torch.get_num_threads()},
+                     "torch_threads": torch.get_num_threads(),
+                     "loadavg_1_5_15_at_end": [round(x, 2) for x in os.getloadavg()]},  # shared machines
         "config": {k: v for k, v in vars(args).items() if k != "out"},
         "rows_per_s": summary["rows_per_s"],
         "tokens_per_s": round(summary["tokens"] / summary["seconds"], 1) if summary["seconds"] else 0.0,

@@ -162,3 +162,22 @@ def test_reader_errors_name_the_problem(target, data, tmp_path):
     (tmp_path / "p" / "rows-00000.safetensors").unlink()
     with pytest.raises(PreparedError, match="rows-00000.safetensors"):
         PreparedDataset(tmp_path / "p")
+
+
+@pytest.mark.slow
+def test_real_sharegpt_with_smollm2(tmp_path):
+    """The packaged ShareGPT file through the real SmolLM2 tokenizer: every kept row's masks validate."""
+    from pathlib import Path
+
+    if not (Path.home() / ".cache" / "eyas" / "models" / "smollm2-135m" / ".complete").exists():
+        pytest.skip("SmolLM2 is not in the eyas cache")
+    s = prepare(PrepareConfig(target="smollm2-135m", data="sharegpt", out=tmp_path / "p", max_samples=300,
+                              assistant_first="skip"))
+    assert s["rows_in"] == 300 and s["rows_out"] > 250
+    assert set(s["rejected_by_reason"]) <= {"empty", "empty_turn", "no_assistant", "not_alternating", "overlong",
+                                            "special_token_in_content", "misplaced_system"}
+    ds = PreparedDataset(tmp_path / "p")
+    row = ds[0]
+    assert len(row["input_ids"]) <= 2048 and row["loss_mask"].any()
+    d2t, t2d = ds.vocab()
+    assert d2t.numel() == 32000 and t2d.numel() == 49152 and check_draft_vocab(d2t, t2d) == []

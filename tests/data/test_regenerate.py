@@ -169,3 +169,9 @@ def test_openai_backend_unreachable_server_fails_rows_not_the_run(tmp_path):
     data.write_text(json.dumps([conv(0, 1)]))
     s = regenerate(RegenerateConfig(target="m", data=str(data), out=tmp_path / "o.jsonl", backend="openai"), backend=b)
     assert (s["written"], s["failed"]) == (0, 1)
+
+
+def test_out_directory_gets_a_file_inside(data, tmp_path):
+    (tmp_path / "d2").mkdir()
+    s = regenerate(RegenerateConfig(target="t", data=str(data), out=tmp_path / "d2"), backend=Echo())
+    assert s["out"] == str(tmp_path / "d2" / "regenerated.jsonl") and s["written"] == 4

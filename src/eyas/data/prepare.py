@@ -195,8 +195,12 @@ def prepare(cfg: PrepareConfig) -> dict:
     with open(out / (REJECTS + ".tmp"), "w") as rejects:
         batches = _batches(_records(cfg), cfg.batch_size, rejects, counts)
         if workers > 1:
-            ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-            pool = ctx.Pool(workers, _init_worker, (cfg.target, cfg.cache_dir, cfg.trust_remote_code, template))
+            if "fork" in mp.get_all_start_methods():  # children inherit the loaded tokenizer: no reload
+                _STATE["renderer"] = renderer
+                pool = mp.get_context("fork").Pool(workers)
+            else:
+                pool = mp.get_context("spawn").Pool(workers, _init_worker, (cfg.target, cfg.cache_dir,
+                                                                           cfg.trust_remote_code, template))
             it = _pool_results(pool, batches, depth=2 * workers)
         else:
             it = ((_encode_batch(b, renderer), i) for b, i in batches)
@@ -218,6 +222,7 @@ def prepare(cfg: PrepareConfig) -> dict:
                         writer.add(packed)
             bar.close()
         finally:
+            _STATE.clear()
             if pool is not None:
                 pool.terminate()
     for packed in packer.flush():

@@ -27,7 +27,7 @@ from eyas.data.sources import Record, iter_conversations
 class RegenerateConfig(StageConfig):
     target: str = Field(description="the target: HF dir, hub id, .gguf or built-in name (hf backend), or served model name")
     data: str = Field(description="conversations: ShareGPT JSON/JSONL, messages JSONL, or built-in 'sharegpt'")
-    out: Path = Field(description="output JSONL (OpenAI messages); errors go to OUT.errors.jsonl")
+    out: Path = Field(description="output JSONL (OpenAI messages; an existing directory gets regenerated.jsonl); errors go to OUT.errors.jsonl")
     backend: Literal["hf", "openai"] = Field("hf", description="hf: generate with the target; openai: an OpenAI-compatible server")
     max_samples: int | None = Field(None, ge=1, description="read at most this many source rows")
     max_new_tokens: int = Field(512, ge=1, description="tokens per generated turn")
@@ -109,6 +109,8 @@ def regenerate(cfg: RegenerateConfig, backend=None) -> dict:
     """Run the stage; `backend` may be passed in (tests, or callers holding a loaded model)."""
     t0 = time.perf_counter()
     out = Path(cfg.out)
+    if out.is_dir():  # `--out D2` naming a directory: the conversations go in a file inside it
+        out = out / "regenerated.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     errors_path = out.with_name(out.name + ".errors.jsonl")
     done = _done_rows(out)

@@ -15,7 +15,7 @@ import codecs
 import gzip
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -43,7 +43,6 @@ class Record:
     text: str | None = None
     reason: str | None = None             # "category: detail" when the row is rejected
     id: str | None = None                 # the row's own id field, when it has one
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
