@@ -14,7 +14,7 @@ def test_capture_bench_tiny_cpu(tmp_path, capsys):
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     out = tmp_path / "r.json"
-    result = bench.main(["--tiny", "--reps", "3", "--warmup", "1", "--threads", "1", "--out", str(out)])
+    result = bench.main(["--tiny", "--device", "cpu", "--reps", "3", "--warmup", "1", "--threads", "1", "--out", str(out)])
     assert json.loads(out.read_text()) == json.loads(capsys.readouterr().out) == result
     assert result["tokens_per_batch"] == 2 * 128 and result["aux_layer_ids"] == [2, 4, 5]
     assert len(result["plain_s"]) == len(result["capture_s"]) == 3
