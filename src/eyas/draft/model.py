@@ -34,6 +34,9 @@ def compile_flex_attention() -> None:
     kernel. Process-wide, so every Eagle3Draft picks it up."""
     global _flex
     if flex_attention is not None:
+        import torch._dynamo
+        # One compiled kernel per (T, KV length, grad mode): 2 x TTT steps shapes, above the default limit of 8.
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
         _flex = torch.compile(flex_attention, dynamic=False)
 
 

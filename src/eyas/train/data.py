@@ -71,11 +71,15 @@ def check_row(row: dict, where: str) -> None:
             raise ValueError(f"{where}: {k} has length {row[k].shape[0]}, input_ids has {T}")
 
 
-def collate(rows: list[dict], max_length: int | None = None, keys=ROW_KEYS) -> dict[str, torch.Tensor]:
+def collate(rows: list[dict], max_length: int | None = None, keys=ROW_KEYS, pad_to: int | None = None
+            ) -> dict[str, torch.Tensor]:
     """Right-pad rows into [B, T] (+ any [T, ...] state tensors). Padding is its own document
-    (position ids restart at 0) with loss_mask False, so it is never attended to nor counted."""
+    (position ids restart at 0) with loss_mask False, so it is never attended to nor counted.
+    pad_to: a fixed T (static shapes keep compiled FlexAttention from recompiling per batch)."""
     cut = [{k: r[k][:max_length] if max_length else r[k] for k in keys} for r in rows]
     T = max(r["input_ids"].shape[0] for r in cut)
+    if pad_to:
+        T = max(T, pad_to)
     out = {}
     for k in keys:
         parts = []
@@ -100,8 +104,8 @@ class OfflineSource:
 
     online = False
 
-    def __init__(self, store, max_length: int | None = None):
-        self.store, self.max_length = store, max_length
+    def __init__(self, store, max_length: int | None = None, pad_to: int | None = None):
+        self.store, self.max_length, self.pad_to = store, max_length, pad_to
 
     def __len__(self):
         return len(self.store)
@@ -112,7 +116,7 @@ class OfflineSource:
             row = self.store[i]
             check_row(row, f"store row {i}")
             rows.append(row)
-        b = collate(rows, self.max_length, ROW_KEYS + ("aux", "last"))
+        b = collate(rows, self.max_length, ROW_KEYS + ("aux", "last"), self.pad_to)
         return {k: v.to(device, non_blocking=True) for k, v in b.items()}
 
 
@@ -121,9 +125,10 @@ class OnlineSource:
 
     online = True
 
-    def __init__(self, dataset, model, layout, aux_ids: list[int], max_length: int | None = None):
+    def __init__(self, dataset, model, layout, aux_ids: list[int], max_length: int | None = None,
+                 pad_to: int | None = None):
         self.dataset, self.model, self.layout = dataset, model, layout
-        self.aux_ids, self.max_length = list(aux_ids), max_length
+        self.aux_ids, self.max_length, self.pad_to = list(aux_ids), max_length, pad_to
 
     def __len__(self):
         return len(self.dataset)
@@ -136,7 +141,7 @@ class OnlineSource:
             row = self.dataset[i]
             check_row(row, f"prepared row {i}")
             rows.append(row)
-        b = {k: v.to(device) for k, v in collate(rows, self.max_length).items()}
+        b = {k: v.to(device) for k, v in collate(rows, self.max_length, pad_to=self.pad_to).items()}
         aux, last, _ = target_states(self.model, self.layout, b["input_ids"], self.aux_ids,
                                      position_ids=b["position_ids"])
         b["aux"], b["last"] = aux, last

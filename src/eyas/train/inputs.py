@@ -109,7 +109,8 @@ def open_inputs(cfg, device: torch.device, *, target=None, store=None, dataset=N
     if loaded:
         gpu = device.type == "cuda"
         # Online the target runs every step (bf16 on GPU); offline only its head is used.
-        target = load_target(cfg.target, dtype=torch.bfloat16 if gpu else torch.float32,
+        bf16 = cfg.target_dtype == "bf16" or (cfg.target_dtype == "auto" and gpu)
+        target = load_target(cfg.target, dtype=torch.bfloat16 if bf16 else torch.float32,
                              device=device if cfg.online else "cpu")
     layout = target.layout
     if not cfg.online and store is None:
@@ -137,11 +138,17 @@ def open_inputs(cfg, device: torch.device, *, target=None, store=None, dataset=N
     if int(t2d.sum()) != d2t.numel():
         raise ValueError(f"draft vocab ({vocab_from}): t2d marks {int(t2d.sum())} ids but d2t has {d2t.numel()}")
 
+    pad_to = None
+    if cfg.pad_to is not None:
+        pad_to = cfg.pad_to or None
+    elif device.type == "cuda":  # compiled flex attention: one static T (the data's row length)
+        src_manifest = getattr(dataset, "manifest", None) or {}
+        pad_to = cfg.max_length or src_manifest.get("max_length") or manifest.get("max_length")
     if cfg.online:
         target.model.to(device)
-        source = OnlineSource(dataset, target.model, layout, aux, cfg.max_length)
+        source = OnlineSource(dataset, target.model, layout, aux, cfg.max_length, pad_to)
     else:
-        source = OfflineSource(store, cfg.max_length)
+        source = OfflineSource(store, cfg.max_length, pad_to)
         if len(store) == 0:
             raise ValueError(f"store {cfg.store} has no rows")
         row = store[0]
