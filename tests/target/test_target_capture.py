@@ -146,6 +146,26 @@ def test_packed_rows_equal_separate_documents(name):
                 _assert_same(got, runs[d], f"{name} row {r} doc {d} logits={logits}")
 
 
+def test_packed_rows_with_a_padding_mask():
+    model, layout = model_and_layout("gemma3")
+    docs, runs = documents("gemma3")
+    ids = torch.cat(docs[:2])[None]
+    pos = packed_position_ids(list(DOC_LENS[:2]))
+    ones = torch.ones_like(ids)
+    aux, _, _ = target_states(model, layout, ids, AUX, attention_mask=ones, position_ids=pos)
+    _assert_same((aux[0, DOC_LENS[0]:], None, None), runs[1], "all-ones mask must not hide the packing")
+    with pytest.raises(ValueError, match="cannot be combined with a padding attention_mask"):
+        target_states(model, layout, torch.cat([ids, ids.new_zeros(1, 3)], 1), AUX,
+                      attention_mask=torch.cat([ones, ones.new_zeros(1, 3)], 1),
+                      position_ids=torch.cat([pos, pos.new_zeros(1, 3)], 1))
+    # Left padding with continuing positions and a mask is an ordinary padded batch, not an error.
+    padded = torch.cat([ids.new_zeros(1, 3), docs[1][None]], 1)
+    mask = torch.cat([ones.new_zeros(1, 3), torch.ones_like(docs[1])[None]], 1)
+    aux, _, _ = target_states(model, layout, padded, AUX, attention_mask=mask,
+                              position_ids=(mask.cumsum(-1) - 1).clamp(min=0))
+    _assert_same((aux[0, 3:], None, None), runs[1], "left padding with explicit positions")
+
+
 def test_packed_check_detects_a_leak():
     """Control for the test above: without restarting positions the documents see each other."""
     model, layout = model_and_layout("llama")

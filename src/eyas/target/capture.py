@@ -99,8 +99,17 @@ def target_states(model: nn.Module, layout: Layout, input_ids: torch.Tensor, aux
     attention runs varlen. Pad a batch of packed rows by appending one more "document" of pad
     tokens with restarting positions. A 4-D mask is passed through untouched.
     """
-    if attention_mask is not None and attention_mask.ndim == 2 and position_ids is None:
-        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    if attention_mask is not None and attention_mask.ndim == 2:
+        if position_ids is None:
+            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        elif bool(attention_mask.all()):
+            # An all-ones mask says nothing, but its presence turns off transformers' packed-row
+            # detection: documents would attend to each other. Drop it.
+            attention_mask = None
+        elif _restarts_inside(position_ids, attention_mask.bool()):
+            raise ValueError("packed rows (position ids restarting inside a row) cannot be combined with a "
+                             "padding attention_mask: pass no attention_mask and pad a packed row with one more "
+                             "document of pad tokens whose positions restart at 0")
     backbone = _backbone(model, layout)
     if position_ids is not None and attention_mask is None and _uses_mrope(getattr(backbone, "config", None)):
         position_ids = _mrope_packed_positions(position_ids)
@@ -118,6 +127,12 @@ def target_states(model: nn.Module, layout: Layout, input_ids: torch.Tensor, aux
 def _backbone(model: nn.Module, layout: Layout) -> nn.Module:
     path = layout.paths["layers"].rsplit(".", 1)
     return model.get_submodule(path[0]) if len(path) == 2 else model
+
+
+def _restarts_inside(position_ids: torch.Tensor, valid: torch.Tensor) -> bool:
+    """Does a position id fail to continue its predecessor between two valid tokens of a row?"""
+    both = valid[:, 1:] & valid[:, :-1]
+    return bool((both & (position_ids[:, 1:] != position_ids[:, :-1] + 1)).any())
 
 
 def _uses_mrope(config) -> bool:
