@@ -349,7 +349,7 @@ def planned_tokens(cfg: DoctorConfig, prepared: dict | None) -> int | None:
 
 
 def check_store(cfg: DoctorConfig, facts: TargetFacts, ids: list[int], tokens: int | None, out: list[Check]) -> None:
-    from eyas.store import bytes_per_token, verify_store
+    from eyas.store import bytes_per_token, config_hash, verify_store
 
     if cfg.store is not None and (Path(cfg.store) / "manifest.json").is_file():
         problems = verify_store(cfg.store)
@@ -358,7 +358,8 @@ def check_store(cfg: DoctorConfig, facts: TargetFacts, ids: list[int], tokens: i
 
             tgt = json.loads((Path(cfg.store) / "manifest.json").read_text()).get("target", {})
             want = {"hidden_size": facts.hidden_size, "num_layers": facts.num_layers,
-                    "vocab_size": facts.vocab_size, "aux_layer_ids": list(ids)}
+                    "vocab_size": facts.vocab_size, "aux_layer_ids": list(ids),
+                    "config_hash": config_hash(facts.config)}
             problems = [f"store {k} is {tgt.get(k)!r}, target/plan has {v!r}" for k, v in want.items()
                         if k in tgt and tgt[k] != v]
         out.append(Check("store", "fail" if problems else "pass", "; ".join(problems[:5]) +
@@ -428,18 +429,18 @@ def check_memory(cfg: DoctorConfig, facts: TargetFacts, ids: list[int], vd: int,
 
 
 # ---------------------------------------------------------------- engine
-def check_engine(cfg: DoctorConfig, out: list[Check]) -> None:
+def check_engine(cfg: DoctorConfig) -> list[Check]:
     from eyas.engines.base import EngineError
     from eyas.engines.vllm import HOW_TO_CREATE, TESTED_VERSIONS, VllmAdapter, version_status
 
-    t0 = time.perf_counter()
+    t0, out = time.perf_counter(), []
     try:
         adapter = VllmAdapter(cfg.python)
         results = adapter.probe()  # one worker run: the version comes with it
         version = adapter.version()
     except EngineError as e:
         out.append(Check("engine: vllm", "fail", str(e).split("\n")[0], HOW_TO_CREATE.replace("\n", " ")))
-        return
+        return out
     status, detail = version_status(version)
     out.append(Check("engine: vllm version", status, f"{detail} at {adapter.python}",
                      f"install a tested version: {', '.join(TESTED_VERSIONS)}"))
@@ -451,10 +452,19 @@ def check_engine(cfg: DoctorConfig, out: list[Check]) -> None:
     out.append(Check("engine: entry points", "fail" if bad else "pass",
                      f"{len(results) - len(bad)}/{len(results)} vLLM entry points bind with eyas's arguments "
                      f"(probed in {time.perf_counter() - t0:.1f}s, no model loaded)"))
+    return out
 
 
 def diagnose(cfg: DoctorConfig) -> list[Check]:
     out: list[Check] = []
+    engine = None
+    if cfg.engine != "none":
+        # The probe waits on another process (importing vLLM takes tens of seconds): start it first.
+        from concurrent.futures import ThreadPoolExecutor
+
+        pool = ThreadPoolExecutor(max_workers=1)
+        engine = pool.submit(check_engine, cfg)
+        pool.shutdown(wait=False)
     facts = check_target(cfg, out)
     draft = None
     if facts is not None:
@@ -468,8 +478,8 @@ def diagnose(cfg: DoctorConfig) -> list[Check]:
         vd = (draft.draft_vocab_size if draft else None) or (prepared or {}).get("draft_vocab_size") \
             or min(cfg.draft_vocab_size, facts.vocab_size)
         check_memory(cfg, facts, ids, vd, out)
-    if cfg.engine != "none":
-        check_engine(cfg, out)
+    if engine is not None:
+        out += engine.result()
     return out
 
 
