@@ -69,7 +69,12 @@ class TargetFacts:
 
 
 def _dtype_bytes(config) -> int:
+    """Bytes per weight as served: an fp8 checkpoint (e.g. DeepSeek-V3 / Kimi-K2) stays fp8 on the GPU."""
     t = getattr(config, "text_config", None) or config
+    q = getattr(config, "quantization_config", None) or getattr(t, "quantization_config", None) or {}
+    q = q if isinstance(q, dict) else q.to_dict()
+    if "fp8" in str(q.get("quant_method", "")) or "float8" in str(q.get("fmt", "")) or q.get("fmt") == "e4m3":
+        return 1
     d = str(getattr(t, "dtype", None) or getattr(t, "torch_dtype", None) or getattr(config, "dtype", None)
             or "bfloat16")
     return 4 if "32" in d else 1 if "8" in d else 2
