@@ -8,7 +8,6 @@ real run will use. Each check is pass / warn / fail / skip; every fail says how 
 
 from __future__ import annotations
 
-import math
 import shutil
 import time
 from dataclasses import asdict, dataclass

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +51,6 @@ class EntryPoint:
     kwargs_into: str | None = None                 # entry point whose parameters a **kwargs is forwarded to
     values: tuple[str, ...] = ()                   # kind == "values": members that must be present
     reads_only: bool = False                       # eyas only reads these fields (never constructs it)
-    fix: str = field(default="", compare=False)
 
 
 _CONN = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
@@ -115,13 +114,6 @@ ENTRY_POINTS: tuple[EntryPoint, ...] = (
     EntryPoint(f"{_CONN}.extract_from_kv_cache", _CONN, "extract_from_kv_cache", "vllm extraction (eyas_connector)",
                _CONN_FILE, positional=("kv_cache", "slot_mapping", "num_tokens")),
 )
-
-
-def _entry(name: str) -> EntryPoint:
-    for ep in ENTRY_POINTS:
-        if ep.name == name:
-            return ep
-    raise KeyError(f"no vLLM entry point named {name!r}")
 
 
 def _check_callable(ep: EntryPoint, params: list[list], sigs: dict[str, dict]) -> list[str]:
