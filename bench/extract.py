@@ -24,8 +24,9 @@ from pathlib import Path
 import torch
 
 from eyas.store import HiddenStateStore, bytes_per_token, target_identity
-from eyas.store.extract import _backbone, extract_to_store, make_batches
-from eyas.target import default_aux_layer_ids, find_layout
+from eyas.store.extract import _backbone, _HostCopier, extract_to_store, make_batches
+from eyas.store.format import encode_states
+from eyas.target import capture, default_aux_layer_ids, find_layout
 
 LLAMA_8B = dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
                 intermediate_size=14336, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0)
@@ -105,6 +106,35 @@ def plain_forward(model, data, token_budget: int, device) -> float:
     return sum(len(b) for b in batches) * data.ids.shape[1] / (time.perf_counter() - t0)
 
 
+@torch.inference_mode()
+def forward_capture(model, data, token_budget: int, device, dtype: str) -> float:
+    """tokens/s of forward + hook capture + encode + device->host copy, nothing written: the gap to the
+    plain forward is the capture cost, the gap to end-to-end is the store writer's."""
+    layout = find_layout(model)
+    backbone, copier = _backbone(model, layout), _HostCopier(device)
+    aux_ids = default_aux_layer_ids(layout.num_layers)
+    batches = make_batches({i: data[i]["input_ids"].numel() for i in range(len(data))}, token_budget)
+
+    def run(b):
+        ids = torch.stack([data[i]["input_ids"] for i in b]).to(device)
+        pos = torch.stack([data[i]["position_ids"] for i in b]).to(device)
+        with capture(layout, aux_ids) as cap:
+            backbone(input_ids=ids, position_ids=pos, use_cache=False)
+        enc = encode_states(cap.aux, cap.last, dtype)
+        enc["finite"] = torch.isfinite(cap.aux).flatten(2).all(-1) & torch.isfinite(cap.last).all(-1)
+        return copier(enc)
+
+    run(batches[0])
+    sync(device)
+    t0 = time.perf_counter()
+    pending = [run(b)[1] for b in batches]
+    for ev in pending:
+        if ev is not None:
+            ev.synchronize()
+    sync(device)
+    return sum(len(b) for b in batches) * data.ids.shape[1] / (time.perf_counter() - t0)
+
+
 def fp8_error(bf16_dir: Path, fp8_dir: Path, samples: int = 4) -> dict:
     a, b = HiddenStateStore(bf16_dir, check_finite=False), HiddenStateStore(fp8_dir, check_finite=False)
     errs = []
@@ -123,7 +153,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--tokens", type=int, default=None, help="tokens to extract (default 51200, tiny 4096)")
     ap.add_argument("--seq", type=int, default=None, help="row length (default 2048, tiny 128)")
     ap.add_argument("--token-budget", type=int, default=None, help="tokens per batch (default 16384, tiny 512)")
-    ap.add_argument("--shard-mb", type=float, default=256.0)
+    ap.add_argument("--shard-mb", type=float, default=512.0, help="batches never cross shards: keep a shard >= one batch")
     ap.add_argument("--writer-threads", type=int, default=3)
     ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp8"])
     ap.add_argument("--store-dir", type=Path, default=None, help="where the stores go (default a temp dir)")
@@ -158,11 +188,13 @@ def main(argv=None) -> dict:
             shutil.rmtree(out, ignore_errors=True)
             ident = target_identity("bench-random", cfg, aux_ids, dtype, hidden_size=cfg.hidden_size,
                                     num_layers=cfg.num_hidden_layers, vocab_size=cfg.vocab_size)
+            fc = forward_capture(model, data, budget, device, dtype)
             sync(device)
             s = extract_to_store(model, layout, data, out, identity=ident, token_budget=budget, shard_mb=a.shard_mb,
                                  writer_threads=a.writer_threads, device=device)
             disk = sum(p.stat().st_size for p in out.glob("shard-*.safetensors"))
             result["stores"][dtype] = {
+                "forward_capture_copy_tokens_per_s": round(fc, 1),
                 "tokens_per_s": s["tokens_per_s"], "frac_of_ceiling": round(s["tokens_per_s"] / ceiling, 4),
                 "frac_of_forward": round(s["tokens_per_s"] / fwd, 4), "seconds": s["seconds"],
                 "writer_stall_s": s["writer_stall_s"], "writer_busy_s": s["writer_busy_s"],

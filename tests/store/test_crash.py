@@ -77,3 +77,18 @@ def test_kill9_mid_write_and_between_shards(tiny_target, prepared, tmp_path):
 def test_kill9_at_every_point(tiny_target, prepared, tmp_path):
     _sweep(["shard-partial", "shard-before-rename", "shard-renamed", "rank-manifest-written", "before-merge"],
            tiny_target, prepared, tmp_path)
+
+
+@pytest.mark.slow
+def test_two_concurrent_ranks_merge(tiny_target, prepared, tmp_path):
+    # torchrun's environment without torchrun: ranks share nothing but the directory.
+    clean = tmp_path / "clean"
+    run(ExtractConfig(target=str(tiny_target), data=prepared, out=clean, shard_mb=0.03, token_budget=96))
+    out = tmp_path / "ranks"
+    procs = [subprocess.Popen(_cmd(tiny_target, prepared, out), env={**os.environ, "RANK": str(r), "WORLD_SIZE": "2",
+                                                                     "LOCAL_RANK": str(r)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    results = [p.communicate() for p in procs]
+    assert all(p.returncode == 0 for p in procs), [e[-2000:] for _, e in results]
+    assert any(json.loads(o)["merged"] for o, _ in results)
+    _check_against_clean_run(out, clean)

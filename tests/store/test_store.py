@@ -188,3 +188,16 @@ def test_bad_token_id_names_the_row(target, tmp_path):
     bad_row = next(i for i, m in enumerate(ds_ids) if m >= 96)
     with pytest.raises(StoreError, match=f"prepared row {bad_row}: token id"):
         extract_to_store(target.model, target.layout, ds, tmp_path / "s", identity=identity(target, "x"))
+
+
+def test_packed_batches_equal_padded_batches(bf16_store, target, prepared, tiny_target, tmp_path):
+    # The flash_attention_2 layout (a batch = one row of concatenated samples) must give the same states;
+    # sdpa builds the document mask from the restarting position ids.
+    ds = PreparedDataset(prepared)
+    s = extract_to_store(target.model, target.layout, ds, tmp_path / "p", identity=identity(target, str(tiny_target)),
+                         shard_mb=0.03, token_budget=96, packed=True)
+    assert s["padding_fraction"] == 0.0
+    a, b = HiddenStateStore(bf16_store[0]), HiddenStateStore(tmp_path / "p")
+    for i in range(len(a)):
+        torch.testing.assert_close(b[i]["aux"], a[i]["aux"], atol=3e-2, rtol=3e-2)
+        torch.testing.assert_close(b[i]["last"], a[i]["last"], atol=3e-2, rtol=3e-2)
