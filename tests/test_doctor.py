@@ -235,7 +235,8 @@ def test_not_enough_disk(target, tmp_path, monkeypatch):
 def test_corrupted_store_shard(target, tmp_path):
     from transformers import LlamaForCausalLM
 
-    from eyas.data.dataset import PreparedDataset, ShardWriter, write_manifest
+    from eyas.data.dataset import PreparedDataset, ShardWriter, write_manifest, write_vocab
+    from eyas.data.vocab import build_draft_vocab
     from eyas.store import target_identity
     from eyas.store.extract import extract_to_store
     from eyas.target import wrap_model
@@ -247,6 +248,7 @@ def test_corrupted_store_shard(target, tmp_path):
     for n in (12, 9, 16, 7):
         w.add([(torch.randint(0, VOCAB, (n,), generator=g).numpy(), (torch.arange(n) >= n // 2).numpy())])
     w.flush()
+    write_vocab(prep, *build_draft_vocab(torch.ones(VOCAB, dtype=torch.int64), 40)[:2], torch.ones(VOCAB).long())
     write_manifest(prep, {"format": "eyas-prepared", "version": 1, "target": {"name": "tiny", "vocab_size": VOCAB},
                           "max_length": 16, "shards": w.shards, "summary": {"rows": 4}})
     config = llama_config()
@@ -254,7 +256,11 @@ def test_corrupted_store_shard(target, tmp_path):
     ident = target_identity("tiny", config, [2, 3, 4], "bf16", hidden_size=32, num_layers=6, vocab_size=VOCAB)
     store = tmp_path / "store"
     extract_to_store(t.model, t.layout, PreparedDataset(prep), store, identity=ident, shard_mb=0.001)
-    assert not failures(diagnose(DoctorConfig(target=target, store=store, aux_layer_ids=[2, 3, 4])))
+    healthy = diagnose(DoctorConfig(target=target, store=store, data=str(prep), aux_layer_ids=[2, 3, 4]))
+    assert not failures(healthy) and "store vs data" not in {c.name for c in healthy}
+    (prep / "manifest.json").write_text((prep / "manifest.json").read_text().replace('"rows": 4', '"rows": 5'))
+    stale = {c.name: c for c in diagnose(DoctorConfig(target=target, store=store, data=str(prep), aux_layer_ids=[2, 3, 4]))}
+    assert stale["store vs data"].status == "warn"
     shard = sorted(store.glob("shard-*.safetensors"))[-1]
     raw = bytearray(shard.read_bytes())
     raw[-20:] = bytes(20)  # bit rot in the last tensor's data

@@ -232,7 +232,7 @@ def check_draft(d: DraftFacts, ids: list[int], facts: TargetFacts, out: list[Che
                    f"but fc.weight takes {d.fc_in} inputs ({d.fc_in / H:g} layers)")
     bad += [f"contract: {e}" for e in d.errors]
     out.append(Check(f"draft vs target", "fail" if bad else "pass", "; ".join(bad) or
-                     f"{d.kind} {d.path.name}: hidden {H}, vocab {V} (draft vocab {d.draft_vocab_size}), "
+                     f"{d.kind} at {d.path}: hidden {H}, vocab {V} (draft vocab {d.draft_vocab_size}), "
                      f"aux {d.aux_layer_ids}, fc width {d.fc_in}",
                      "train/export the draft for this target, or pass the draft's --aux-layer-ids" if bad else ""))
 
@@ -340,7 +340,10 @@ def check_prepared(path: Path, facts: TargetFacts, tok, out: list[Check]) -> dic
     out.append(Check("draft vocab coverage", status, "; ".join(problems) or
                      f"{d2t.numel()} draft tokens cover {coverage:.1%} of assistant tokens",
                      "re-run `eyas prepare`" if problems else "raise --draft-vocab-size in `eyas prepare`"))
-    return {"draft_vocab_size": int(d2t.numel()), "tokens": int(m["summary"].get("tokens") or 0) or None}
+    from eyas.store.extract import data_fingerprint
+
+    return {"draft_vocab_size": int(d2t.numel()), "tokens": int(m["summary"].get("tokens") or 0) or None,
+            "fingerprint": data_fingerprint(ds)}
 
 
 # ---------------------------------------------------------------- store, disk, memory
@@ -352,7 +355,8 @@ def planned_tokens(cfg: DoctorConfig, prepared: dict | None) -> int | None:
     return (prepared or {}).get("tokens")
 
 
-def check_store(cfg: DoctorConfig, facts: TargetFacts, ids: list[int], tokens: int | None, out: list[Check]) -> None:
+def check_store(cfg: DoctorConfig, facts: TargetFacts, ids: list[int], prepared: dict | None,
+                out: list[Check]) -> None:
     from eyas.store import bytes_per_token, config_hash, verify_store
 
     if cfg.store is not None and (Path(cfg.store) / "manifest.json").is_file():
@@ -360,7 +364,12 @@ def check_store(cfg: DoctorConfig, facts: TargetFacts, ids: list[int], tokens: i
         if not problems:
             import json
 
-            tgt = json.loads((Path(cfg.store) / "manifest.json").read_text()).get("target", {})
+            m = json.loads((Path(cfg.store) / "manifest.json").read_text())
+            tgt = m.get("target", {})
+            have, want_data = m.get("data", {}).get("manifest_sha256"), (prepared or {}).get("fingerprint", {})
+            if have and want_data and have != want_data.get("manifest_sha256"):
+                out.append(Check("store vs data", "warn", f"{cfg.store} was extracted from other PREPARED data "
+                                 f"than {cfg.data}", "re-run `eyas extract` if the data changed"))
             want = {"hidden_size": facts.hidden_size, "num_layers": facts.num_layers,
                     "vocab_size": facts.vocab_size, "aux_layer_ids": list(ids),
                     "config_hash": config_hash(facts.config)}
@@ -371,6 +380,7 @@ def check_store(cfg: DoctorConfig, facts: TargetFacts, ids: list[int], tokens: i
                          f"{cfg.store}: every shard verified (sha256, shapes, finite values)",
                          "re-run `eyas extract` into this dir (it redoes only the bad shards)" if problems else ""))
         return
+    tokens = planned_tokens(cfg, prepared)
     if not tokens:
         out.append(Check("disk for store", "skip", "no --tokens / --samples / PREPARED dir to size the store"))
         return
@@ -478,7 +488,7 @@ def diagnose(cfg: DoctorConfig) -> list[Check]:
             check_draft(draft, ids, facts, out)
         tokenizer = check_template(cfg, facts, out)
         prepared = check_data(cfg, facts, tokenizer, out) if cfg.data else None
-        check_store(cfg, facts, ids, planned_tokens(cfg, prepared), out)
+        check_store(cfg, facts, ids, prepared, out)
         vd = (draft.draft_vocab_size if draft else None) or (prepared or {}).get("draft_vocab_size") \
             or min(cfg.draft_vocab_size, facts.vocab_size)
         check_memory(cfg, facts, ids, vd, out)
