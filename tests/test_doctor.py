@@ -259,7 +259,8 @@ def test_corrupted_store_shard(target, tmp_path):
     healthy = diagnose(DoctorConfig(target=target, store=store, data=str(prep), aux_layer_ids=[2, 3, 4]))
     assert not failures(healthy) and "store vs data" not in {c.name for c in healthy}
     (prep / "manifest.json").write_text((prep / "manifest.json").read_text().replace('"rows": 4', '"rows": 5'))
-    stale = {c.name: c for c in diagnose(DoctorConfig(target=target, store=store, data=str(prep), aux_layer_ids=[2, 3, 4]))}
+    stale = {c.name: c for c in diagnose(DoctorConfig(target=target, store=store, data=str(prep),
+                                                      aux_layer_ids=[2, 3, 4]))}
     assert stale["store vs data"].status == "warn"
     shard = sorted(store.glob("shard-*.safetensors"))[-1]
     raw = bytearray(shard.read_bytes())

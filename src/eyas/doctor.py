@@ -292,7 +292,8 @@ def check_data(cfg: DoctorConfig, facts: TargetFacts, tok, out: list[Check]) -> 
     ok = [r for r in records if r.ok]
     rejects = Counter(r.category for r in records if not r.ok)
     out.append(Check("dataset schema", "fail" if not ok else "warn" if len(ok) < len(records) / 2 else "pass",
-                     f"{len(ok)}/{len(records)} sampled rows usable" + (f"; rejects {dict(rejects)}" if rejects else ""),
+                     f"{len(ok)}/{len(records)} sampled rows usable"
+                     + (f"; rejects {dict(rejects)}" if rejects else ""),
                      "rows need [{role, content}] messages (or ShareGPT from/value) with assistant turns"))
     if tok is None or not ok:
         return None

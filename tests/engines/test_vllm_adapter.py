@@ -45,8 +45,8 @@ def test_old_release_drift_is_caught_and_named():
     assert set(bad) == {algos, "vllm.config.speculative.SpeculativeMethod",
                         "vllm.transformers_utils.configs.speculators.base.SpeculatorsConfig"
                         ".extract_vllm_speculative_config",
-                        conn + "ExampleHiddenStatesConnector", conn + "ExampleHiddenStatesConnector._submit_async_write",
-                        conn + "PendingSave", conn + "extract_from_kv_cache"}
+                        conn + "ExampleHiddenStatesConnector", conn + "PendingSave", conn + "extract_from_kv_cache",
+                        conn + "ExampleHiddenStatesConnector._submit_async_write"}
     # 0.10.1 named update_eagle3's second parameter vllm_config; 0.32 renamed it pre_trained_config.
     assert "`vllm_config`" in bad[algos] and "pre_trained_config" in bad[algos]
     assert "extract_hidden_states" in bad["vllm.config.speculative.SpeculativeMethod"]
@@ -56,8 +56,8 @@ def test_old_release_drift_is_caught_and_named():
 def test_middle_release_lacks_the_connector_internals_eyas_subclasses():
     bad = failing(check_signatures(load_recorded("0.20.0")["signatures"]))
     conn = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector."
-    assert set(bad) == {conn + "ExampleHiddenStatesConnector", conn + "ExampleHiddenStatesConnector._submit_async_write",
-                        conn + "PendingSave"}
+    assert set(bad) == {conn + "ExampleHiddenStatesConnector", conn + "PendingSave",
+                        conn + "ExampleHiddenStatesConnector._submit_async_write"}
     # 0.20's reference connector exists, but not the write path eyas_connector overrides.
     assert "_submit_async_write" in bad[conn + "ExampleHiddenStatesConnector"]
     assert "_kv_cache" in bad[conn + "ExampleHiddenStatesConnector"]

@@ -1,8 +1,9 @@
 """Runs INSIDE an engine's environment: report the engine version and the signature of each entry point.
 
-Usage: python probe_worker.py IN.json OUT.json, where IN is {"engine": "vllm", "distributions": [...], "import":
-true, "entry_points": [{"name", "module", "qualname", "kind"}]}. Only the standard library and the engine are imported (eyas is not installed
-there), and nothing is instantiated: imports and `inspect.signature` only, so no model and no device is touched.
+Usage: python probe_worker.py IN.json OUT.json, where IN is {"engine": "vllm", "distributions": [...],
+"import": true, "entry_points": [{"name", "module", "qualname", "kind"}]}. Only the standard library and the
+engine are imported (eyas is not installed there), and nothing is instantiated: imports and `inspect.signature`
+only, so no model and no device is touched.
 The judgement (is this signature what eyas needs?) happens in eyas (`eyas.engines.vllm.check_signatures`), so
 the same code judges these live signatures and the ones recorded from vLLM's source at release tags.
 
