@@ -133,6 +133,7 @@ def test_workers_give_identical_output(target, data, tmp_path):
     assert len(a) == len(b)
     for i in range(len(a)):
         assert all(torch.equal(a[i][k], b[i][k]) for k in a[i])
+    # byte-identical shards (deterministic headers), so the manifests' checksums agree
     assert [s["sha256"] for s in a.manifest["shards"]] == [s["sha256"] for s in b.manifest["shards"]]
 
 
@@ -181,3 +182,14 @@ def test_real_sharegpt_with_smollm2(tmp_path):
     assert len(row["input_ids"]) <= 2048 and row["loss_mask"].any()
     d2t, t2d = ds.vocab()
     assert d2t.numel() == 32000 and t2d.numel() == 49152 and check_draft_vocab(d2t, t2d) == []
+
+
+def test_crashed_run_leftovers_are_replaced(target, data, tmp_path):
+    out = tmp_path / "p"
+    out.mkdir()
+    (out / "rows-00000.safetensors.tmp").write_bytes(b"partial")  # a run killed mid-shard, no manifest
+    assert run_prepare(target, data, out, max_length=128)["rows_in"] == 24
+    (out / "notes.txt").write_text("mine")
+    (out / "manifest.json").unlink()
+    with pytest.raises(ValueError, match="other files"):
+        run_prepare(target, data, out, max_length=128)

@@ -92,7 +92,9 @@ class ShardWriter:
             "row_offsets": np.asarray(self._row_offsets, dtype=np.int64),
             "row_docs": np.asarray(self._row_docs, dtype=np.int64),
         }
-        save_file(tensors, str(tmp), metadata={"format": FORMAT + "-shard", "rows": str(rows)})
+        # one metadata key only: safetensors writes metadata in hash-map order, so two keys make the bytes
+        # (and the manifest's sha256) differ between identical runs
+        save_file(tensors, str(tmp), metadata={"format": FORMAT + "-shard"})
         os.replace(tmp, self.out / name)
         self.shards.append({"file": name, "rows": rows, "tokens": int(self._row_offsets[-1]),
                             "masked_tokens": int(tensors["loss_mask"].sum()),

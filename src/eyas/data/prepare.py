@@ -130,13 +130,19 @@ def _prepare_out(out: Path, key: str, overwrite: bool) -> dict | None:
             return old
         if not overwrite:
             raise ValueError(f"{out} already holds a different prepared dataset; pass --overwrite to replace it")
-    elif out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise ValueError(f"{out} exists and is not empty; choose a new --out or pass --overwrite")
+    elif out.is_dir() and not overwrite and any(not _ours(f) for f in out.iterdir()):
+        raise ValueError(f"{out} exists and holds other files; choose a new --out or pass --overwrite")
     out.mkdir(parents=True, exist_ok=True)
-    for f in out.iterdir():  # only files this stage writes; anything else the user put there stays
-        if f.name in (MANIFEST, VOCAB, REJECTS) or (f.name.startswith("rows-") and ".safetensors" in f.name):
+    for f in out.iterdir():  # only files this stage writes (a crashed run's leftovers); anything else stays
+        if _ours(f):
             f.unlink()
     return None
+
+
+def _ours(f: Path) -> bool:
+    name = f.name.removesuffix(".tmp")
+    return f.is_file() and (name in (MANIFEST, VOCAB, REJECTS) or
+                            (name.startswith("rows-") and name.endswith(".safetensors")))
 
 
 def _records(cfg: PrepareConfig) -> Iterator[Record]:
@@ -209,7 +215,7 @@ def prepare(cfg: PrepareConfig) -> dict:
 
             bar = tqdm(desc="prepare", unit=" rows", total=cfg.max_samples, disable=None)
             for results, ids in it:
-                bar.update(len(results))
+                masked = []
                 for row, tok_ids, mask, reason in results:
                     if reason is None:
                         reason, tok_ids, mask = _apply_length(cfg, tok_ids, mask, V, counts)
@@ -217,9 +223,12 @@ def prepare(cfg: PrepareConfig) -> dict:
                         _reject(rejects, counts, row, ids.get(row), reason)
                         continue
                     counts["rows_out"] += 1
-                    freq += np.bincount(tok_ids[mask], minlength=V)
+                    masked.append(tok_ids[mask])
                     for packed in packer.add((tok_ids, mask)):
                         writer.add(packed)
+                if masked:  # one V-sized bincount per batch, not per conversation
+                    freq += np.bincount(np.concatenate(masked), minlength=V)
+                bar.update(counts["rows_in"] - bar.n)
             bar.close()
         finally:
             _STATE.clear()
