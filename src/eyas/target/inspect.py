@@ -25,7 +25,9 @@ def describe(config) -> dict:
     layout = find_layout(model)
     n = layout.num_layers
     params = sum(p.numel() for p in model.parameters())
-    dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
+    # Checkpoint dtype as the config records it (transformers 5 names it `dtype`; reading the old
+    # `torch_dtype` alias only warns). Configs without one (GGUF) load as float32 by default.
+    dtype = getattr(config, "dtype", None) or torch.float32
     return {
         "architecture": type(model).__name__,
         "model_type": getattr(config, "model_type", None),
