@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from eyas.decode.target_step import raise_recompile_limit
 from eyas.decode.tree import Tree, TreeSpec
 from eyas.draft.model import Eagle3Draft
 
@@ -42,6 +43,7 @@ class EagleProposer:
         self.ctx = 0      # draft KV slots [0, ctx) are committed
 
     def compile(self, mode: str = "reduce-overhead") -> None:
+        raise_recompile_limit()
         self._compiled = torch.compile(self._step, mode=mode, fullgraph=False, dynamic=False)
 
     def _step(self, tokens, hidden, positions, write, ctx_len, anc, self_mask, pick):
@@ -63,8 +65,10 @@ class EagleProposer:
         return pre, top, self.draft.to_target_ids(ids)
 
     def _run(self, *args, eager: bool = False):
-        fn = self._step if (eager or self._compiled is None) else self._compiled
-        return fn(*args)
+        if eager or self._compiled is None:
+            return self._step(*args)
+        # CUDA-graph outputs are overwritten by the next replay of the same graph: keep copies.
+        return tuple(t.clone() for t in self._compiled(*args))
 
     @torch.no_grad()
     def observe(self, seq: list[int], aux: torch.Tensor, start: int) -> None:
@@ -98,7 +102,7 @@ class EagleProposer:
         pre0, lp0, id0, p = self.last
         dev = self.device
         scores, tokens, parents = [lp0], [id0], [torch.full((k,), -1, device=dev)]
-        f_score, f_tok, f_hidden = lp0, id0, pre0.expand(k, -1)
+        f_score, f_tok, f_hidden = lp0, id0, pre0.expand(k, -1).contiguous()  # same strides every level
         f_gidx = torch.arange(k, device=dev)
         f_anc = torch.zeros(k, self.S, dtype=torch.bool, device=dev)
         eye = torch.eye(k, dtype=torch.bool, device=dev)

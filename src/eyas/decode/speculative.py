@@ -85,6 +85,8 @@ def ar_generate(runner: TargetRunner, prompt: list[int], max_new_tokens: int, *,
     t0 = time.perf_counter()
     logits, _ = _prefill(runner, prompt)
     seq = list(prompt) + [_first_token(logits[-1], temperature, generator)]
+    _sync(dev)
+    stats.t_prefill = time.perf_counter() - t0
     anc = torch.ones(1, 1, dtype=torch.bool, device=dev)
     while len(seq) - len(prompt) < max_new_tokens and seq[-1] not in eos:
         L = len(seq)
@@ -124,14 +126,18 @@ class SpecDecoder:
             t1 = time.perf_counter()
             tree: Tree = self.proposer.propose()              # ends with a host read: synchronised
             t2 = time.perf_counter()
-            L, T = len(seq), len(tree) + 1
-            if L - 1 + T > runner.capacity:
-                raise ValueError(f"KV capacity {runner.capacity} too small for {L} tokens plus a {T}-node tree")
+            # Verify at a static width (total + 1): a tree cut short by score ties gets pad rows that
+            # see only themselves and write to slots the next round overwrites.
+            L, T, W = len(seq), len(tree) + 1, self.proposer.spec.total + 1
+            if L - 1 + W > runner.capacity:
+                raise ValueError(f"KV capacity {runner.capacity} too small for {L} tokens plus a {W}-node tree")
             host_toks = [seq[-1]] + tree.tokens
-            toks = torch.tensor(host_toks, device=dev)
-            pos = torch.tensor([L - 1] + [L - 1 + d for d in tree.depths], device=dev)
-            slots = torch.arange(L - 1, L - 1 + T, device=dev)
-            logits, aux = runner.step(toks, pos, slots, torch.tensor(L - 1, device=dev), tree.ancestors().to(dev))
+            anc = torch.eye(W, dtype=torch.bool)
+            anc[:T, :T] = tree.ancestors()
+            toks = torch.tensor(host_toks + [0] * (W - T), device=dev)
+            pos = torch.tensor([L - 1] + [L - 1 + d for d in tree.depths] + [L - 1] * (W - T), device=dev)
+            slots = torch.arange(L - 1, L - 1 + W, device=dev)
+            logits, aux = runner.step(toks, pos, slots, torch.tensor(L - 1, device=dev), anc.to(dev))
             if self.temperature <= 0:
                 path, bonus = greedy_accept(tree, seq[-1], logits.argmax(-1).tolist())
             else:

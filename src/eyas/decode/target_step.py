@@ -72,6 +72,15 @@ class SlotCache(_static_cache_class()):  # type: ignore[misc]
                 v.index_copy_(2, dst, v.index_select(2, src))
 
 
+def raise_recompile_limit(n: int = 64) -> None:
+    """Each (runner/proposer instance, width) pair is its own graph, all from one code object; the
+    default limit of 8 would silently send later ones back to eager."""
+    cfg = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(cfg, name):
+            setattr(cfg, name, max(getattr(cfg, name), n))
+
+
 class TargetRunner:
     """Owns the target model, its SlotCache and the aux-state hooks; `step` is one forward."""
 
@@ -99,6 +108,7 @@ class TargetRunner:
 
     def compile(self, mode: str = "reduce-overhead") -> None:
         """Compile `step` (static shapes per T); prefill stays eager (HF's own advice for static caches)."""
+        raise_recompile_limit()
         self._compiled = torch.compile(self._step, mode=mode, fullgraph=False, dynamic=False)
 
     def _mask(self, positions, slots, ctx_len, anc):

@@ -1,0 +1,309 @@
+"""`eyas eval`: run Spec-Bench (or any JSONL) through the AR baseline and speculative decoding.
+
+Both use one TargetRunner (static slot cache; torch.compile mode="reduce-overhead", i.e. CUDA
+graphs, on the GPU for the baseline step, the verify step and every draft step alike), so the
+speedup compares equal optimisation levels. Greedy outputs are compared token for token.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import zlib
+from pathlib import Path
+from typing import Literal
+
+import torch
+from pydantic import Field
+
+from eyas.config import StageConfig
+from eyas.decode.bench import SPEC_BENCH, load_bench
+from eyas.decode.costmodel import Costs, choose, predict
+from eyas.decode.proposer import EagleProposer
+from eyas.decode.speculative import GenStats, SpecDecoder, ar_generate
+from eyas.decode.target_step import TargetRunner
+from eyas.decode.tree import TreeSpec
+
+AUTO_PROBE = TreeSpec(total=80, depth=8, topk=10)   # recorded once; every smaller setting is replayed from it
+
+
+class EvalConfig(StageConfig):
+    target: str = Field(description="HF dir, hub id, .gguf or built-in name (smollm2-135m)")
+    draft: Path = Field(description="draft dir (eyas train run or eyas import output)")
+    bench: str = Field(SPEC_BENCH, description="'spec-bench' or a JSONL file with question_id, category, turns")
+    categories: list[str] | None = Field(None, description="only these categories")
+    limit: int | None = Field(None, description="at most this many questions per category")
+    max_new_tokens: int = Field(512, description="new tokens per turn")
+    temperature: float = Field(0.0, description="0 = greedy (checked token-identical); >0 = rejection sampling")
+    chain: int | None = Field(None, description="chain of K drafted tokens (default 3 when --tree is not given)")
+    tree: str | None = Field(None, description="'total=60,depth=7,topk=10' or 'auto' (cost model picks)")
+    device: str = Field("auto", description="cpu | cuda | auto")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="auto: bf16 on GPU, fp32 on CPU")
+    compile: bool | None = Field(None, description="torch.compile reduce-overhead (CUDA graphs); default on for cuda")
+    json: Path | None = Field(None, description="write the results JSON here")
+    plots: Path | None = Field(None, description="write PNG plots into this directory")
+    seed: int = Field(0, description="sampling seed (temperature > 0)")
+    calib: int = Field(1, description="--tree auto: questions per category for the calibration run")
+    cache_dir: Path | None = Field(None, description="cache for built-in targets")
+    trust_remote_code: bool = Field(False, description="allow the target's own modelling code")
+
+
+def _dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, name)
+
+
+def _prompts(tokenizer, question: dict, answers: list[list[int]]) -> list[int]:
+    """Token ids for the next turn: earlier turns with the baseline's answers, through the chat template."""
+    msgs = []
+    for i, ans in enumerate(answers):
+        msgs += [{"role": "user", "content": question["turns"][i]},
+                 {"role": "assistant", "content": tokenizer.decode(ans, skip_special_tokens=True)}]
+    msgs.append({"role": "user", "content": question["turns"][len(answers)]})
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return list(ids)
+    return tokenizer("\n\n".join(m["content"] for m in msgs))["input_ids"]
+
+
+def _eos_ids(target) -> set[int]:
+    ids = set()
+    for src in (getattr(target.model, "generation_config", None), target.tokenizer):
+        e = getattr(src, "eos_token_id", None)
+        ids |= set(e if isinstance(e, (list, tuple)) else [e] if e is not None else [])
+    return ids
+
+
+def _logit_gap(runner: TargetRunner, prompt: list[int], ref: list[int], other: list[int]) -> dict:
+    """At the first differing token: the target's logit(ref token) - logit(other token) given the common prefix."""
+    i = next(i for i, (a, b) in enumerate(zip(ref + [-1], other + [-2])) if a != b)
+    if i >= min(len(ref), len(other)):
+        return {"index": i, "gap": None, "note": "one output is a prefix of the other (eos/length)"}
+    ids = torch.tensor([prompt + ref[:i]], device=runner.device)
+    logits = runner.model(input_ids=ids, use_cache=False).logits[0, -1].float()
+    return {"index": i, "gap": float(logits[ref[i]] - logits[other[i]])}
+
+
+def _summary(stats: GenStats, base: GenStats, identical: list[bool]) -> dict:
+    tps = stats.new_tokens / stats.t_total if stats.t_total else 0.0
+    btps = base.new_tokens / base.t_total if base.t_total else 0.0
+    other = max(0.0, stats.t_total - stats.t_prefill - stats.t_draft - stats.t_verify)
+    return {"tau": stats.tau, "accept_per_position": stats.accept_per_position(), "steps": stats.steps,
+            "new_tokens": stats.new_tokens, "tokens_per_s": tps, "baseline_tokens_per_s": btps,
+            "speedup": tps / btps if btps else 0.0,
+            "identical_rate": sum(identical) / len(identical) if identical else None,
+            "time_s": {"total": stats.t_total, "prefill": stats.t_prefill, "draft": stats.t_draft,
+                       "verify": stats.t_verify, "overhead": other, "baseline_total": base.t_total}}
+
+
+def hardware(device: torch.device) -> dict:
+    info = {"device": str(device), "torch": torch.__version__, "cpu": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count()}
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    try:
+        import transformers
+        info["transformers"] = transformers.__version__
+    except ImportError:  # pragma: no cover
+        pass
+    return info
+
+
+def commit() -> str | None:
+    try:
+        here = Path(__file__).resolve().parent
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
+                              timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+class Session:
+    """A loaded target + draft with one runner; generates baselines once and evaluates settings."""
+
+    def __init__(self, target, draft, questions, *, max_new_tokens, temperature=0.0, device=None,
+                 compile_graphs=None, seed=0):
+        self.target, self.draft, self.questions = target, draft, questions
+        self.max_new, self.temperature, self.seed = max_new_tokens, temperature, seed
+        self.device = target.layout.lm_head.weight.device if device is None else torch.device(device)
+        self.compile = (self.device.type == "cuda") if compile_graphs is None else compile_graphs
+        self.eos = _eos_ids(target)
+        # Prompt lengths are only known turn by turn; size the caches for the longest first turn plus
+        # every turn's answer, and grow (rebuilding the runner) if a later turn needs more.
+        longest = max(len(_prompts(target.tokenizer, {"turns": q["turns"]}, [])) + sum(len(t) for t in q["turns"][1:])
+                      for q in questions)
+        turns = max(len(q["turns"]) for q in questions)
+        self.capacity = longest + turns * (max_new_tokens + 64) + 128
+        self.runner = TargetRunner(target.model, target.layout, draft.config.aux_layer_ids, self.capacity)
+        if self.compile:
+            self.runner.compile()
+        self.baseline: dict[tuple, tuple[list[int], GenStats]] = {}
+
+    def _gen(self, key):
+        return torch.Generator().manual_seed(zlib.crc32(repr((self.seed,) + key).encode()))
+
+    def prompts(self):
+        """(category, key, prompt ids) per turn; later turns use the baseline's answers as history."""
+        for q in self.questions:
+            answers: list[list[int]] = []
+            for t in range(len(q["turns"])):
+                key = (q["question_id"], t)
+                prompt = _prompts(self.target.tokenizer, q, answers)
+                if key not in self.baseline:
+                    self.baseline[key] = ar_generate(self.runner, prompt, self.max_new, temperature=self.temperature,
+                                                     eos_ids=self.eos, generator=self._gen(key))
+                yield q["category"], key, prompt
+                answers.append(self.baseline[key][0])
+
+    def warmup(self, spec: TreeSpec | None) -> None:
+        """Compile/capture every static shape outside the timed region."""
+        q = self.questions[0]
+        prompt = _prompts(self.target.tokenizer, q, [])
+        for _ in range(2):
+            ar_generate(self.runner, prompt, min(16, self.max_new), eos_ids=())
+            if spec is not None:
+                self.decoder(spec).generate(prompt, min(3 * spec.depth + 4, self.max_new))
+
+    def decoder(self, spec: TreeSpec, record: bool = False) -> SpecDecoder:
+        key = ("proposer", spec)
+        if not hasattr(self, "_proposers"):
+            self._proposers = {}
+        if key not in self._proposers:
+            p = EagleProposer(self.draft, spec, self.capacity)
+            if self.compile:
+                p.compile()
+            self._proposers[key] = p
+        return SpecDecoder(self.runner, self._proposers[key], temperature=self.temperature, eos_ids=self.eos,
+                           record_rounds=record)
+
+    def run(self, spec: TreeSpec, record: bool = False) -> tuple[dict, GenStats]:
+        self.warmup(spec)
+        base_all, spec_all, same_all = GenStats(), GenStats(), []
+        cats: dict[str, tuple[GenStats, GenStats, list[bool]]] = {}
+        divergences = []
+        dec = self.decoder(spec, record)
+        for cat, key, prompt in list(self.prompts()):
+            ref, bst = self.baseline[key]
+            out, st = dec.generate(prompt, self.max_new, generator=self._gen(key))
+            same = out == ref
+            if not same and self.temperature <= 0:
+                divergences.append({"question_id": key[0], "turn": key[1], "category": cat,
+                                    **_logit_gap(self.runner, prompt, ref, out)})
+            c = cats.setdefault(cat, (GenStats(), GenStats(), []))
+            for agg, s in ((c[0], st), (c[1], bst), (spec_all, st), (base_all, bst)):
+                agg.add(s)
+            c[2].append(same)
+            same_all.append(same)
+        greedy = self.temperature <= 0
+        result = {"setting": spec.label(), "decode": {"total": spec.total, "depth": spec.depth, "topk": spec.topk,
+                                                     "max_new_tokens": self.max_new, "temperature": self.temperature,
+                                                     "compiled": self.compile, "dtype": str(self.runner.dtype)},
+                  **_summary(spec_all, base_all, same_all if greedy else []),
+                  "per_category": {k: _summary(s, b, i if greedy else []) for k, (s, b, i) in cats.items()},
+                  "divergences": divergences}
+        return result, spec_all
+
+    def ar_step(self) -> float:
+        """Measured baseline seconds per generated token (decode only, prefill excluded)."""
+        tot = GenStats()
+        for _, b in self.baseline.values():
+            tot.add(b)
+        return (tot.t_total - tot.t_prefill) / max(1, tot.new_tokens - len(self.baseline))
+
+
+def evaluate(target, draft, questions, *, chain=None, tree=None, max_new_tokens=512, temperature=0.0, device=None,
+             compile_graphs=None, seed=0, session: Session | None = None) -> dict:
+    """One setting (chain K, or tree: TreeSpec / 'total=..,depth=..,topk=..') over `questions`.
+    `target`: eyas Target or spec string; `draft`: Eagle3Draft or a draft dir. Returns the result dict
+    (tau, accept_per_position, tokens_per_s, baseline_tokens_per_s, speedup, identical_rate, per_category, ...)."""
+    if (chain is None) == (tree is None):
+        raise ValueError("evaluate: give exactly one of chain=K or tree=...")
+    spec = TreeSpec.chain(int(chain)) if chain is not None else (tree if isinstance(tree, TreeSpec)
+                                                                  else TreeSpec.parse(str(tree)))
+    if session is None:
+        target, draft = _load(target, draft, device, None)
+        session = Session(target, draft, questions, max_new_tokens=max_new_tokens, temperature=temperature,
+                          device=device, compile_graphs=compile_graphs, seed=seed)
+    result, _ = session.run(spec)
+    return result
+
+
+def _load(target, draft, device, dtype_name, cache=None, trust_remote_code=False):
+    from eyas.draft.io import load_draft
+    from eyas.target import load_target
+
+    dev = torch.device("cuda" if device in (None, "auto") and torch.cuda.is_available() else
+                       "cpu" if device in (None, "auto") else device)
+    dtype = _dtype(dtype_name or "auto", dev)
+    if isinstance(target, (str, os.PathLike)):
+        target = load_target(target, dtype=dtype, device=dev, cache=cache, trust_remote_code=trust_remote_code,
+                             attn_implementation="sdpa")
+    if isinstance(draft, (str, os.PathLike)):
+        draft, _ = load_draft(draft, device=dev, dtype=target.layout.lm_head.weight.dtype)
+    return target, draft
+
+
+def run(cfg: EvalConfig) -> dict:
+    target, draft = _load(cfg.target, cfg.draft, cfg.device, cfg.dtype, cfg.cache_dir, cfg.trust_remote_code)
+    questions = load_bench(cfg.bench, cfg.categories, cfg.limit)
+    s = Session(target, draft, questions, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                compile_graphs=cfg.compile, seed=cfg.seed)
+    specs = []
+    if cfg.chain is not None or cfg.tree is None:
+        specs.append(TreeSpec.chain(cfg.chain or 3))
+    costs, recorded, auto = Costs(ar_step=0.0), [], None
+    if cfg.tree == "auto":
+        if cfg.temperature > 0:
+            raise ValueError("--tree auto calibrates on greedy acceptance; use --temperature 0")
+        auto = _calibrate(cfg, target, draft, costs, recorded)
+        specs.append(auto["chosen"])
+    elif cfg.tree:
+        specs.append(TreeSpec.parse(cfg.tree))
+    results = []
+    for spec in specs:
+        res, st = s.run(spec, record=cfg.temperature <= 0)
+        costs.ar_step = s.ar_step()
+        costs.add_run(spec, st)
+        recorded.extend(st.rounds)
+        results.append(res)
+    out = {"target": cfg.target, "draft": str(cfg.draft), "bench": cfg.bench, "questions": len(questions),
+           "hardware": hardware(s.device), "commit": commit(), "results": results}
+    if cfg.temperature <= 0 and recorded:
+        out["cost_model"] = {"costs": costs.to_dict(),
+                             "predicted_vs_measured": [{"measured_speedup": r["speedup"], "measured_tau": r["tau"],
+                                                        **predict(recorded, _spec_of(r), costs)} for r in results]}
+        if auto:
+            out["cost_model"]["auto"] = {"chosen": auto["chosen"].label(), "predictions": auto["predictions"][:10]}
+    out.update({k: v for k, v in results[-1].items() if k != "setting"})  # headline = last setting
+    if cfg.json:
+        cfg.json.parent.mkdir(parents=True, exist_ok=True)
+        cfg.json.write_text(json.dumps(out, indent=2, default=str))
+    if cfg.plots:
+        from eyas.decode.plots import write_plots
+        out["plots"] = write_plots(results, cfg.plots)
+    return out
+
+
+def _spec_of(result: dict) -> TreeSpec:
+    d = result["decode"]
+    return TreeSpec(total=d["total"], depth=d["depth"], topk=d["topk"])
+
+
+def _calibrate(cfg, target, draft, costs: Costs, recorded: list) -> dict:
+    """Record a large tree and a chain on `calib` questions per category, then pick by predicted speedup."""
+    qs = load_bench(cfg.bench, cfg.categories, cfg.calib)
+    s = Session(target, draft, qs, max_new_tokens=min(cfg.max_new_tokens, 128), temperature=0.0,
+                compile_graphs=cfg.compile, seed=cfg.seed)
+    for spec in (TreeSpec.chain(3), AUTO_PROBE):
+        _, st = s.run(spec, record=True)
+        costs.add_run(spec, st)
+        if spec == AUTO_PROBE:
+            recorded.extend(st.rounds)
+    costs.ar_step = s.ar_step()
+    chosen, preds = choose(recorded, costs)
+    return {"chosen": chosen, "predictions": preds}

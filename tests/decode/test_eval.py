@@ -1,0 +1,119 @@
+"""`eyas eval` end to end on a tiny saved target (char tokenizer + ChatML template) and draft dir;
+load_bench parsing and errors; the cost model's replay and choice."""
+
+import json
+
+import pytest
+import torch
+from conftest import random_draft, tiny_llama
+
+from eyas.cli import main
+from eyas.decode.bench import load_bench
+from eyas.decode.costmodel import Costs, choose, predict, replay_accepted
+from eyas.decode.tree import TreeSpec
+from eyas.draft.io import save_draft
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def char_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    vocab = {"<unk>": 0, "<|im_start|>": 1, "<|im_end|>": 2}
+    for c in map(chr, range(32, 127)):
+        vocab[c] = len(vocab)
+    vocab["\n"] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<|im_end|>",
+                                   additional_special_tokens=["<|im_start|>"])
+    fast.chat_template = CHATML
+    return fast
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("eval")
+    model = tiny_llama(seed=2, vocab=128)
+    model.save_pretrained(root / "target")
+    char_tokenizer().save_pretrained(root / "target")
+    draft, _ = random_draft(model)
+    save_draft(draft, root / "draft", {"target": "tiny"})
+    bench = root / "bench.jsonl"
+    rows = [{"question_id": 1, "category": "a", "turns": ["hi there", "and again?"]},
+            {"question_id": 2, "category": "b", "turns": ["what is 2+2"]},
+            {"question_id": 3, "category": "b", "turns": ["another"]}]
+    bench.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return root
+
+
+def test_eval_cli_writes_json_and_plots(tiny_dirs, capsys):
+    out = tiny_dirs / "out.json"
+    rc = main(["eval", "--target", str(tiny_dirs / "target"), "--draft", str(tiny_dirs / "draft"),
+               "--bench", str(tiny_dirs / "bench.jsonl"), "--max-new-tokens", "12", "--chain", "2",
+               "--tree", "total=6,depth=3,topk=2", "--device", "cpu", "--json", str(out),
+               "--plots", str(tiny_dirs / "plots")])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert [r["setting"] for r in doc["results"]] == ["chain-2", "tree(total=6,depth=3,topk=2)"]
+    for r in doc["results"]:
+        for key in ("tau", "accept_per_position", "tokens_per_s", "baseline_tokens_per_s", "speedup"):
+            assert key in r
+        assert r["identical_rate"] == 1.0            # fp32 greedy: lossless
+        assert set(r["per_category"]) == {"a", "b"}
+        assert r["tau"] == pytest.approx(1 + sum(r["accept_per_position"]))
+        assert r["time_s"]["draft"] > 0 and r["time_s"]["verify"] > 0
+    assert doc["hardware"]["device"] == "cpu" and "commit" in doc
+    pvm = doc["cost_model"]["predicted_vs_measured"]
+    assert len(pvm) == 2 and all(p["tau"] >= 1 for p in pvm)
+    assert (tiny_dirs / "plots" / "acceptance_by_position.png").stat().st_size > 1000
+    assert (tiny_dirs / "plots" / "tau_by_category.png").stat().st_size > 1000
+
+
+def test_eval_tree_auto(tiny_dirs):
+    out = tiny_dirs / "auto.json"
+    rc = main(["eval", "--target", str(tiny_dirs / "target"), "--draft", str(tiny_dirs / "draft"),
+               "--bench", str(tiny_dirs / "bench.jsonl"), "--max-new-tokens", "8", "--tree", "auto",
+               "--device", "cpu", "--json", str(out), "--categories", "b", "--limit", "1"])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    auto = doc["cost_model"]["auto"]
+    assert auto["chosen"] == doc["results"][-1]["setting"]
+    assert auto["predictions"][0]["speedup"] >= auto["predictions"][-1]["speedup"]
+
+
+def test_load_bench(tmp_path):
+    qs = load_bench("spec-bench")
+    assert len({q["category"] for q in qs}) == 13
+    assert len(load_bench("spec-bench", ["writing", "math"], limit=2)) == 4
+    with pytest.raises(ValueError, match="unknown categories"):
+        load_bench("spec-bench", ["nope"])
+    bad = tmp_path / "b.jsonl"
+    bad.write_text('{"question_id": 1, "category": "x"}\n')
+    with pytest.raises(ValueError, match=r"b.jsonl:1: missing key 'turns'"):
+        load_bench(bad)
+    with pytest.raises(FileNotFoundError):
+        load_bench(tmp_path / "none.jsonl")
+
+
+def test_tree_spec_parse():
+    assert TreeSpec.parse("total=60,depth=7,topk=10") == TreeSpec(60, 7, 10)
+    with pytest.raises(ValueError, match="missing"):
+        TreeSpec.parse("total=6,depth=3")
+    with pytest.raises(ValueError, match="exceeds"):
+        TreeSpec.parse("total=50,depth=2,topk=2")
+
+
+def test_cost_model_replay_and_choice():
+    # root children: n0 (score -0.1, match), n1 (-1.0); n2 child of n0 (-0.3, match); n3 child of n2 (-0.6, no)
+    rnd = {"scores": [-0.1, -1.0, -0.3, -0.6], "parents": [-1, -1, 0, 2], "match": [True, False, True, False]}
+    assert replay_accepted(rnd, TreeSpec(4, 3, 2)) == 2
+    assert replay_accepted(rnd, TreeSpec.chain(1)) == 1
+    assert replay_accepted(rnd, TreeSpec(1, 1, 1)) == 1
+    costs = Costs(ar_step=1.0, verify={5: 1.2}, level={1: 0.1, 2: 0.12}, overhead=0.05)
+    pr = predict([rnd], TreeSpec.chain(2), costs)
+    assert pr["tau"] == 3.0 and pr["speedup"] == pytest.approx(3.0 / (2 * 0.1 + (1.0 + 0.2 * 2 / 4) + 0.05))
+    best, preds = choose([rnd], costs, [TreeSpec.chain(1), TreeSpec.chain(2), TreeSpec(4, 3, 2)])
+    assert preds[0]["speedup"] >= preds[1]["speedup"] >= preds[2]["speedup"]
+    assert best.label() == preds[0]["setting"]
