@@ -282,6 +282,21 @@ def test_vllm_export_is_checked_against_the_target(target, tmp_path):
     assert "fc width" in bad["draft vs target"]
 
 
+def test_sglang_export_is_read_in_eyas_conventions(target, tmp_path):
+    from eyas.draft.io import save_draft
+    from eyas.draft.model import Eagle3Draft, draft_config_from_target
+    from eyas.export import export_sglang
+
+    # SGLang's midlayer keeps the residual before hidden_norm; its aux ids are stored shifted by one.
+    dc = draft_config_from_target(llama_config(), aux_layer_ids=[2, 3, 4], draft_vocab_size=VOCAB,
+                                  norm_before_residual=False)
+    out = export_sglang(save_draft(Eagle3Draft(dc), tmp_path / "draft", {"target": "tiny"}), tmp_path / "sg",
+                        verifier=target)
+    by = {c.name: c for c in diagnose(DoctorConfig(target=target, draft=out))}
+    assert by["draft vs target"].status == "pass", by["draft vs target"].detail
+    assert by["aux layer ids"].detail.startswith("[2, 3, 4] from the draft")
+
+
 def test_prepared_dir_vocab_coverage(target, tmp_path):
     from eyas.data.dataset import ShardWriter, write_manifest, write_vocab
     from eyas.data.vocab import build_draft_vocab
