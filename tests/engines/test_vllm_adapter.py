@@ -165,7 +165,9 @@ def test_renamed_internal_of_subclassed_connector_is_caught(tmp_path):
     py = fake_engine.make_fake_vllm(tmp_path, replace={
         ("vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py", "self._kv_cache ="):
             "self._hidden_cache ="})
-    bad = failing(VllmAdapter(py).probe())
+    adapter = VllmAdapter(py)
+    assert failing(adapter.probe(used_by="serve-check")) == {}  # serve-check does not use the connector
+    bad = failing(adapter.probe(used_by="extraction"))
     name = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector.ExampleHiddenStatesConnector"
     assert list(bad) == [name] and "['_kv_cache']" in bad[name]
 

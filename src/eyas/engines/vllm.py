@@ -64,7 +64,8 @@ ENTRY_POINTS: tuple[EntryPoint, ...] = (
                keywords=("model", "dtype", "seed", "max_model_len", "enforce_eager", "disable_log_stats",
                          "tensor_parallel_size", "speculative_config", "kv_transfer_config"),
                kwargs_into="vllm.engine.arg_utils.EngineArgs"),
-    EntryPoint("vllm.engine.arg_utils.EngineArgs", "vllm.engine.arg_utils", "EngineArgs", "LLM(**kwargs)",
+    EntryPoint("vllm.engine.arg_utils.EngineArgs", "vllm.engine.arg_utils", "EngineArgs",
+               "serve-check, vllm extraction (LLM(**kwargs))",
                "vllm/engine/arg_utils.py",
                keywords=("model", "dtype", "seed", "max_model_len", "enforce_eager", "disable_log_stats",
                          "tensor_parallel_size", "speculative_config", "kv_transfer_config")),
@@ -238,8 +239,10 @@ class VllmAdapter:
             return self._report.get("version")
         return self._run_worker((), do_import=False, timeout=120).get("version")
 
-    def probe(self) -> list[ProbeResult]:
-        return check_signatures(self._probe_report()["signatures"])
+    def probe(self, used_by: str | None = None) -> list[ProbeResult]:
+        """Every entry point's verdict; `used_by="extraction"` (or "serve-check") keeps one caller's."""
+        eps = [ep for ep in ENTRY_POINTS if used_by is None or used_by in ep.used_by]
+        return check_signatures(self._probe_report()["signatures"], eps)
 
     def timings(self) -> dict[str, float]:
         rep = self._probe_report()
