@@ -151,7 +151,7 @@ def extract_with_vllm(cfg, dataset) -> dict[str, Any]:
                 host = encode_states(aux, last, identity["dtype"])
                 host["finite"] = torch.isfinite(aux).flatten(1).all(-1) & torch.isfinite(last).all(-1)
                 host.update({name: t for name, t in rows[i].items()})
-                writer.add(j, [i], [ids.numel()], {name: t[None] for name, t in host.items()})
+                writer.add([i], [ids.numel()], {name: t[None] for name, t in host.items()})
                 tokens += ids.numel()
             writer.finish_shard(j)
             for i in job.plan.rows(j):

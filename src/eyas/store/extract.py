@@ -1,11 +1,11 @@
 """`eyas extract`: run the target over a PREPARED dataset and write the hidden-state STORE.
 
-The compute loop only launches work: rows of one shard are sorted by length and grouped into
-batches of at most `token_budget` tokens (rows padded to the batch's longest, so sorting keeps the
-waste small; with flash_attention_2 a batch is one packed row and there is no padding at all).
-Hook-captured states are encoded (bf16 or fp8) on the device, copied to pinned host memory on a side
-stream, and handed to `ShardWriter`, whose threads wait for the copy, assemble shards, hash and
-write them while the device runs the next batch.
+The compute loop only launches work: rows of consecutive shards (at least a batch's worth) are
+sorted by length and grouped into batches of at most `token_budget` tokens (rows padded to the
+batch's longest, so sorting keeps the waste small; with flash_attention_2 a batch is one packed row
+and there is no padding at all). Hook-captured states are encoded (bf16 or fp8) on the device,
+copied to pinned host memory on a side stream, and handed to `ShardWriter`, whose threads wait for
+the copy, assemble shards, hash and write them while the device runs the next batch.
 
 Under torchrun each rank extracts shards j % WORLD_SIZE == RANK; ranks do not communicate, and
 whichever finishes last merges the per-rank manifests (see `writer.py`).
@@ -150,7 +150,12 @@ class StoreJob:
     token_bytes: int
 
     def writer(self, rank: int, threads: int) -> ShardWriter:
-        return ShardWriter(self.out, rank, self.header, self.plan, threads=threads)
+        return ShardWriter(self.out, rank, self.header, self.plan, threads=threads, skip=set(self.done))
+
+    def groups(self, rank: int, world: int) -> list[list[int]]:
+        """This rank's shard groups that still have a shard to write (whole groups: see Plan.groups)."""
+        todo = set(self.todo)
+        return [g for g in self.plan.groups(rank, world) if any(j in todo for j in g)]
 
     def finish(self, summary: dict[str, Any]) -> dict[str, Any]:
         crash_point("before-merge")
@@ -161,7 +166,8 @@ class StoreJob:
 
 
 def begin_store(dataset, out: str | os.PathLike, identity: dict[str, Any], *, shard_mb: float = 256.0,
-                limit: int | None = None, rank: int = 0, world: int = 1) -> StoreJob | dict[str, Any]:
+                limit: int | None = None, rank: int = 0, world: int = 1,
+                token_budget: int = 0) -> StoreJob | dict[str, Any]:
     """Plan the store and find this rank's remaining shards (a summary dict when it is already complete).
 
     Both backends go through here, so their stores are interchangeable and resume each other."""
@@ -176,7 +182,8 @@ def begin_store(dataset, out: str | os.PathLike, identity: dict[str, Any], *, sh
     token_bytes = bytes_per_token(identity["hidden_size"], len(identity["aux_layer_ids"]), dtype)
     max_len = int((getattr(dataset, "manifest", None) or {}).get("max_length") or 0) or \
         max(int(dataset[i]["input_ids"].numel()) for i in range(n))
-    plan = Plan(n, samples_per_shard(shard_mb, max_len, token_bytes))
+    per_shard = samples_per_shard(shard_mb, max_len, token_bytes)
+    plan = Plan(n, per_shard, max(1, -(-token_budget // (per_shard * max_len))))
     header = {"target": identity, "data": data_fingerprint(dataset), "num_samples": n,
               "samples_per_shard": plan.samples_per_shard}
     if (out / MANIFEST).is_file():
@@ -198,12 +205,13 @@ def extract_to_store(model: torch.nn.Module, layout, dataset, out: str | os.Path
                      limit: int | None = None, rank: int = 0, world: int = 1, packed: bool = False,
                      device: torch.device | str | None = None) -> dict[str, Any]:
     """Extract `dataset` rows (or the first `limit`) into the store at `out`; resumable; returns a summary."""
-    job = begin_store(dataset, out, identity, shard_mb=shard_mb, limit=limit, rank=rank, world=world)
+    job = begin_store(dataset, out, identity, shard_mb=shard_mb, limit=limit, rank=rank, world=world,
+                      token_budget=token_budget)
     if isinstance(job, dict):
         return job
     device = torch.device(device) if device is not None else next(model.parameters()).device
     aux_ids, dtype = identity["aux_layer_ids"], identity["dtype"]
-    plan, todo = job.plan, job.todo
+    plan = job.plan
     backbone = _backbone(model, layout)
     copier = _HostCopier(device)
     writer = job.writer(rank, writer_threads)
@@ -211,8 +219,10 @@ def extract_to_store(model: torch.nn.Module, layout, dataset, out: str | os.Path
     t_start = time.perf_counter()
     tokens = padded = 0
     try:
-        for j in todo:
-            rows = {i: _row(dataset, i, identity["vocab_size"]) for i in plan.rows(j)}
+        # Batches span a group of shards (small shards keep the final write short, big batches keep the
+        # device busy); a group's shards are closed together once all its batches are handed over.
+        for group in job.groups(rank, world):
+            rows = {i: _row(dataset, i, identity["vocab_size"]) for j in group for i in plan.rows(j)}
             lengths = {i: r["input_ids"].numel() for i, r in rows.items()}
             for batch in make_batches(lengths, token_budget):
                 x = _pad([rows[i] for i in batch], packed)
@@ -225,10 +235,12 @@ def extract_to_store(model: torch.nn.Module, layout, dataset, out: str | os.Path
                 host, ready = copier(enc)
                 host.update(input_ids=x["input_ids"], loss_mask=x["loss_mask"], position_ids=x["position_ids"])
                 lens = [lengths[i] for i in batch]
-                writer.add(j, batch, lens, host, ready, packed=packed)
+                writer.add(batch, lens, host, ready, packed=packed)
                 tokens += sum(lens)
                 padded += ids.numel()
-            writer.finish_shard(j)
+            for j in group:
+                if j not in writer.skip:
+                    writer.finish_shard(j)
     finally:
         writer.close()
     elapsed = time.perf_counter() - t_start

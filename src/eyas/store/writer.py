@@ -47,17 +47,29 @@ def crash_point(name: str) -> None:
 class Plan:
     num_samples: int
     samples_per_shard: int
+    shards_per_group: int = 1           # shards batched together (one batch's worth of tokens)
 
     @property
     def num_shards(self) -> int:
         return -(-self.num_samples // self.samples_per_shard)
 
+    def shard_of(self, row: int) -> int:
+        return row // self.samples_per_shard
+
     def rows(self, j: int) -> range:
         return range(j * self.samples_per_shard, min((j + 1) * self.samples_per_shard, self.num_samples))
 
+    def groups(self, rank: int, world: int) -> list[list[int]]:
+        """Rank r's disjoint slice: groups g with g % world == r (interleaved, so ranks stay balanced).
+
+        Groups are fixed by the plan, not by what is left to do, so every shard is always computed in the
+        same batches: a shard's bytes do not depend on ranks or restarts."""
+        G = self.shards_per_group
+        return [list(range(g * G, min((g + 1) * G, self.num_shards)))
+                for g in range(-(-self.num_shards // G)) if g % world == rank]
+
     def mine(self, rank: int, world: int) -> list[int]:
-        """Rank r's disjoint slice: shards j with j % world == r (interleaved, so ranks stay balanced)."""
-        return [j for j in range(self.num_shards) if j % world == rank]
+        return [j for group in self.groups(rank, world) for j in group]
 
 
 def samples_per_shard(shard_mb: float, max_row_tokens: int, token_bytes: int) -> int:
@@ -115,7 +127,7 @@ class _Shard:
 class ShardWriter:
     """Takes finished batches from the compute loop and writes shards on background threads.
 
-    `add(j, rows, lengths, host, ready)` hands over one batch: `host` maps names to host tensors with
+    `add(rows, lengths, host, ready)` hands over one batch: `host` maps names to host tensors with
     a leading batch dim (padded to the batch's longest row); `ready` is an optional CUDA event the
     device->host copy records, waited on here rather than in the compute loop. A bounded queue gives
     back-pressure when the disk is slower than the model. Errors on the threads surface in `add` /
@@ -123,8 +135,8 @@ class ShardWriter:
     """
 
     def __init__(self, out: Path, rank: int, header: dict[str, Any], plan: Plan, *, threads: int = 2,
-                 max_pending: int = 4):
-        self.out, self.rank, self.header, self.plan = out, rank, header, plan
+                 max_pending: int = 4, skip: set[int] = frozenset()):
+        self.out, self.rank, self.header, self.plan, self.skip = out, rank, header, plan, set(skip)
         self._shards: dict[int, _Shard] = {}
         self._entries: dict[int, dict[str, Any]] = {}
         self._lock = threading.Lock()
@@ -143,11 +155,11 @@ class ShardWriter:
         self._thread.start()
 
     # ------------------------------------------------ compute-loop side
-    def add(self, j: int, rows: list[int], lengths: list[int], host: dict[str, torch.Tensor], ready=None,
+    def add(self, rows: list[int], lengths: list[int], host: dict[str, torch.Tensor], ready=None,
             packed: bool = False) -> None:
         self._raise()
         t0 = time.perf_counter()
-        self._q.put(("batch", j, rows, lengths, host, ready, packed))
+        self._q.put(("batch", rows, lengths, host, ready, packed))
         self.stall_s += time.perf_counter() - t0
 
     def finish_shard(self, j: int) -> None:
@@ -175,13 +187,17 @@ class ShardWriter:
                 continue                                 # drain so the compute loop never blocks forever
             try:
                 if item[0] == "batch":
-                    _, j, rows, lengths, host, ready, packed = item
+                    _, rows, lengths, host, ready, packed = item
                     if ready is not None:
                         ready.synchronize()
                     finite = host.pop("finite")
-                    shard = self._shards.setdefault(j, _Shard(j, self.plan.rows(j), {}))
                     start = 0
                     for b, (row, n) in enumerate(zip(rows, lengths)):
+                        j = self.plan.shard_of(row)       # a batch may hold rows of several shards
+                        if j in self.skip:                # recomputed only to keep batches identical
+                            start += n
+                            continue
+                        shard = self._shards.setdefault(j, _Shard(j, self.plan.rows(j), {}))
                         # padded batch: row b is [b, :n]; packed batch: one row, samples side by side
                         b, a = (0, start) if packed else (b, 0)
                         if not bool(finite[b, a:a + n].all()):
