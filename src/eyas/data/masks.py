@@ -60,8 +60,9 @@ class ChatRenderer:
     def render(self, messages: Sequence[dict], add_generation_prompt: bool = False) -> str:
         try:
             if self._compiled is not None:
-                return self._compiled.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
-                                             **self._kw)
+                # tools/documents passed as None like transformers does, so `tools is not none` tests agree
+                return self._compiled.render(messages=list(messages), tools=None, documents=None,
+                                             add_generation_prompt=add_generation_prompt, **self._kw)
             return self.tokenizer.apply_chat_template(list(messages), tokenize=False,
                                                       add_generation_prompt=add_generation_prompt,
                                                       chat_template=self.template)
