@@ -16,9 +16,9 @@ VOCAB, HIDDEN, LAYERS = 96, 32, 4
 AUX = [0, 2, 3]
 
 
-def tiny_target(seed: int = 0):
+def tiny_target(seed: int = 0, hidden: int = HIDDEN):
     torch.manual_seed(seed)
-    cfg = tf.LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=LAYERS,
+    cfg = tf.LlamaConfig(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=64, num_hidden_layers=LAYERS,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                          tie_word_embeddings=False)
     model = tf.LlamaForCausalLM(cfg).eval().requires_grad_(False)
@@ -84,3 +84,16 @@ class FakeStore:
 
     def __getitem__(self, i):
         return dict(self.items[i])
+
+
+def save_tiny_target(path, layers: int = 4, seed: int = 0):
+    """A tiny Llama + word-level tokenizer on disk (load_target loads both)."""
+    from tokenizers import Tokenizer, models
+
+    torch.manual_seed(seed)
+    cfg = tf.LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    tf.LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(path)
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t0"))
+    tf.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0").save_pretrained(path)
+    return path

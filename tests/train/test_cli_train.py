@@ -14,10 +14,10 @@ from eyas.draft.io import load_draft
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
     from eyas.data.dataset import ShardWriter, write_manifest, write_vocab
-    from tests.store.conftest import make_tiny_target
+    from tests.train.fakes import save_tiny_target
 
     root = tmp_path_factory.mktemp("e2e")
-    target = make_tiny_target(root / "target", layers=4)
+    target = save_tiny_target(root / "target", layers=4)
     prep = root / "prep"
     prep.mkdir()
     rng = np.random.default_rng(0)
@@ -68,8 +68,8 @@ def test_train_online_and_vocab_resize(dirs, capsys):
 
 def test_store_from_another_target_is_refused(dirs, tmp_path, capsys):
     root, target, prep = dirs
-    from tests.store.conftest import make_tiny_target
-    other = make_tiny_target(tmp_path / "other", layers=5)
+    from tests.train.fakes import save_tiny_target
+    other = save_tiny_target(tmp_path / "other", layers=5)
     rc = main(["train", "--target", str(other), "--store", str(root / "bf16"), "--data", str(prep),
                "--out", str(tmp_path / "r"), *COMMON])
     assert rc == 1 and "different target" in capsys.readouterr().err

@@ -133,7 +133,9 @@ class Trainer:
                                getattr(lay.norm, "weight", None) if cfg.init_head else None)
         self.draft = draft.to(self.device)
         self.head = TargetHead(lay.norm, lay.lm_head.weight, d2t, t2d, chunk=cfg.logit_chunk).to(self.device)
-        attention = cfg.attention if cfg.attention != "auto" else ("flex" if gpu else "dense")
+        # Compiled flex kernels need head_dim >= 16 (toy models fall back to the dense mask).
+        attention = cfg.attention if cfg.attention != "auto" else (
+            "flex" if gpu and dcfg.head_dim >= 16 else "dense")
         if attention == "flex" and (cfg.compile if cfg.compile is not None else gpu):
             from eyas.draft.model import compile_flex_attention
             compile_flex_attention()
