@@ -51,7 +51,7 @@ def tiny_dirs(tmp_path_factory):
 def test_eval_cli_writes_json_and_plots(tiny_dirs, capsys):
     out = tiny_dirs / "out.json"
     rc = main(["eval", "--target", str(tiny_dirs / "target"), "--draft", str(tiny_dirs / "draft"),
-               "--bench", str(tiny_dirs / "bench.jsonl"), "--max-new-tokens", "12", "--chain", "2",
+               "--bench", str(tiny_dirs / "bench.jsonl"), "--max-new-tokens", "8", "--chain", "2",
                "--tree", "total=6,depth=3,topk=2", "--device", "cpu", "--json", str(out),
                "--plots", str(tiny_dirs / "plots")])
     assert rc == 0
@@ -74,7 +74,7 @@ def test_eval_cli_writes_json_and_plots(tiny_dirs, capsys):
 def test_eval_tree_auto(tiny_dirs):
     out = tiny_dirs / "auto.json"
     rc = main(["eval", "--target", str(tiny_dirs / "target"), "--draft", str(tiny_dirs / "draft"),
-               "--bench", str(tiny_dirs / "bench.jsonl"), "--max-new-tokens", "8", "--tree", "auto",
+               "--bench", str(tiny_dirs / "bench.jsonl"), "--max-new-tokens", "6", "--tree", "auto",
                "--device", "cpu", "--json", str(out), "--categories", "b", "--limit", "1"])
     assert rc == 0
     doc = json.loads(out.read_text())

@@ -57,3 +57,24 @@ def test_compiled_spec_decoding(dtype):
               f"verify {sst.t_verify / sst.steps * 1e3:.2f} ms, other "
               f"{(sst.t_total - sst.t_prefill - sst.t_draft - sst.t_verify) / sst.steps * 1e3:.2f} ms "
               f"(AR token {ar_s * 1e3:.2f} ms)")
+
+
+def test_step_costs():
+    """Per-call cost of the compiled draft level and verify steps in isolation (prints only)."""
+    model = smollm2_shaped(torch.bfloat16)
+    target = wrap_model(model)
+    draft = Eagle3Draft(draft_config_from_target(model.config, aux_layer_ids=[2, 15, 27])).to("cuda", torch.bfloat16)
+    prop = EagleProposer(draft.eval(), TreeSpec(total=60, depth=7, topk=10), 512)
+    prop.compile()
+    aux = torch.randn(41, 3, 576, device="cuda", dtype=torch.bfloat16)
+    seq = list(range(100, 142))
+    prop.observe(seq, aux, 0)
+    for name, fn in (("observe(pad)", lambda: prop.observe(seq, aux[:8], 33)), ("propose", prop.propose)):
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+        print(f"{name}: {(time.perf_counter() - t0) / 20 * 1e3:.2f} ms")

@@ -26,13 +26,13 @@ def test_random_draft_is_lossless(make):
     model = make()
     draft, target = random_draft(model)
     runner = TargetRunner(model, target.layout, draft.config.aux_layer_ids, CAP)
-    for prompt in prompts():
-        ref, _ = ar_generate(runner, prompt, 40)
+    for prompt in prompts(1 if make is not tiny_llama else 2):
+        ref, _ = ar_generate(runner, prompt, 24)
         if make is not tiny_gemma3:  # the baseline itself equals transformers' own greedy generate
-            hf = model.generate(torch.tensor([prompt]), max_new_tokens=40, min_new_tokens=40, do_sample=False)
+            hf = model.generate(torch.tensor([prompt]), max_new_tokens=24, min_new_tokens=24, do_sample=False)
             assert hf[0, len(prompt):].tolist() == ref
         for spec in SPECS:
-            out, st = SpecDecoder(runner, EagleProposer(draft, spec, CAP)).generate(prompt, 40)
+            out, st = SpecDecoder(runner, EagleProposer(draft, spec, CAP)).generate(prompt, 24)
             assert out == ref, spec.label()
             assert st.emitted >= st.steps
 
@@ -42,12 +42,12 @@ def test_oracle_draft_gets_everything_accepted(make):
     model = make()
     _, target = random_draft(model)
     runner = TargetRunner(model, target.layout, [0, 1, 2], CAP)
-    for prompt in prompts(2):
-        ref, _ = ar_generate(runner, prompt, 33)
-        out, st = SpecDecoder(runner, OracleProposer(model, 4)).generate(prompt, 33)
+    for prompt in prompts(1):
+        ref, _ = ar_generate(runner, prompt, 31)
+        out, st = SpecDecoder(runner, OracleProposer(model, 4)).generate(prompt, 31)
         assert out == ref
-        # 33 = 1 (prefill) + 32 = 8 rounds of 4 drafts + bonus: every drafted token accepted
-        assert st.steps == 8 and st.tau == 5.0 and st.accept_per_position() == [1.0] * 4
+        # 31 = 1 (from the prefill) + 6 rounds x (4 accepted drafts + bonus): every drafted token accepted
+        assert st.steps == 6 and st.tau == 5.0 and st.accept_per_position() == [1.0] * 4
 
 
 def train_draft(model, steps=300, seed=0):
@@ -92,7 +92,7 @@ def test_trained_draft_is_lossless_and_accepts():
             partial += any(0 < a < 1 for a in acc)
         taus[spec.label()] = tot_emit / tot_steps
         assert partial, "the trained draft should be partly accepted (exercises KV compaction)"
-    assert min(taus.values()) > 1.5, taus
+    assert min(taus.values()) > 1.3, taus  # a random draft gets 1.0
 
 
 def test_draft_kv_cache_matches_recomputation():

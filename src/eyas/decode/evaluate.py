@@ -164,7 +164,7 @@ class Session:
         """Compile/capture every static shape outside the timed region."""
         q = self.questions[0]
         prompt = _prompts(self.target.tokenizer, q, [])
-        for _ in range(2):
+        for _ in range(2 if self.compile else 0):  # eager needs no warm-up
             ar_generate(self.runner, prompt, min(16, self.max_new), eos_ids=())
             if spec is not None:
                 self.decoder(spec).generate(prompt, min(3 * spec.depth + 4, self.max_new))

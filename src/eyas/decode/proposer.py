@@ -38,13 +38,14 @@ class EagleProposer:
         torch._dynamo.mark_static_address(self.kbuf)
         torch._dynamo.mark_static_address(self.vbuf)
         self.size = size
-        self._compiled = None
+        self._compiled_tree = self._compiled_catchup = None
         self.last = None  # (pre [H], logp [k], ids [k], position p) from the latest catch-up
         self.ctx = 0      # draft KV slots [0, ctx) are committed
 
     def compile(self, mode: str = "reduce-overhead") -> None:
         raise_recompile_limit()
-        self._compiled = torch.compile(self._step, mode=mode, fullgraph=False, dynamic=False)
+        self._compiled_tree = torch.compile(self._tree, mode=mode, fullgraph=False, dynamic=False)
+        self._compiled_catchup = torch.compile(self._catchup, mode=mode, fullgraph=False, dynamic=False)
 
     def _step(self, tokens, hidden, positions, write, ctx_len, anc, self_mask, pick):
         # tokens/positions/write [T]; hidden [T, H]; anc bool [T, S] over the scratch region;
@@ -64,11 +65,18 @@ class EagleProposer:
         top, ids = logp.topk(self.spec.topk, dim=-1)
         return pre, top, self.draft.to_target_ids(ids)
 
-    def _run(self, *args, eager: bool = False):
-        if eager or self._compiled is None:
-            return self._step(*args)
-        # CUDA-graph outputs are overwritten by the next replay of the same graph: keep copies.
-        return tuple(t.clone() for t in self._compiled(*args))
+    def _catchup(self, aux, toks, start, m):
+        """Draft KV for committed positions start..start+m-1 (rows >= m are padding): aux [R, k, Ht],
+        toks [R], start/m 0-d long. Returns the last real row's (pre [1, H], top-k logp, top-k ids)."""
+        rows, dev = toks.shape[0], toks.device
+        hidden = self.draft.combine(aux.to(self.dtype))                    # [R, H]
+        ar = torch.arange(rows, device=dev)
+        real = ar < m
+        write = torch.where(real, start + ar, self.junk + ar)              # pads write to junk slots
+        self_mask = (ar[:, None] >= ar[None, :]) & real[None, :]
+        self_mask = self_mask | torch.eye(rows, dtype=torch.bool, device=dev)  # pad rows see only themselves
+        anc = torch.zeros(rows, self.S, dtype=torch.bool, device=dev)
+        return self._step(toks, hidden, start + ar, write, start, anc, self_mask, (m - 1).reshape(1))
 
     @torch.no_grad()
     def observe(self, seq: list[int], aux: torch.Tensor, start: int) -> None:
@@ -76,60 +84,66 @@ class EagleProposer:
         if start + m > self.capacity:
             raise ValueError(f"draft KV capacity {self.capacity} exceeded at position {start + m}")
         dev = self.device
-        hidden = self.draft.combine(aux.to(self.dtype))                    # [m, H]
-        toks = torch.tensor(seq[start + 1:start + 1 + m], device=dev)
-        eager = m > self.pad  # prefill: variable length, eager; rounds: padded to a static shape
+        toks = seq[start + 1:start + 1 + m]
+        eager = m > self.pad or self._compiled_catchup is None  # prefill: variable length, eager
         rows = m if eager else self.pad
-        if rows > m:
-            hidden = torch.cat([hidden, hidden.new_zeros(rows - m, hidden.shape[1])])
-            toks = torch.cat([toks, toks.new_zeros(rows - m)])
-        positions = torch.arange(start, start + rows, device=dev)
-        write = torch.cat([torch.arange(start, start + m, device=dev),
-                           torch.arange(self.junk, self.junk + rows - m, device=dev)])
-        self_mask = torch.ones(rows, rows, dtype=torch.bool, device=dev).tril()
-        self_mask[m:] = torch.eye(rows, dtype=torch.bool, device=dev)[m:]   # pad rows see only themselves
-        anc = torch.zeros(rows, self.S, dtype=torch.bool, device=dev)
-        pick = torch.tensor([m - 1], device=dev)
-        pre, top, ids = self._run(toks, hidden, positions, write, torch.tensor(start, device=dev), anc, self_mask,
-                                  pick, eager=eager)
+        if rows > m:  # rounds: padded to one static shape
+            aux = torch.cat([aux, aux.new_zeros((rows - m,) + tuple(aux.shape[1:]))])
+            toks = toks + [0] * (rows - m)
+        args = (aux, torch.tensor(toks, device=dev), torch.tensor(start, device=dev), torch.tensor(m, device=dev))
+        if eager:
+            pre, top, ids = self._catchup(*args)
+        else:
+            torch.compiler.cudagraph_mark_step_begin()
+            pre, top, ids = (t.clone() for t in self._compiled_catchup(*args))
         self.ctx = start + m
-        self.last = (pre[0].clone(), top[0].clone(), ids[0].clone(), start + m - 1)
+        self.last = (pre[0], top[0], ids[0], start + m - 1)
 
-    @torch.no_grad()
-    def propose(self) -> Tree:
-        """EAGLE-2: expand the `topk` best nodes per level by cumulative log-prob, keep the `total` best."""
+    def _tree(self, pre0, lp0, id0, p, ctx):
+        """All draft levels of one round as pure tensor code (one CUDA graph when compiled).
+        pre0 [H], lp0/id0 [k], p/ctx 0-d long. Returns int64 [3, total] (global index, token, parent
+        global index) and the kept nodes' cumulative scores [total], ordered by global index."""
         k, D = self.spec.topk, self.spec.depth
-        pre0, lp0, id0, p = self.last
-        dev = self.device
-        scores, tokens, parents = [lp0], [id0], [torch.full((k,), -1, device=dev)]
-        f_score, f_tok, f_hidden = lp0, id0, pre0.expand(k, -1).contiguous()  # same strides every level
+        dev = pre0.device
+        scores, tokens, parents = [lp0], [id0], [torch.full((k,), -1, device=dev, dtype=torch.long)]
+        f_score, f_tok, f_hidden = lp0, id0, pre0.expand(k, -1).contiguous()
         f_gidx = torch.arange(k, device=dev)
         f_anc = torch.zeros(k, self.S, dtype=torch.bool, device=dev)
         eye = torch.eye(k, dtype=torch.bool, device=dev)
         pick = torch.arange(k, device=dev)
-        ctx = torch.tensor(self.ctx, device=dev)
         base = k
         for lvl in range(1, D):
             local = torch.arange((lvl - 1) * k, lvl * k, device=dev)
-            pos = torch.full((k,), p + lvl, device=dev)
-            pre, lp, ids = self._run(f_tok, f_hidden, pos, self.scratch + local, ctx, f_anc, eye, pick)
+            pos = (p + lvl).expand(k)
+            pre, lp, ids = self._step(f_tok, f_hidden, pos, self.scratch + local, ctx, f_anc, eye, pick)
             cum = (f_score[:, None] + lp).flatten()                             # [k*k]
             scores.append(cum)
             tokens.append(ids.flatten())
             parents.append(f_gidx.repeat_interleave(k))
             child_anc = f_anc.clone()
-            child_anc[torch.arange(k, device=dev), local] = True                 # parents' own slots
+            child_anc[pick, local] = True                                       # parents' own slots
             top = cum.topk(k).indices
             r = top // k
-            f_score, f_tok, f_hidden, f_anc = cum[top], ids.flatten()[top], pre[r].clone(), child_anc[r]
+            f_score, f_tok, f_hidden, f_anc = cum[top], ids.flatten()[top], pre[r], child_anc[r]
             f_gidx = base + top
             base += k * k
         all_scores = torch.cat(scores)
         # Stable sort: on a tie the parent (smaller index) wins, keeping the kept set ancestor-closed.
         order = torch.sort(all_scores, descending=True, stable=True).indices[:self.spec.total]
         sel = torch.sort(order).values
-        sel_l, tok_l = sel.tolist(), torch.cat(tokens)[sel].tolist()
-        par_l, sc_l = torch.cat(parents)[sel].tolist(), all_scores[sel].tolist()
+        return torch.stack([sel, torch.cat(tokens)[sel], torch.cat(parents)[sel]]), all_scores[sel]
+
+    @torch.no_grad()
+    def propose(self) -> Tree:
+        """EAGLE-2: expand the `topk` best nodes per level by cumulative log-prob, keep the `total` best."""
+        pre0, lp0, id0, p = self.last
+        args = (pre0, lp0, id0, torch.tensor(p, device=self.device), torch.tensor(self.ctx, device=self.device))
+        if self._compiled_tree is None:
+            ints, sc = self._tree(*args)
+        else:
+            torch.compiler.cudagraph_mark_step_begin()
+            ints, sc = self._compiled_tree(*args)
+        (sel_l, tok_l, par_l), sc_l = ints.tolist(), sc.tolist()
         keep_tok, keep_par, keep_sc, remap = [], [], [], {}
         for g, t, pg, s in zip(sel_l, tok_l, par_l, sc_l):
             if pg >= 0 and pg not in remap:

@@ -145,5 +145,7 @@ class TargetRunner:
         """tokens/positions/slots [T] long, ctx_len 0-d long, anc bool [T, T] (row i sees column j's slot).
         Returns (logits [T, V] fp32, aux [T, k, H]). Outputs of a compiled call are graph-owned:
         consume (or clone) them before the next call."""
-        fn = self._step if (eager or self._compiled is None) else self._compiled
-        return fn(tokens, positions, slots, ctx_len, anc)
+        if eager or self._compiled is None:
+            return self._step(tokens, positions, slots, ctx_len, anc)
+        torch.compiler.cudagraph_mark_step_begin()
+        return self._compiled(tokens, positions, slots, ctx_len, anc)
