@@ -110,7 +110,7 @@ def test_token_ids_checked_against_other_data(bf16_store, tmp_path):
     from storekit import ROWS, make_prepared
 
     other = make_prepared(tmp_path / "other", ROWS[::-1])
-    store = HiddenStateStore(bf16_store[0], prepared=other)
+    store = HiddenStateStore(bf16_store[0], prepared=str(other))   # a path string works like a dataset
     with pytest.raises(StoreError, match=r"shard-\d+\.safetensors sample 0: token ids differ"):
         store[0]
 

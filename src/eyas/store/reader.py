@@ -62,7 +62,7 @@ class HiddenStateStore:
             raise StoreError(f"{self.root / MANIFEST}: shard index does not cover samples "
                              f"0..{self.manifest['num_samples'] - 1} exactly once")
         self._open: dict[int, tuple[Any, torch.Tensor, torch.Tensor]] = {}
-        if prepared is not None and not hasattr(prepared, "__getitem__"):
+        if isinstance(prepared, (str, os.PathLike)):
             from eyas.store.extract import open_prepared
             prepared = open_prepared(prepared)
         self.prepared = prepared
