@@ -59,11 +59,9 @@ class ExtractConfig(StageConfig):
 
 # ---------------------------------------------------------------- data
 def open_prepared(path: str | os.PathLike):
-    """The PREPARED dataset reader of the data stage (`eyas.data.PreparedDataset`)."""
-    try:
-        from eyas.data.dataset import PreparedDataset
-    except ImportError as e:
-        raise StoreError(f"cannot read the prepared dataset {path}: eyas.data.PreparedDataset is unavailable ({e})") from e
+    """The PREPARED dataset reader of the data stage (imported late: `eyas extract --help` stays light)."""
+    from eyas.data import PreparedDataset
+
     return PreparedDataset(path)
 
 

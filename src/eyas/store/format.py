@@ -33,8 +33,9 @@ ID_DTYPE = torch.int32               # token/position ids; vocabularies fit easi
 STATE_DTYPE = torch.bfloat16         # what the reader hands out, whatever the storage dtype
 
 
-class StoreError(RuntimeError):
-    """A store that cannot be used as asked; the message names the file, shard, sample or key."""
+class StoreError(ValueError):
+    """A store that cannot be used as asked; the message names the file, shard, sample or key.
+    A ValueError so the CLI reports it as one line, like the other bad-input errors."""
 
 
 def shard_name(j: int) -> str:
