@@ -108,3 +108,25 @@ def test_real_vllm_serves_export_with_matching_tau_and_greedy_outputs(tmp_path):
     assert r["served_identical_to_target_greedy"].split("/")[0] == r["served_identical_to_target_greedy"].split("/")[1]
     assert r["vllm"]["speculative_config"]["method"] == "eagle3"
     assert r["vllm"]["speculative_config"]["target"] == str(SMOL.resolve())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path(VLLM_PY).exists(), reason="needs the vLLM env")
+def test_vllm_reads_the_export_config_as_eyas_wrote_it(setup):
+    """vLLM's own config reader (no model load): every field the draft's math depends on survives."""
+    import subprocess
+
+    _, ddir, export = setup
+    code = ("import json, sys; from vllm.transformers_utils.config import get_config; "
+            "c = get_config(sys.argv[1], trust_remote_code=False); "
+            "print(json.dumps({k: getattr(c, k, None) for k in ('architectures', 'norm_before_residual', "
+            "'eagle_aux_hidden_state_layer_ids', 'draft_vocab_size', 'target_hidden_size', 'head_dim', "
+            "'num_hidden_layers', 'rope_parameters', 'norm_before_fc')}))")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([VLLM_PY, "-c", code, str(export)], capture_output=True, text=True, timeout=600,
+                         cwd=str(export.parent), env=env)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got == {"architectures": ["Eagle3LlamaForCausalLM"], "norm_before_residual": True,
+                   "eagle_aux_hidden_state_layer_ids": [2, 4, 5], "draft_vocab_size": 64, "target_hidden_size": 32,
+                   "head_dim": 8, "num_hidden_layers": 1, "norm_before_fc": False,
+                   "rope_parameters": {"rope_type": "default", "rope_theta": 5000.0}}
