@@ -127,7 +127,7 @@ def test_rerun_reuses_and_refuses_to_clobber(target, data, tmp_path):
 
 
 def test_workers_give_identical_output(target, data, tmp_path):
-    run_prepare(target, data, tmp_path / "a", max_length=128, batch_size=4)
+    run_prepare(target, data, tmp_path / "a", max_length=128, batch_size=4, workers=1)
     run_prepare(target, data, tmp_path / "b", max_length=128, batch_size=4, workers=2)
     a, b = PreparedDataset(tmp_path / "a"), PreparedDataset(tmp_path / "b")
     assert len(a) == len(b)

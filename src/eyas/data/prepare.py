@@ -41,7 +41,7 @@ class PrepareConfig(StageConfig):
         "reject", description="conversations opening with the assistant: reject, or skip the leading assistant turns")
     pack: bool = Field(True, description="pack several conversations per row (position ids restart per document)")
     chat_template: Path | None = Field(None, description="jinja file overriding the tokenizer's chat template")
-    workers: int = Field(1, ge=0, description="worker processes for rendering/tokenising (0 = one per CPU core)")
+    workers: int = Field(0, ge=0, description="worker processes for rendering/tokenising (0 = one per CPU core, at most 8)")
     batch_size: int = Field(128, ge=1, description="conversations per batched tokenizer call")
     shard_rows: int = Field(4096, ge=1, description="packed rows per safetensors shard")
     overwrite: bool = Field(False, description="replace an existing, different prepared dataset in --out")
@@ -196,11 +196,13 @@ def prepare(cfg: PrepareConfig) -> dict:
     freq = np.zeros(V, dtype=np.int64)
     writer = ShardWriter(out, cfg.shard_rows)
     packer = Packer(cfg.max_length, cfg.pack)
-    workers = cfg.workers or (os.cpu_count() or 1)
+    workers = cfg.workers or min(8, os.cpu_count() or 1)
     pool = None
     with open(out / (REJECTS + ".tmp"), "w") as rejects:
         batches = _batches(_records(cfg), cfg.batch_size, rejects, counts)
         if workers > 1:
+            # workers parallelise across processes; Rust threads inside each would only oversubscribe the cores
+            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
             if "fork" in mp.get_all_start_methods():  # children inherit the loaded tokenizer: no reload
                 _STATE["renderer"] = renderer
                 pool = mp.get_context("fork").Pool(workers)
