@@ -49,8 +49,9 @@ def add_config_args(parser: argparse.ArgumentParser, cls: type[StageConfig]) -> 
     for name, field in cls.model_fields.items():
         tp = _unwrap_optional(field.annotation)
         origin = get_origin(tp)
-        default = field.default if field.default is not None and not callable(field.default) else None
-        help_ = (field.description or "") + (f" (default: {default})" if default not in (None, "") else "")
+        default = None if field.is_required() or callable(field.default) else field.default
+        help_ = (field.description or "") + (" (required)" if field.is_required() else
+                                             f" (default: {default})" if default not in (None, "") else "")
         kw: dict[str, Any] = {"dest": name, "default": None, "help": help_}
         if tp is bool:
             kw["action"] = argparse.BooleanOptionalAction

@@ -55,7 +55,8 @@ def run_in_env(python: Path, worker: Path, payload: dict[str, Any], *, timeout: 
         run_env.pop("PYTHONPATH", None)  # the engine env must not see eyas's site-packages
         sink = open(log, "w") if log else subprocess.PIPE
         try:
-            proc = subprocess.run([str(python), str(worker), str(inp), str(out)], stdout=sink,
+            # -P: the worker's own folder (eyas/engines, which holds vllm.py) must not shadow the engine package.
+            proc = subprocess.run([str(python), "-P", str(worker), str(inp), str(out)], stdout=sink,
                                   stderr=subprocess.STDOUT, text=True, timeout=timeout, env=run_env)
         except subprocess.TimeoutExpired as e:
             raise EngineError(f"{worker.name} did not finish within {timeout}s" + (f"; log: {log}" if log else "")) from e
