@@ -70,7 +70,8 @@ def test_vllm_path_with_stand_in_engine_matches_hf_backend(tiny_target, prepared
     fake = tmp_path / "fake_worker.py"
     fake.write_text(FAKE_WORKER)
     py = tmp_path / "python"
-    py.write_text(f"#!/bin/sh\nexec {sys.executable} {fake} \"$2\" \"$3\"\n")   # $1 = the real worker
+    # The last two arguments are IN.json OUT.json (before them: interpreter flags and the real worker).
+    py.write_text(f'#!/bin/sh\nfor a; do inp=$out; out=$a; done\nexec {sys.executable} {fake} "$inp" "$out"\n')
     py.chmod(0o755)
     monkeypatch.setattr(vllm_extract, "vllm_version", lambda python: "0.32.0")
     kw = dict(target=str(tiny_target), data=prepared, shard_mb=0.03, token_budget=96)
