@@ -154,7 +154,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--seq", type=int, default=None, help="row length (default 2048, tiny 128)")
     ap.add_argument("--token-budget", type=int, default=None, help="tokens per batch (default 16384, tiny 512)")
     ap.add_argument("--shard-mb", type=float, default=64.0, help="small shards keep the final (unoverlapped) write short")
-    ap.add_argument("--writer-threads", type=int, default=3)
+    ap.add_argument("--writer-threads", type=int, default=8)
     ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp8"])
     ap.add_argument("--store-dir", type=Path, default=None, help="where the stores go (default a temp dir)")
     ap.add_argument("--out", type=Path, default=None, help="JSON results file")

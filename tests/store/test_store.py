@@ -201,3 +201,18 @@ def test_packed_batches_equal_padded_batches(bf16_store, target, prepared, tiny_
     for i in range(len(a)):
         torch.testing.assert_close(b[i]["aux"], a[i]["aux"], atol=3e-2, rtol=3e-2)
         torch.testing.assert_close(b[i]["last"], a[i]["last"], atol=3e-2, rtol=3e-2)
+
+
+def test_nan_from_the_target_fails_the_run_naming_the_row(target, prepared, tmp_path):
+    import copy
+
+    bad = copy.deepcopy(target.model)
+    from eyas.target import find_layout
+
+    lay = find_layout(bad)
+    with torch.no_grad():
+        lay.layers[1].mlp.down_proj.weight.fill_(float("nan"))
+    with pytest.raises(StoreError, match=r"prepared row \d+: the target produced NaN/Inf"):
+        extract_to_store(bad, lay, PreparedDataset(prepared), tmp_path / "s", identity=identity(target, "x"),
+                         shard_mb=0.03, token_budget=96)
+    assert not list((tmp_path / "s").glob("shard-*"))

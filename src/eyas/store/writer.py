@@ -140,7 +140,10 @@ class ShardWriter:
         self._shards: dict[int, _Shard] = {}
         self._entries: dict[int, dict[str, Any]] = {}
         self._lock = threading.Lock()
-        self._q: queue.Queue = queue.Queue(maxsize=max_pending)
+        # Only batches count against back-pressure: "close shard" messages are tiny, and blocking the compute
+        # loop on them would stall the device while the writer threads are merely busy.
+        self._q: queue.Queue = queue.Queue()
+        self._batches = threading.Semaphore(max(1, max_pending))
         self._pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="eyas-shard")
         self._futures: list[Future] = []
         self._inflight = threading.Semaphore(max(1, threads) + 1)   # whole shards held in memory at once
@@ -159,14 +162,13 @@ class ShardWriter:
             packed: bool = False) -> None:
         self._raise()
         t0 = time.perf_counter()
-        self._q.put(("batch", rows, lengths, host, ready, packed))
+        self._batches.acquire()
         self.stall_s += time.perf_counter() - t0
+        self._q.put(("batch", rows, lengths, host, ready, packed))
 
     def finish_shard(self, j: int) -> None:
         self._raise()
-        t0 = time.perf_counter()
         self._q.put(("close", j))
-        self.stall_s += time.perf_counter() - t0
 
     def close(self) -> None:
         self._q.put(None)
@@ -183,8 +185,10 @@ class ShardWriter:
     # ------------------------------------------------ background side
     def _assemble(self) -> None:
         while (item := self._q.get()) is not None:
+            if item[0] == "batch":
+                self._batches.release()                  # even when draining after an error: never block add()
             if self._error is not None:
-                continue                                 # drain so the compute loop never blocks forever
+                continue
             try:
                 if item[0] == "batch":
                     _, rows, lengths, host, ready, packed = item
