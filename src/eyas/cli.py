@@ -15,6 +15,7 @@ from typing import Any
 
 from eyas import __version__
 from eyas.config import ConfigError, add_config_args, build_config
+from eyas.engines.base import EngineError
 
 # name -> (module, config class, run function, one-line help)
 COMMANDS: dict[str, tuple[str, str, str, str]] = {
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return _print_result(getattr(module, fn_name)(cfg))
-    except (ConfigError, FileNotFoundError, ValueError) as e:
+    except (ConfigError, FileNotFoundError, ValueError, EngineError) as e:
         # Expected user-facing failures: one clear line, no traceback.
         print(f"eyas {cmd}: error: {e}", file=sys.stderr)
         return 1
