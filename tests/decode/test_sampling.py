@@ -68,12 +68,12 @@ def test_tree_rejection_sampling_unit():
     tree = Tree([0, 1], [-1, -1])
     g = torch.Generator().manual_seed(0)
     counts = torch.zeros(4)
-    n = 20000
+    n = 6000
     for _ in range(n):
         path, bonus = sample_accept(tree, lambda i: p, g)
         first = tree.tokens[path[0] - 1] if path else bonus
         counts[first] += 1
-    assert torch.allclose(counts / n, p.float(), atol=0.012), counts / n
+    assert torch.allclose(counts / n, p.float(), atol=0.02), counts / n
 
 
 def test_sampling_with_eagle_tree_runs_and_is_reproducible():
