@@ -52,7 +52,7 @@ def add_config_args(parser: argparse.ArgumentParser, cls: type[StageConfig]) -> 
         default = None if field.is_required() or callable(field.default) else field.default
         help_ = (field.description or "") + (" (required)" if field.is_required() else
                                              f" (default: {default})" if default not in (None, "") else "")
-        kw: dict[str, Any] = {"dest": name, "default": None, "help": help_}
+        kw: dict[str, Any] = {"dest": name, "default": None, "help": help_.replace("%", "%%")}  # argparse formats help
         if tp is bool:
             kw["action"] = argparse.BooleanOptionalAction
         elif origin in (list, tuple):
