@@ -23,18 +23,19 @@ class DemoConfig(StageConfig):
     target: str = Field("smollm2-135m", description="target model (HF dir, hub id, .gguf or built-in name)")
     data: str = Field("sharegpt", description="conversations (ShareGPT/messages JSONL or built-in 'sharegpt')")
     out: Path = Field(Path("eyas-demo"), description="output directory for every stage")
-    samples: int = Field(256, ge=8, description="conversations to use")
+    samples: int = Field(160, ge=8, description="conversations to use")
     regenerate: bool = Field(True, description="replace assistant turns with the target's own answers first")
-    regen_max_new_tokens: int = Field(192, ge=8, description="max tokens per regenerated answer")
-    regen_batch_size: int = Field(128, ge=1, description="conversations per generation batch")
+    regen_max_new_tokens: int = Field(160, ge=8, description="max tokens per regenerated answer")
+    regen_batch_size: int = Field(80, ge=1, description="conversations per generation batch")
     max_length: int = Field(1024, ge=64, description="tokens per packed training row")
     draft_vocab_size: int = Field(4096, ge=16, description="draft vocabulary size")
     ttt_steps: int = Field(3, ge=1, description="training-time-test steps")
-    epochs: float = Field(6.0, gt=0, description="training epochs over the extracted store")
+    epochs: float = Field(4.0, gt=0, description="training epochs over the extracted store")
     lr: float = Field(2e-3, gt=0, description="peak learning rate")
     chain: int = Field(3, ge=1, description="chain length for evaluation and export")
+    bench: str = Field("spec-bench", description="evaluation prompts: 'spec-bench' or a JSONL (question_id, category, turns)")
     eval_limit: int = Field(1, ge=1, description="Spec-Bench questions per category")
-    eval_max_new_tokens: int = Field(128, ge=8, description="new tokens per evaluated turn")
+    eval_max_new_tokens: int = Field(96, ge=8, description="new tokens per evaluated turn")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="cpu, cuda or auto")
     cache_dir: Path | None = Field(None, description="cache for built-in model/data (default $EYAS_CACHE or ~/.cache/eyas)")
     seed: int = Field(0, description="seed for data order and initialisation")
@@ -79,7 +80,8 @@ def run(cfg: DemoConfig) -> int | dict:
     data_for_prepare = str(data)
     if cfg.regenerate:
         with _stage("regenerate", times):
-            regen = _call("eyas.data.regenerate", "RegenerateConfig", "regenerate", target=cfg.target, data=str(data),
+            openings = _opening_turns(data, paths["regenerated"] / "openings.jsonl", cfg.samples, cache)
+            regen = _call("eyas.data.regenerate", "RegenerateConfig", "regenerate", target=cfg.target, data=str(openings),
                           out=paths["regenerated"] / "conversations.jsonl", backend="hf", max_samples=cfg.samples,
                           max_new_tokens=cfg.regen_max_new_tokens, batch_size=cfg.regen_batch_size, device=device,
                           max_prompt_tokens=cfg.max_length // 2, assistant_first="skip", cache_dir=cache, seed=cfg.seed,
@@ -104,7 +106,7 @@ def run(cfg: DemoConfig) -> int | dict:
                    log_every=10, target_dtype="bf16", batch_size=2)
 
     with _stage("eval", times):
-        ev = _call("eyas.decode.evaluate", "EvalConfig", "run", target=cfg.target, draft=paths["run"],
+        ev = _call("eyas.decode.evaluate", "EvalConfig", "run", target=cfg.target, draft=paths["run"], bench=cfg.bench,
                    limit=cfg.eval_limit, max_new_tokens=cfg.eval_max_new_tokens, chain=cfg.chain, device=device,
                    json=paths["eval"] / "eval.json", plots=paths["eval"], cache_dir=cache)
 
@@ -131,6 +133,32 @@ def run(cfg: DemoConfig) -> int | dict:
         return summary
     _print_table(summary)
     return 0 if summary["doctor"]["ok"] else 1
+
+
+def _opening_turns(data: Path, out: Path, n: int, cache) -> Path:
+    """The first `n` usable conversations cut to their opening exchange (with any system prompt).
+
+    Regeneration answers turn by turn, so whole ShareGPT conversations (often 5+ turns) cost several
+    sequential generate rounds each; the opening turn keeps the demo's regeneration to one round.
+    """
+    from eyas.data.sources import iter_conversations
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    kept = 0
+    with open(out, "w") as f:
+        for rec in iter_conversations(data, cache=cache, skip_leading_assistant=True):
+            if not rec.messages:
+                continue
+            first_user = next((i for i, m in enumerate(rec.messages) if m["role"] == "user"), None)
+            if first_user is None:
+                continue
+            # Keep the original first answer too: sources reject conversations without one, and
+            # regeneration replaces it with the target's own answer anyway.
+            f.write(json.dumps({"id": rec.id, "messages": rec.messages[:first_user + 2]}) + "\n")
+            kept += 1
+            if kept >= n:
+                break
+    return out
 
 
 def _chain_result(ev: dict) -> dict:

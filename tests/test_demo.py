@@ -1,0 +1,47 @@
+"""The main job end to end on a tiny in-process target, tiny conversations and a tiny bench (no network)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import torch
+
+from eyas.cli import main
+
+_spec = importlib.util.spec_from_file_location("eyas_test_templates", Path(__file__).parent / "data" / "templates.py")
+templates = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(templates)
+
+
+def _tiny_target(path: Path) -> Path:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    templates.make_target_dir(path)
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig.from_pretrained(path)).save_pretrained(path)
+    return path
+
+
+def test_demo_runs_every_stage_and_writes_a_report(tmp_path, capsys):
+    target = _tiny_target(tmp_path / "target")
+    convs = [{"id": str(i), "conversations": [{"from": "human", "value": f"tell me about topic {i} please"},
+                                              {"from": "gpt", "value": f"topic {i} is a fine topic indeed"}]}
+             for i in range(12)]
+    (tmp_path / "data.json").write_text(json.dumps(convs))
+    bench = tmp_path / "bench.jsonl"
+    bench.write_text("\n".join(json.dumps({"question_id": i, "category": c, "turns": [f"say something about {c}"]})
+                               for i, c in enumerate(["writing", "coding"])) + "\n")
+    out = tmp_path / "demo"
+    rc = main(["demo", "--target", str(target), "--data", str(tmp_path / "data.json"), "--out", str(out),
+               "--samples", "12", "--regen-max-new-tokens", "8", "--regen-batch-size", "6", "--max-length", "128",
+               "--draft-vocab-size", "64", "--epochs", "1", "--eval-max-new-tokens", "8", "--bench", str(bench),
+               "--device", "cpu", "--json"])
+    assert rc == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["tau"] >= 1.0 and summary["identical_rate"] == 1.0      # greedy spec decoding is lossless
+    assert summary["doctor"]["ok"], summary["doctor"]["fails"]
+    assert set(summary["seconds"]) == {"fetch", "regenerate", "prepare", "extract", "train", "eval", "export", "doctor"}
+    assert (out / "export" / "config.json").is_file() and (out / "run" / "model.safetensors").is_file()
+    report = (out / "report.md").read_text()
+    assert "τ (chain)" in report and "learning_curve.png" in report
+    assert (out / "learning_curve.png").is_file()
