@@ -1,6 +1,6 @@
 """GPU: the compiled (torch.compile reduce-overhead = CUDA graphs) path on a SmolLM2-shaped random
 Llama: compiled AR, chain and tree outputs are token-identical in fp32, and step times print.
-Run: python -m pytest -q -s -m gpu tests/decode/test_gpu.py"""
+Run: python -m pytest -q -s -m gpu tests/decode/test_decode_gpu.py"""
 
 import time
 

@@ -1,5 +1,5 @@
 """GPU paths: compiled FlexAttention TTT (forward and gradients) equals the dense path; a bf16-autocast run
-learns. Run on a CUDA machine: `python -m pytest -q -m gpu tests/train/test_gpu.py`."""
+learns. Run on a CUDA machine: `python -m pytest -q -m gpu tests/train/test_train_gpu.py`."""
 
 import json
 
