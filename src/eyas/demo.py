@@ -175,7 +175,7 @@ def _summary(cfg, device, paths, times, prep, ext, tr, ev, exp, doc) -> dict:
         "target": cfg.target, "device": device, "samples": cfg.samples,
         "tokens": prep.get("tokens"), "masked_tokens": prep.get("masked_tokens"),
         "draft_vocab_coverage": prep.get("coverage"),
-        "train": {k: tr.get(k) for k in ("steps", "seconds", "best_sim_tau", "best_step") if k in tr},
+        "train": {k: v for k, v in tr.items() if isinstance(v, (int, float, str))},
         "tau": r["tau"], "accept_per_position": r.get("accept_per_position"),
         "tokens_per_s": r.get("tokens_per_s"), "baseline_tokens_per_s": r.get("baseline_tokens_per_s"),
         "speedup": r.get("speedup"), "identical_rate": r.get("identical_rate"),
@@ -238,8 +238,8 @@ def _plot_curve(metrics: Path, png: Path) -> Path | None:
         m = json.loads(line)
         if "loss" in m and m.get("split", "train") == "train":
             train.append((m["step"], m["loss"]))
-        if "sim_tau" in m and m.get("split") == "eval":
-            held.append((m["step"], m["sim_tau"]))
+        if "tau" in m and m.get("split") == "eval":
+            held.append((m["step"], m["tau"]))
     if not train:
         return None
     fig, ax = plt.subplots(figsize=(6, 3.2))
