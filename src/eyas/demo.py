@@ -103,7 +103,7 @@ def run(cfg: DemoConfig) -> int | dict:
         tr = _call("eyas.train.loop", "TrainConfig", "run", target=cfg.target, store=paths["store"],
                    data=paths["prepared"], out=paths["run"], ttt_steps=cfg.ttt_steps, tau_chain=cfg.chain,
                    epochs=cfg.epochs, lr=cfg.lr, device=device, seed=cfg.seed, eval_every=50, save_every=10_000,
-                   log_every=10, target_dtype="bf16", batch_size=2)
+                   log_every=10, target_dtype="bf16", batch_size=2, init_head=False)
 
     with _stage("eval", times):
         ev = _call("eyas.decode.evaluate", "EvalConfig", "run", target=cfg.target, draft=paths["run"], bench=cfg.bench,

@@ -58,6 +58,9 @@ class Plan:
     def eval_batches(self, rank: int = 0, limit: int | None = None) -> list[list[int]]:
         rows = self.eval_rows[rank::self.world]
         batches = [rows[i:i + self.batch_size] for i in range(0, len(rows), self.batch_size)]
+        # Same number of batches on every rank (empty ones padded in): FSDP forwards are collectives.
+        most = -(-len(self.eval_rows[0::self.world]) // self.batch_size) if self.eval_rows else 0
+        batches += [[] for _ in range(most - len(batches))]
         return batches[:limit] if limit else batches
 
 

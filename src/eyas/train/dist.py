@@ -5,6 +5,7 @@ Single-process runs use the plain module; everything here degrades to no-ops whe
 
 from __future__ import annotations
 
+import atexit
 import os
 from dataclasses import dataclass
 
@@ -40,6 +41,9 @@ def init(device_kind: str) -> Dist:
         return Dist()
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device_kind == "cuda" else "gloo")
+        # Torn down once, at exit: re-creating the default group in one process (two runs in a row)
+        # can meet the first group's stale rendezvous keys in torchrun's store.
+        atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if device_kind == "cuda":
         torch.cuda.set_device(local)
@@ -90,4 +94,5 @@ def load_full_state(model: nn.Module, opt: torch.optim.Optimizer, d: Dist, msd: 
 
 def shutdown(d: Dist) -> None:
     if d.world > 1 and dist.is_initialized():
-        dist.destroy_process_group()
+        # Every rank is past its last collective before any rank returns (the group lives until exit).
+        dist.barrier()

@@ -186,8 +186,11 @@ class Trainer:
         self.model.eval()
         stats = torch.zeros(self.cfg.ttt_steps, 3, device=self.device)
         for ids in batches:
+            # Under FSDP a forward is a collective: a rank without rows still runs one (on a held-out
+            # row, not counted) so every rank issues the same all-gathers.
+            out = self._forward(self.inp.source.batch(ids or self.plan.eval_rows[:1], self.device))[1].float()
             if ids:
-                stats += self._forward(self.inp.source.batch(ids, self.device))[1].float()
+                stats += out
         self.model.train(was)
         stats = self.d.all_reduce(stats)
         acc = step_accuracy(stats.cpu())
