@@ -168,10 +168,6 @@ def test_reader_errors_name_the_problem(target, data, tmp_path):
 @pytest.mark.slow
 def test_real_sharegpt_with_smollm2(tmp_path):
     """The packaged ShareGPT file through the real SmolLM2 tokenizer: every kept row's masks validate."""
-    from pathlib import Path
-
-    if not (Path.home() / ".cache" / "eyas" / "models" / "smollm2-135m" / ".complete").exists():
-        pytest.skip("SmolLM2 is not in the eyas cache")
     s = prepare(PrepareConfig(target="smollm2-135m", data="sharegpt", out=tmp_path / "p", max_samples=300,
                               assistant_first="skip"))
     assert s["rows_in"] == 300 and s["rows_out"] > 250
