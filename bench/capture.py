@@ -14,7 +14,6 @@ median is reported. Target: overhead <= 3 %.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import sys
@@ -22,6 +21,9 @@ import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ helpers, also when loaded by path
+from _emit import emit  # noqa: E402
 
 from eyas.target import default_aux_layer_ids, find_layout, target_states
 
@@ -156,13 +158,7 @@ def parse(argv=None):
 
 def main(argv=None) -> dict:
     args = parse(argv)
-    result = run(args)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
-    return result
+    return emit(run(args), args.out)
 
 
 if __name__ == "__main__":

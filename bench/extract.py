@@ -14,7 +14,6 @@ it: extraction never runs it.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import tempfile
@@ -22,6 +21,9 @@ import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ helpers, also when loaded by path
+from _emit import emit  # noqa: E402
 
 from eyas.store import HiddenStateStore, bytes_per_token, target_identity
 from eyas.store.extract import _backbone, _HostCopier, extract_to_store, make_batches
@@ -216,12 +218,7 @@ def main(argv=None) -> dict:
     finally:
         if a.store_dir is None:
             shutil.rmtree(root, ignore_errors=True)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(text + "\n")
-    return result
+    return emit(result, a.out)
 
 
 if __name__ == "__main__":

@@ -21,12 +21,7 @@ def write_plots(results: list[dict], out: str | Path) -> list[str]:
     ax.set_xlabel("draft position")
     ax.set_ylabel("fraction of rounds accepting it")
     ax.set_ylim(0, 1)
-    ax.set_title("acceptance by position")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    paths.append(str(out / "acceptance_by_position.png"))
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths.append(_finish(plt, fig, ax, "acceptance by position", out / "acceptance_by_position.png"))
 
     cats = sorted({c for r in results for c in r["per_category"]})
     fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(cats) + 2), 4))
@@ -37,10 +32,14 @@ def write_plots(results: list[dict], out: str | Path) -> list[str]:
     ax.set_xticks([i + width * (len(results) - 1) / 2 for i in range(len(cats))])
     ax.set_xticklabels(cats, rotation=45, ha="right", fontsize=8)
     ax.set_ylabel("τ (tokens per verification step)")
-    ax.set_title("τ by category")
+    paths.append(_finish(plt, fig, ax, "τ by category", out / "tau_by_category.png"))
+    return paths
+
+
+def _finish(plt, fig, ax, title: str, path) -> str:
+    ax.set_title(title)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    paths.append(str(out / "tau_by_category.png"))
-    fig.savefig(paths[-1], dpi=110)
+    fig.savefig(str(path), dpi=110)
     plt.close(fig)
-    return paths
+    return str(path)

@@ -102,6 +102,13 @@ def collate(rows: list[dict], max_length: int | None = None, keys=ROW_KEYS, pad_
     return out
 
 
+def checked_rows(source, ids: list[int], what: str) -> list[dict]:
+    rows = [source[i] for i in ids]
+    for i, row in zip(ids, rows):
+        check_row(row, f"{what} row {i}")
+    return rows
+
+
 class OfflineSource:
     """Rows from a hidden-state store: {input_ids, loss_mask, position_ids, aux [T,k,H], last [T,H]}."""
 
@@ -114,11 +121,7 @@ class OfflineSource:
         return len(self.store)
 
     def batch(self, ids: list[int], device) -> dict[str, torch.Tensor]:
-        rows = []
-        for i in ids:
-            row = self.store[i]
-            check_row(row, f"store row {i}")
-            rows.append(row)
+        rows = checked_rows(self.store, ids, "store")
         b = collate(rows, self.max_length, ROW_KEYS + ("aux", "last"), self.pad_to)
         return {k: v.to(device, non_blocking=True) for k, v in b.items()}
 
@@ -139,11 +142,7 @@ class OnlineSource:
     def batch(self, ids: list[int], device) -> dict[str, torch.Tensor]:
         from eyas.target import target_states
 
-        rows = []
-        for i in ids:
-            row = self.dataset[i]
-            check_row(row, f"prepared row {i}")
-            rows.append(row)
+        rows = checked_rows(self.dataset, ids, "prepared")
         b = {k: v.to(device) for k, v in collate(rows, self.max_length, pad_to=self.pad_to).items()}
         aux, last, _ = target_states(self.model, self.layout, b["input_ids"], self.aux_ids,
                                      position_ids=b["position_ids"])
