@@ -6,6 +6,9 @@
 #   N (source rows, default 1200)  REGEN (1: target re-answers, 0: raw ShareGPT)  NEW_TOKENS (256)  GEN_BATCH (128)
 #   MAXLEN (1024)  VOCAB (draft vocab, 8192)  TTT (7)  EPOCHS (3)  BATCH (8)  LR (3e-4)  EVAL_EVERY (25)
 #   TARGET (smollm2-135m)  DATA (sharegpt)  DEVICE (cuda if available)  PYTHON (python)  OUT_JSON
+#   TRAIN_ARGS (extra `eyas train` flags, e.g. "--no-init-head")
+#   STAGES (run only these, e.g. "regenerate prepare extract_bf16 extract_fp8 train_bf16", to split the run
+#   over several calls; the summary is written once both training runs exist)
 # Usage:  bash bench/train_smollm2.sh [WORK_DIR]          (default runs/train_smollm2)
 #         SMOKE=1 bash bench/train_smollm2.sh /tmp/w       (CPU-sized check of the script itself)
 set -euo pipefail
@@ -20,14 +23,15 @@ N="${N:-1200}"; REGEN="${REGEN:-1}"; NEW_TOKENS="${NEW_TOKENS:-256}"; GEN_BATCH=
 MAXLEN="${MAXLEN:-1024}"; VOCAB="${VOCAB:-8192}"; TTT="${TTT:-7}"; EPOCHS="${EPOCHS:-3}"; BATCH="${BATCH:-8}"
 LR="${LR:-3e-4}"; EVAL_EVERY="${EVAL_EVERY:-25}"; TARGET="${TARGET:-smollm2-135m}"; DATA="${DATA:-sharegpt}"
 DEVICE="${DEVICE:-$($PY -c 'import torch; print("cuda" if torch.cuda.is_available() else "cpu")')}"
-OUT_JSON="${OUT_JSON:-$ROOT/bench/results/train_smollm2$([ "${SMOKE:-0}" = 1 ] && echo _smoke).json}"
+OUT_JSON="${OUT_JSON:-$ROOT/bench/results/train_smollm2$([ "${SMOKE:-0}" = 1 ] && echo _smoke || true).json}"
 export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
 EYAS=("$PY" -m eyas.cli)
 mkdir -p "$W"
-TIMES="$W/timings.jsonl"; : > "$TIMES"
+TIMES="$W/timings.jsonl"; [ -n "${STAGES:-}" ] || : > "$TIMES"
 
-stage() {  # stage NAME CMD...: run, time, record
+stage() {  # stage NAME CMD...: run, time, record (skipped when STAGES is set and does not name it)
   local name=$1; shift
+  if [ -n "${STAGES:-}" ] && [[ " $STAGES " != *" $name "* ]]; then return 0; fi
   echo "== $name: $*" >&2
   local t0; t0=$(date +%s%N)
   "$@"
@@ -47,11 +51,14 @@ for dt in bf16 fp8; do
     --device "$DEVICE" --overwrite
 done
 for dt in bf16 fp8; do
+  if [ -n "${STAGES:-}" ] && [[ " $STAGES " != *" train_$dt "* ]]; then continue; fi
   rm -rf "$W/run-$dt"
+  # shellcheck disable=SC2086  # TRAIN_ARGS is a list of flags
   stage "train_$dt" "${EYAS[@]}" train --target "$TARGET" --store "$W/store-$dt" --data "$W/prep" --out "$W/run-$dt" \
     --ttt-steps "$TTT" --epochs "$EPOCHS" --batch-size "$BATCH" --lr "$LR" --eval-every "$EVAL_EVERY" \
-    --save-every 1000000 --eval-fraction 0.05 --seed 0 --device "$DEVICE" --no-progress
+    --save-every 1000000 --eval-fraction 0.05 --seed 0 --device "$DEVICE" --no-progress ${TRAIN_ARGS:-}
 done
+[ -f "$W/run-bf16/metrics.jsonl" ] && [ -f "$W/run-fp8/metrics.jsonl" ] || { echo "summary skipped: a training run is missing" >&2; exit 0; }
 
 "$PY" - "$W" "$OUT_JSON" <<'PYEOF'
 import json, sys, platform
