@@ -35,7 +35,7 @@ class DemoConfig(StageConfig):
     chain: int = Field(3, ge=1, description="chain length for evaluation and export")
     bench: str = Field("spec-bench", description="evaluation prompts: 'spec-bench' or a JSONL (question_id, category, turns)")
     eval_limit: int = Field(1, ge=1, description="Spec-Bench questions per category")
-    eval_max_new_tokens: int = Field(96, ge=8, description="new tokens per evaluated turn")
+    eval_max_new_tokens: int = Field(64, ge=8, description="new tokens per evaluated turn")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="cpu, cuda or auto")
     cache_dir: Path | None = Field(None, description="cache for built-in model/data (default $EYAS_CACHE or ~/.cache/eyas)")
     seed: int = Field(0, description="seed for data order and initialisation")
