@@ -51,8 +51,8 @@ def main(argv=None) -> int:
               f"{t['verify']:.1f} / {t['overhead']:.1f}")
         print("   per category tau: " + ", ".join(f"{c}={v['tau']:.2f}" for c, v in sorted(r["per_category"].items())))
     for p in out.get("cost_model", {}).get("predicted_vs_measured", []):
-        print(f"cost model {p['setting']:28} predicted tau {p['tau']:.2f} speedup {p['speedup']:.2f} | "
-              f"measured tau {p['measured_tau']:.2f} speedup {p['measured_speedup']:.2f}")
+        print(f"cost model {p['setting']:28} from {p.get('replayed', 'all'):28} predicted tau {p['tau']:.2f} "
+              f"speedup {p['speedup']:.2f} | measured tau {p['measured_tau']:.2f} speedup {p['measured_speedup']:.2f}")
     if a.out:
         print(f"wrote {a.out}")
     else:

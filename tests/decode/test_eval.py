@@ -9,7 +9,7 @@ from conftest import random_draft, tiny_llama
 
 from eyas.cli import main
 from eyas.decode.bench import load_bench
-from eyas.decode.costmodel import Costs, choose, predict, replay_accepted
+from eyas.decode.costmodel import Costs, choose, covers, predict, predict_from, replay_accepted
 from eyas.decode.tree import TreeSpec
 from eyas.draft.io import save_draft
 
@@ -66,7 +66,14 @@ def test_eval_cli_writes_json_and_plots(tiny_dirs, capsys):
         assert r["time_s"]["draft"] > 0 and r["time_s"]["verify"] > 0
     assert doc["hardware"]["device"] == "cpu" and "commit" in doc
     pvm = doc["cost_model"]["predicted_vs_measured"]
-    assert len(pvm) == 2 and all(p["tau"] >= 1 for p in pvm)
+    # Each setting replayed from its own rounds predicts exactly its measured tau; the tree (depth 3, topk 2)
+    # covers chain-2, so chain-2 is also predicted from the tree's rounds (a held-out replay).
+    chain, tree = (r["setting"] for r in doc["results"])
+    assert [(p["setting"], p["replayed"]) for p in pvm] == [(chain, chain), (chain, tree), (tree, tree)]
+    for p in pvm:
+        assert p["covered"] and p["tau"] >= 1
+        if p["replayed"] == p["setting"]:
+            assert p["tau"] == pytest.approx(p["measured_tau"])
     assert (tiny_dirs / "plots" / "acceptance_by_position.png").stat().st_size > 1000
     assert (tiny_dirs / "plots" / "tau_by_category.png").stat().st_size > 1000
 
@@ -114,6 +121,16 @@ def test_cost_model_replay_and_choice():
     costs = Costs(ar_step=1.0, verify={5: 1.2}, level={1: 0.1, 2: 0.12}, overhead=0.05)
     pr = predict([rnd], TreeSpec.chain(2), costs)
     assert pr["tau"] == 3.0 and pr["speedup"] == pytest.approx(3.0 / (2 * 0.1 + (1.0 + 0.2 * 2 / 4) + 0.05))
+    # A chain's rounds miss the tree's second branch; a tree's rounds hold everything the chain drafts.
+    chain_rnd = {"scores": [-0.1, -0.3], "parents": [-1, 0], "match": [False, False]}
+    tree = TreeSpec(4, 3, 2)
+    assert covers(tree, TreeSpec.chain(2)) and not covers(TreeSpec.chain(2), tree)
+    rec = [(TreeSpec.chain(2), [chain_rnd]), (tree, [rnd])]
+    got = predict_from(rec, TreeSpec(3, 2, 2), costs)            # topk 2: only the tree's rounds cover it
+    assert got["replayed"] == tree.label() and got["covered"] and got["tau"] == 3.0
+    assert predict_from(rec, TreeSpec.chain(2), costs)["replayed"] == "chain-2"       # own rounds first
+    wide = predict_from(rec, TreeSpec(6, 3, 3), costs)                              # nothing covers topk 3
+    assert not wide["covered"] and wide["replayed"] == "all" and wide["tau"] == 1.0 + (0 + 2) / 2
     best, preds = choose([rnd], costs, [TreeSpec.chain(1), TreeSpec.chain(2), TreeSpec(4, 3, 2)])
     assert preds[0]["speedup"] >= preds[1]["speedup"] >= preds[2]["speedup"]
     assert best.label() == preds[0]["setting"]

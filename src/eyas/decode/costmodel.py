@@ -106,6 +106,26 @@ def predict(rounds: list[dict], spec: TreeSpec, costs: Costs) -> dict:
             "speedup": tau * costs.ar_step / t}
 
 
+def covers(recorded: TreeSpec, spec: TreeSpec) -> bool:
+    """Rounds drafted with `recorded` hold every node `spec` would draft, so replaying them is unbiased.
+    Rounds from a smaller tree miss the alternatives a larger one would have verified (they undercount)."""
+    return recorded.depth >= spec.depth and recorded.topk >= spec.topk and recorded.total >= spec.total
+
+
+def predict_from(recorded: list[tuple[TreeSpec, list[dict]]], spec: TreeSpec, costs: Costs) -> dict:
+    """`predict` from the rounds of the best recorded setting for `spec`: its own if recorded, else the
+    covering one with most rounds; with none covering, every round (then `covered` is False: a lower bound)."""
+    own = [r for s, r in recorded if s == spec]
+    cov = sorted(((s, r) for s, r in recorded if covers(s, spec)), key=lambda sr: -len(sr[1]))
+    if own:
+        src, rounds, ok = spec, own[0], True
+    elif cov:
+        (src, rounds), ok = cov[0], True
+    else:
+        src, rounds, ok = None, [r for _, rs in recorded for r in rs], False
+    return {**predict(rounds, spec, costs), "replayed": src.label() if src else "all", "covered": ok}
+
+
 def candidate_specs(max_total: int = 80, max_depth: int = 8, max_topk: int = 10) -> list[TreeSpec]:
     out = [TreeSpec.chain(k) for k in range(1, max_depth + 1)]
     for depth in range(3, max_depth + 1):

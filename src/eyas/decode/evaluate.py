@@ -20,7 +20,7 @@ from pydantic import Field
 
 from eyas.config import StageConfig
 from eyas.decode.bench import SPEC_BENCH, load_bench
-from eyas.decode.costmodel import Costs, choose, predict
+from eyas.decode.costmodel import Costs, choose, covers, predict_from
 from eyas.decode.proposer import EagleProposer
 from eyas.decode.speculative import GenStats, SpecDecoder, ar_generate
 from eyas.decode.target_step import TargetRunner
@@ -257,10 +257,12 @@ def run(cfg: EvalConfig) -> dict:
     if cfg.chain is not None or cfg.tree is None:
         specs.append(TreeSpec.chain(cfg.chain or 3))
     costs, recorded, auto = Costs(ar_step=0.0), [], None
+    by_spec: list[tuple[TreeSpec, list[dict]]] = []   # the rounds each setting recorded, for the cost model
     if cfg.tree == "auto":
         if cfg.temperature > 0:
             raise ValueError("--tree auto calibrates on greedy acceptance; use --temperature 0")
         auto = _calibrate(cfg, target, draft, costs, recorded)
+        by_spec.append((AUTO_PROBE, list(recorded)))
         specs.append(auto["chosen"])
     elif cfg.tree:
         specs.append(TreeSpec.parse(cfg.tree))
@@ -270,13 +272,13 @@ def run(cfg: EvalConfig) -> dict:
         costs.ar_step = s.ar_step()
         costs.add_run(spec, st)
         recorded.extend(st.rounds)
+        by_spec.append((spec, st.rounds))
         results.append(res)
     out = {"target": cfg.target, "draft": str(cfg.draft), "bench": cfg.bench, "questions": len(questions),
            "hardware": hardware(s.device), "commit": commit(), "results": results}
     if cfg.temperature <= 0 and recorded:
         out["cost_model"] = {"costs": costs.to_dict(),
-                             "predicted_vs_measured": [{"measured_speedup": r["speedup"], "measured_tau": r["tau"],
-                                                        **predict(recorded, _spec_of(r), costs)} for r in results]}
+                             "predicted_vs_measured": _predicted_vs_measured(by_spec, results, costs)}
         if auto:
             out["cost_model"]["auto"] = {"chosen": auto["chosen"].label(), "predictions": auto["predictions"][:10]}
     out.update({k: v for k, v in results[-1].items() if k != "setting"})  # headline = last setting
@@ -286,6 +288,20 @@ def run(cfg: EvalConfig) -> dict:
     if cfg.plots:
         from eyas.decode.plots import write_plots
         out["plots"] = write_plots(results, cfg.plots)
+    return out
+
+
+def _predicted_vs_measured(by_spec, results: list[dict], costs: Costs) -> list[dict]:
+    """Per measured setting: replayed from its own rounds (checks the time model; τ matches by construction),
+    then from every other recorded setting that covers it (a held-out check of the acceptance replay too)."""
+    out = []
+    for r in results:
+        spec = _spec_of(r)
+        others = [(s, rounds) for s, rounds in by_spec if s != spec and covers(s, spec)]
+        for rec in ([(s, rr) for s, rr in by_spec if s == spec][:1], *([o] for o in others)):
+            if rec:
+                out.append({"measured_speedup": r["speedup"], "measured_tau": r["tau"],
+                            **predict_from(rec, spec, costs)})
     return out
 
 
