@@ -24,6 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ helpers, also when loaded by path
 from _emit import emit  # noqa: E402
+from capture import random_llama  # noqa: E402
 
 from eyas.store import HiddenStateStore, bytes_per_token, target_identity
 from eyas.store.extract import _backbone, _HostCopier, extract_to_store, make_batches
@@ -42,19 +43,9 @@ def sync(device):
 
 
 def build_model(shape: dict, device: torch.device):
-    """Random bf16 weights without ever materialising fp32 ones: meta -> to_empty -> init in place."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-
-    cfg = LlamaConfig(**shape, attn_implementation="sdpa")
-    with torch.device("meta"):
-        model = LlamaForCausalLM(cfg).to(torch.bfloat16)
-    model.to_empty(device=device)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.fill_(1.0) if p.dim() == 1 else p.normal_(0.0, 0.02)
-    model.model.rotary_emb = LlamaRotaryEmbedding(cfg).to(device)   # its buffers were lost on meta
-    return model.eval().requires_grad_(False), cfg
+    """Random bf16 weights without ever materialising fp32 ones (bench/capture.py's builder)."""
+    model = random_llama(shape, device, torch.bfloat16, "sdpa")
+    return model, model.config
 
 
 class RandomRows:

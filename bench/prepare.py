@@ -11,18 +11,20 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ helpers, also when loaded by path
+from _emit import emit  # noqa: E402
+
 from eyas.data import PreparedDataset, build_draft_vocab
 from eyas.data.prepare import PrepareConfig, prepare
+from eyas.decode.evaluate import commit
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "prepare",
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([Path(sys.executable).name, "bench/prepare.py", *(argv or sys.argv[1:])]),
-        "commit": _commit(),
+        "commit": (commit() or "")[:7] or None,
         "hardware": {"cpus": os.cpu_count(), "machine": platform.machine(), "processor": platform.processor(),
                      "torch_threads": torch.get_num_threads(),
                      "loadavg_1_5_15_at_end": [round(x, 2) for x in os.getloadavg()]},  # shared machines
@@ -62,20 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         "distinct_masked_tokens": int((freq > 0).sum()),
         "summary": summary,
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    emit(result, args.out)
     return 0
-
-
-def _commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).resolve().parent, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 if __name__ == "__main__":

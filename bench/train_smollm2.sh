@@ -29,9 +29,13 @@ EYAS=("$PY" -m eyas.cli)
 mkdir -p "$W"
 TIMES="$W/timings.jsonl"; [ -n "${STAGES:-}" ] || : > "$TIMES"
 
-stage() {  # stage NAME CMD...: run, time, record (skipped when STAGES is set and does not name it)
+wanted() {  # wanted NAME: true unless STAGES is set and does not name it
+  [ -z "${STAGES:-}" ] || [[ " $STAGES " == *" $1 "* ]]
+}
+
+stage() {  # stage NAME CMD...: run, time, record (skipped when not wanted)
   local name=$1; shift
-  if [ -n "${STAGES:-}" ] && [[ " $STAGES " != *" $name "* ]]; then return 0; fi
+  wanted "$name" || return 0
   echo "== $name: $*" >&2
   local t0; t0=$(date +%s%N)
   "$@"
@@ -51,7 +55,7 @@ for dt in bf16 fp8; do
     --device "$DEVICE" --overwrite
 done
 for dt in bf16 fp8; do
-  if [ -n "${STAGES:-}" ] && [[ " $STAGES " != *" train_$dt "* ]]; then continue; fi
+  wanted "train_$dt" || continue
   rm -rf "$W/run-$dt"
   # shellcheck disable=SC2086  # TRAIN_ARGS is a list of flags
   stage "train_$dt" "${EYAS[@]}" train --target "$TARGET" --store "$W/store-$dt" --data "$W/prep" --out "$W/run-$dt" \

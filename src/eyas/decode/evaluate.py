@@ -256,13 +256,14 @@ def run(cfg: EvalConfig) -> dict:
     specs = []
     if cfg.chain is not None or cfg.tree is None:
         specs.append(TreeSpec.chain(cfg.chain or 3))
-    costs, recorded, auto = Costs(ar_step=0.0), [], None
+    costs, auto = Costs(ar_step=0.0), None
     by_spec: list[tuple[TreeSpec, list[dict]]] = []   # the rounds each setting recorded, for the cost model
     if cfg.tree == "auto":
         if cfg.temperature > 0:
             raise ValueError("--tree auto calibrates on greedy acceptance; use --temperature 0")
-        auto = _calibrate(cfg, target, draft, costs, recorded)
-        by_spec.append((AUTO_PROBE, list(recorded)))
+        probe: list[dict] = []
+        auto = _calibrate(cfg, target, draft, costs, probe)
+        by_spec.append((AUTO_PROBE, probe))
         specs.append(auto["chosen"])
     elif cfg.tree:
         specs.append(TreeSpec.parse(cfg.tree))
@@ -271,12 +272,11 @@ def run(cfg: EvalConfig) -> dict:
         res, st = s.run(spec, record=cfg.temperature <= 0)
         costs.ar_step = s.ar_step()
         costs.add_run(spec, st)
-        recorded.extend(st.rounds)
         by_spec.append((spec, st.rounds))
         results.append(res)
     out = {"target": cfg.target, "draft": str(cfg.draft), "bench": cfg.bench, "questions": len(questions),
            "hardware": hardware(s.device), "commit": commit(), "results": results}
-    if cfg.temperature <= 0 and recorded:
+    if cfg.temperature <= 0 and any(rounds for _, rounds in by_spec):
         out["cost_model"] = {"costs": costs.to_dict(),
                              "predicted_vs_measured": _predicted_vs_measured(by_spec, results, costs)}
         if auto:
@@ -297,11 +297,10 @@ def _predicted_vs_measured(by_spec, results: list[dict], costs: Costs) -> list[d
     out = []
     for r in results:
         spec = _spec_of(r)
-        others = [(s, rounds) for s, rounds in by_spec if s != spec and covers(s, spec)]
-        for rec in ([(s, rr) for s, rr in by_spec if s == spec][:1], *([o] for o in others)):
-            if rec:
-                out.append({"measured_speedup": r["speedup"], "measured_tau": r["tau"],
-                            **predict_from(rec, spec, costs)})
+        own = [sr for sr in by_spec if sr[0] == spec][:1]
+        sources = own + [sr for sr in by_spec if sr[0] != spec and covers(sr[0], spec)]
+        for src in sources:
+            out.append({"measured_speedup": r["speedup"], "measured_tau": r["tau"], **predict_from([src], spec, costs)})
     return out
 
 
