@@ -38,6 +38,13 @@ def test_newer_release_still_binds():
     assert failing(check_signatures(load_recorded("0.33.0")["signatures"])) == {}
 
 
+def test_gpu_release_binds():
+    # 0.26.0: the newest vLLM whose wheel pins torch 2.11 (the H200 stack); recorded from its wheel's source.
+    doc = load_recorded("0.26.0")
+    assert set(doc["signatures"]) == {ep.name for ep in ENTRY_POINTS}, "re-record after changing ENTRY_POINTS"
+    assert failing(check_signatures(doc["signatures"])) == {}
+
+
 def test_old_release_drift_is_caught_and_named():
     bad = failing(check_signatures(load_recorded("0.10.1")["signatures"]))
     algos = "vllm.transformers_utils.configs.speculators.algos.update_eagle3"

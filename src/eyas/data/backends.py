@@ -18,6 +18,18 @@ class GenerationError(RuntimeError):
     """A prompt the backend could not answer; the message says why (kept per row, never fatal to the run)."""
 
 
+def prompt_ids(tokenizer, rendered: str) -> list[int]:
+    """Token ids of a chat-template-rendered prompt (the template already holds any BOS)."""
+    return list(tokenizer(rendered, add_special_tokens=False)["input_ids"])
+
+
+def answer(tokenizer, generated: Sequence[int], eos: Sequence[int]) -> tuple[str, str]:
+    """(text, finish) of generated ids: cut at the first eos ("stop"), else the length ran out ("length")."""
+    stop = next((k for k, t in enumerate(generated) if t in eos), None)
+    toks = list(generated) if stop is None else list(generated[:stop])
+    return tokenizer.decode(toks, skip_special_tokens=True).strip(), "length" if stop is None else "stop"
+
+
 class HFBackend:
     """Batched `generate` on the target; a static KV cache on CUDA (fixed shapes), the default cache elsewhere."""
 
@@ -59,7 +71,7 @@ class HFBackend:
                 out[i] = GenerationError(f"template_error: {str(e)[:200]}")
         enc = []
         for i, t in texts:
-            ids = self.tok(t, add_special_tokens=False)["input_ids"]
+            ids = prompt_ids(self.tok, t)
             if self.max_prompt_tokens and len(ids) > self.max_prompt_tokens:
                 out[i] = GenerationError(f"prompt_too_long: {len(ids)} tokens > max_prompt_tokens "
                                          f"{self.max_prompt_tokens}")
@@ -90,12 +102,7 @@ class HFBackend:
         with torch.inference_mode():
             gen = self.model.generate(input_ids=ids.to(self.device), attention_mask=att.to(self.device), **kw)
         new = gen[:, width:].cpu().tolist()
-        res = []
-        for row in new:
-            stop = next((k for k, t in enumerate(row) if t in self.eos), None)
-            toks = row if stop is None else row[:stop]
-            res.append((self.tok.decode(toks, skip_special_tokens=True).strip(), "length" if stop is None else "stop"))
-        return res
+        return [answer(self.tok, row, self.eos) for row in new]
 
 
 class OpenAIBackend:

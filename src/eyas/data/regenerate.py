@@ -28,7 +28,7 @@ class RegenerateConfig(StageConfig):
     target: str = Field(description="the target: HF dir, hub id, .gguf or built-in name (hf backend), or served model name")
     data: str = Field(description="conversations: ShareGPT JSON/JSONL, messages JSONL, or built-in 'sharegpt'")
     out: Path = Field(description="output JSONL (OpenAI messages; an existing directory gets regenerated.jsonl); errors go to OUT.errors.jsonl")
-    backend: Literal["hf", "openai"] = Field("hf", description="hf: generate with the target; openai: an OpenAI-compatible server")
+    backend: Literal["hf", "openai", "vllm"] = Field("hf", description="hf: generate with the target; openai: an OpenAI-compatible server; vllm: vLLM's offline engine in its own env (--python)")
     max_samples: int | None = Field(None, ge=1, description="read at most this many source rows")
     max_new_tokens: int = Field(512, ge=1, description="tokens per generated turn")
     max_prompt_tokens: int = Field(2048, ge=1, description="a turn whose prompt is longer ends the conversation there (hf)")
@@ -47,6 +47,8 @@ class RegenerateConfig(StageConfig):
     retry_backoff: float = Field(0.5, ge=0, description="first retry delay in seconds, doubling per attempt (openai)")
     request_timeout: float = Field(300.0, gt=0, description="seconds per request (openai)")
     assistant_first: Literal["reject", "skip"] = Field("skip", description="rows opening with the assistant: reject, or skip those turns")
+    python: str | None = Field(None, description="python of vLLM's environment (vllm; default: $EYAS_VLLM_PYTHON)")
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs per engine (vllm)")
     cache_dir: Path | None = Field(None, description="cache for built-in targets/datasets")
     trust_remote_code: bool = Field(False, description="allow the target's own modelling code")
     json: bool = Field(False, description="print the summary as JSON")
@@ -157,6 +159,8 @@ def regenerate(cfg: RegenerateConfig, backend=None) -> dict:
         else:
             _run_batched(backend, pending(), cfg, write)
     bar.close()
+    if hasattr(backend, "close"):
+        backend.close()
     assert counts["written"] + counts["failed"] + counts["skipped"] == counts["input"], counts
     seconds = time.perf_counter() - t0
     return {**counts, "backend": cfg.backend, "model": backend.name, "out": str(out), "errors": str(errors_path),
@@ -169,6 +173,14 @@ def _make_backend(cfg: RegenerateConfig):
                              max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
                              seed=cfg.seed, max_retries=cfg.max_retries, backoff=cfg.retry_backoff,
                              timeout=cfg.request_timeout)
+    if cfg.backend == "vllm":
+        from eyas.engines.vllm_generate import VllmBackend
+
+        return VllmBackend(cfg.target, python=cfg.python, dtype="bfloat16" if cfg.dtype == "auto" else cfg.dtype,
+                           max_new_tokens=cfg.max_new_tokens, max_prompt_tokens=cfg.max_prompt_tokens,
+                           temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed,
+                           tensor_parallel_size=cfg.tensor_parallel_size,
+                           log=Path(cfg.out).with_name(Path(cfg.out).name + ".vllm.log"))
     import torch
 
     torch.manual_seed(cfg.seed)

@@ -59,7 +59,7 @@ _SPEC = "vllm.transformers_utils.configs.speculators"
 
 ENTRY_POINTS: tuple[EntryPoint, ...] = (
     # --- LLM construction, shared by serve-check (vllm_serve_worker.py) and extraction (vllm_extract_worker.py)
-    EntryPoint("vllm.LLM.__init__", "vllm", "LLM.__init__", "serve-check, vllm extraction",
+    EntryPoint("vllm.LLM.__init__", "vllm", "LLM.__init__", "serve-check, vllm extraction, regenerate, speedup bench",
                "vllm/entrypoints/llm.py",
                keywords=("model", "dtype", "seed", "max_model_len", "enforce_eager", "disable_log_stats",
                          "tensor_parallel_size", "speculative_config", "kv_transfer_config"),
@@ -69,10 +69,11 @@ ENTRY_POINTS: tuple[EntryPoint, ...] = (
                "vllm/engine/arg_utils.py",
                keywords=("model", "dtype", "seed", "max_model_len", "enforce_eager", "disable_log_stats",
                          "tensor_parallel_size", "speculative_config", "kv_transfer_config")),
-    EntryPoint("vllm.LLM.generate", "vllm", "LLM.generate", "serve-check, vllm extraction",
+    EntryPoint("vllm.LLM.generate", "vllm", "LLM.generate", "serve-check, vllm extraction, regenerate, speedup bench",
                "vllm/entrypoints/llm.py", positional=("prompts", "sampling_params"), keywords=("use_tqdm",)),
-    EntryPoint("vllm.SamplingParams", "vllm", "SamplingParams", "serve-check, vllm extraction",
-               "vllm/sampling_params.py", keywords=("temperature", "max_tokens", "ignore_eos")),
+    EntryPoint("vllm.SamplingParams", "vllm", "SamplingParams", "serve-check, vllm extraction, regenerate (vllm)",
+               "vllm/sampling_params.py",
+               keywords=("temperature", "max_tokens", "ignore_eos", "top_p", "seed", "stop_token_ids")),
     # speculative_config={...} is read into SpeculativeConfig; serve-check reads method/model/K back from it.
     EntryPoint("vllm.config.SpeculativeConfig", "vllm.config", "SpeculativeConfig",
                "serve-check (reads the loaded draft), vllm extraction (draft_model_config)",

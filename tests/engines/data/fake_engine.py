@@ -37,7 +37,9 @@ FILES: dict[str, str] = {
         "class SamplingParams:\n"
         "    n: int = 1\n"
         "    temperature: float = 1.0\n"
+        "    top_p: float = 1.0\n"
         "    seed: int | None = None\n"
+        "    stop_token_ids: list[int] | None = None\n"
         "    ignore_eos: bool = False\n"
         "    max_tokens: int | None = 16\n"
         "    extra_args: dict | None = None\n"),

@@ -1,0 +1,55 @@
+"""vLLM's speedup with an eyas EAGLE-3 export: greedy tokens/s with and without the draft at several batch sizes.
+
+    PYTHONPATH=src python bench/vllm_speedup.py --target /tmp/smol-hf --export /tmp/export --python /tmp/vpy \
+        --chains 1 2 3 4 5 --batch-sizes 1 8 32 --limit 2 --max-new-tokens 256 --gpus 0 1 --out speedup.json
+
+Prompts: the first turn of `--limit` Spec-Bench questions per category, through the target's chat template.
+Each engine runs in vLLM's own environment (`--python`); see eyas.engines.vllm_speedup.
+"""
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from transformers import AutoTokenizer
+
+from eyas.decode.bench import load_bench
+from eyas.engines.base import engine_python
+from eyas.engines.vllm import ENV_VAR, HOW_TO_CREATE
+from eyas.engines.vllm_speedup import measure
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", required=True)
+    ap.add_argument("--export", required=True)
+    ap.add_argument("--python", default=None)
+    ap.add_argument("--bench", default="spec-bench")
+    ap.add_argument("--limit", type=int, default=2)
+    ap.add_argument("--chains", type=int, nargs="+", default=[1, 2, 3, 4, 5])
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--gpus", nargs="+", default=["0"])
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    tok = AutoTokenizer.from_pretrained(a.target)
+    prompts = []
+    for q in load_bench(a.bench, None, a.limit):
+        ids = tok.apply_chat_template([{"role": "user", "content": q["turns"][0]}], add_generation_prompt=True,
+                                      tokenize=True)
+        prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+    t0 = time.perf_counter()
+    res = measure(engine_python(a.python, ENV_VAR, HOW_TO_CREATE), a.target, a.export, prompts, a.chains,
+                  a.batch_sizes, a.max_new_tokens, a.gpus, Path(a.out).with_suffix(".logs"))
+    res.update(prompts=len(prompts), max_new_tokens=a.max_new_tokens, seconds=time.perf_counter() - t0)
+    Path(a.out).write_text(json.dumps(res, indent=1))
+    for r in res["rows"]:
+        print(f"K={r['chain']} batch={r['batch_size']:>3}: {r['tok_s']:8.1f} tok/s vs {r['base_tok_s']:8.1f} "
+              f"= {r['speedup']:.2f}x  tau {r['tau'] or 0:.2f}  same {r['identical_to_base']}")
+    print("best:", json.dumps(res["best_by_batch"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""`regenerate --backend vllm` (a long-lived worker in the engine's env) and vLLM's speedup report.
+
+The stand-in `vllm` package generates greedily with transformers on the same tiny model, returning token ids the
+way vLLM does (the stop token included), so the vllm backend must reproduce the hf backend's answers exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+
+import pytest
+import torch
+
+from eyas.data.backends import HFBackend
+from eyas.data.regenerate import RegenerateConfig, regenerate
+from eyas.engines.vllm_generate import VllmBackend
+from eyas.engines.vllm_speedup import spec_stats, summarize
+from tests.data.templates import make_target_dir
+from tests.data.test_regenerate import conv
+
+FAKE_VLLM = '''
+import torch
+from transformers import AutoModelForCausalLM
+__version__ = "0.26.0"
+
+class SamplingParams:
+    def __init__(self, temperature=1.0, top_p=1.0, max_tokens=16, seed=None, stop_token_ids=None, ignore_eos=False):
+        self.max_tokens, self.stop = max_tokens, set(stop_token_ids or [])
+
+class _Out:
+    def __init__(self, ids, finish):
+        self.token_ids, self.finish_reason, self.text = ids, finish, "<vllm detokenizes differently>"
+
+class _Req:
+    def __init__(self, out):
+        self.outputs = [out]
+
+class LLM:
+    def __init__(self, model, **kw):
+        assert kw["tensor_parallel_size"] == 1
+        self.m = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+
+    def generate(self, prompts, params, use_tqdm=True):
+        res = []
+        for p in prompts:  # one at a time: no padding, the reference greedy answer
+            ids, new = torch.tensor([p["prompt_token_ids"]]), []
+            with torch.no_grad():
+                for _ in range(params.max_tokens):
+                    t = int(self.m(ids).logits[0, -1].argmax())
+                    new.append(t)
+                    if t in params.stop:
+                        break
+                    ids = torch.cat([ids, torch.tensor([[t]])], 1)
+            res.append(_Req(_Out(new, "stop" if new[-1] in params.stop else "length")))
+        return res
+'''
+
+
+@pytest.fixture
+def engine(tmp_path):
+    pkg = tmp_path / "fakevllm" / "vllm"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(FAKE_VLLM)
+    py = tmp_path / "python"
+    # -P drops the script dir; the wrapper puts the stand-in first, like a venv with vllm installed.
+    py.write_text(f"#!/bin/sh\nPYTHONPATH={pkg.parent}:{os.pathsep.join(sys.path[1:])} exec {sys.executable} \"$@\"\n")
+    py.chmod(py.stat().st_mode | stat.S_IEXEC)
+    return py
+
+
+@pytest.fixture
+def target(tmp_path):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    d = make_target_dir(tmp_path / "tiny")
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(d)).save_pretrained(d)
+    return d
+
+
+def test_vllm_backend_answers_equal_hf_backend(engine, target, tmp_path):
+    rows = [conv(0, 1), conv(1, 3), conv(2, 2, tag="x" * 400), conv(4, 1)]
+    data = tmp_path / "in.json"
+    data.write_text(json.dumps(rows))
+    common = dict(target=str(target), data=str(data), max_new_tokens=7, max_prompt_tokens=300)
+    vb = regenerate(RegenerateConfig(**common, out=tmp_path / "v.jsonl", backend="vllm", python=str(engine)))
+    from eyas.target.load import load_target
+
+    t = load_target(str(target), dtype=torch.float32, device="cpu")
+    hb = regenerate(RegenerateConfig(**common, out=tmp_path / "h.jsonl"),
+                    backend=HFBackend(str(target), model=t.model, tokenizer=t.tokenizer, device="cpu",
+                                      max_new_tokens=7, max_prompt_tokens=300, batch_size=1))
+    assert vb["written"] == hb["written"] >= 2 and vb["failed"] == hb["failed"] >= 1  # row 2: prompt too long
+    assert (tmp_path / "v.jsonl").read_text() == (tmp_path / "h.jsonl").read_text()
+    errs = [json.loads(x)["error"] for x in (tmp_path / "v.jsonl.errors.jsonl").read_text().splitlines()]
+    assert all("prompt_too_long" in e for e in errs)
+
+
+def test_vllm_backend_worker_crash_is_an_engine_error(tmp_path):
+    from eyas.engines.base import EngineError
+
+    py = tmp_path / "python"
+    py.write_text(f"#!/bin/sh\necho 'vllm: CUDA out of memory' >&2\nexit 3\n")
+    py.chmod(py.stat().st_mode | stat.S_IEXEC)
+    tok = type("T", (), {"eos_token_id": 2})()
+    with pytest.raises(EngineError, match="CUDA out of memory"):
+        VllmBackend("t", python=str(py), tokenizer=tok, log=tmp_path / "log")
+
+
+def run(b, seconds, outputs, metrics=None):
+    return {"batch_size": b, "seconds": seconds, "generated_tokens": sum(map(len, outputs)), "outputs": outputs,
+            "metrics": metrics or {}}
+
+
+def test_speedup_summary_from_vllm_counters():
+    out = [[1, 2, 3, 4]] * 4
+    base = {"runs": [run(1, 2.0, out), run(8, 1.0, out)]}
+    m = {"vllm:spec_decode_num_drafts": 10, "vllm:spec_decode_num_accepted_tokens": 15,
+         "vllm:spec_decode_num_accepted_tokens_per_pos": [8, 5, 2]}
+    spec = {3: {"runs": [run(1, 1.0, out, m), run(8, 1.25, out[:3] + [[1, 2, 9, 9]], m)]},
+            1: {"runs": [run(1, 1.6, out, {"vllm:spec_decode_num_drafts": 4,
+                                           "vllm:spec_decode_num_accepted_tokens": 2,
+                                           "vllm:spec_decode_num_accepted_tokens_per_pos": [2]}),
+                         run(8, 0.9, out)]}}
+    s = summarize(base, spec)
+    k3b1 = next(r for r in s["rows"] if r["chain"] == 3 and r["batch_size"] == 1)
+    assert k3b1["speedup"] == pytest.approx(2.0) and k3b1["tau"] == pytest.approx(2.5)
+    assert k3b1["accept_per_position"] == pytest.approx([0.8, 0.5, 0.2]) and k3b1["identical_to_base"] == "4/4"
+    k3b8 = next(r for r in s["rows"] if r["chain"] == 3 and r["batch_size"] == 8)
+    assert k3b8["identical_to_base"] == "3/4"
+    assert s["best_by_batch"]["1"]["chain"] == 3 and s["best_by_batch"]["8"]["chain"] == 1
+    assert spec_stats({})["tau"] is None  # no drafts: no τ, not a division by zero
