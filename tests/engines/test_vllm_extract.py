@@ -86,6 +86,15 @@ def test_vllm_path_with_stand_in_engine_matches_hf_backend(tiny_target, prepared
         torch.testing.assert_close(y["aux"], x["aux"], atol=5e-2, rtol=5e-2)
         torch.testing.assert_close(y["last"], x["last"], atol=5e-2, rtol=5e-2)
     assert not (tmp_path / "v" / ".vllm-states").exists()
+    # The GPU report's comparison (bench/compare_stores.py): every row and token accounted, errors per state.
+    from eyas.store.compare import compare_stores
+    from eyas.target import load_target
+
+    res = compare_stores(a, b, reference=load_target(str(tiny_target), dtype=torch.float32))
+    assert res["samples"] == len(a) and res["tokens"] == sum(a[i]["input_ids"].numel() for i in range(len(a)))
+    assert set(res["relative_error_by_state"]) == {f"aux{k}" for k in a.manifest["target"]["aux_layer_ids"]} | {"last"}
+    assert 0 < res["relative_error"]["b-vs-a"]["max"] < 0.08  # fp8 both sides: rounding, not a wrong layer
+    assert res["relative_error"]["b-vs-fp32"]["mean"] < 1.5 * res["relative_error"]["a-vs-fp32"]["mean"] + 2e-3
 
 
 def a_identity(store):

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -56,7 +57,9 @@ class VllmBackend:
         self._logf = open(self.log, "w")
         self.proc = subprocess.Popen([str(python), "-P", str(WORKER), str(cfg)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self._logf, text=True, env=env)
+        t0 = time.perf_counter()
         self._read()  # {"ready": true} once the engine is up
+        self.startup_s = time.perf_counter() - t0
 
     def _read(self) -> dict:
         for line in self.proc.stdout:

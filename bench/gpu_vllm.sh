@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# vLLM 0.26 on the H200(s): every eyas vLLM path on the real engine, stage by stage (issue 12).
+# First bring vLLM, the model and data over with bench/gpu_carry.sh (5 calls), then, on the GPU machine:
+#   bash bench/gpu_vllm.sh STAGE...        results (JSON) in $RES (default $OUT, else /tmp/w/results)
+# Stages (W=/tmp/w; the target is /tmp/smol-hf, vLLM's python /tmp/vpy, ShareGPT rows /tmp/sharegpt.json):
+#   train_bg    in the background on GPU $TRAIN_GPU (1): prepare the 9k rows, train the online 4M-token draft
+#               (the "run9k" recipe of BENCHMARKS.md), export it for vLLM -> $W/run9k, $W/export, $W/train.done
+#   doctor      eyas doctor --engine vllm against the carried vLLM
+#   extract_eq  prepare $EQ_ROWS rows; extract with the hf and the vllm backends; compare state by state
+#   regen       regenerate $REGEN_ROWS rows with hf and vllm (match rate), then $REGEN_BIG rows with vllm (tok/s)
+#   tp2         extract with vllm --tensor-parallel-size 2 (both GPUs) and compare with the hf store
+#   serve       eyas serve-check of the trained export on the GPU
+#   speedup     vLLM tok/s with and without the draft, K in $CHAINS, batch 1/8/32 (bench/vllm_speedup.py)
+#   fetch_draft copy the trained draft to $RES in parts of < 16 MiB (to carry into a later session)
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+W=/tmp/w; RES="${RES:-${OUT:-$W/results}}"; mkdir -p "$W" "$RES"
+source /tmp/eyas-env.sh
+# Each stage runs from its own snapshot of the code, so a later call's newer tree never changes a running job.
+snap() { local d="/tmp/eyas-snap/$1"; rm -rf "$d"; mkdir -p "$d"; cp -r "$ROOT/src" "$ROOT/bench" "$d/"; echo "$d"; }
+T=/tmp/smol-hf; VPY=/tmp/vpy
+EQ_ROWS="${EQ_ROWS:-400}"; REGEN_ROWS="${REGEN_ROWS:-64}"; REGEN_BIG="${REGEN_BIG:-2000}"
+CHAINS="${CHAINS:-1 2 3 4 5}"; TRAIN_GPU="${TRAIN_GPU:-1}"; GPU="${GPU:-0}"
+timed() {  # timed NAME CMD...: run, log to $RES/NAME.log, record seconds and rc in $RES/times.jsonl
+  local name=$1; shift; local t0; t0=$(date +%s.%N)
+  echo "== $name: $*"
+  "$@" > "$RES/$name.log" 2>&1; local rc=$?
+  local s; s=$(python3 -c "print(round($(date +%s.%N) - $t0, 2))")
+  echo "{\"stage\": \"$name\", \"seconds\": $s, \"rc\": $rc}" | tee -a "$RES/times.jsonl"
+  [ $rc = 0 ] || tail -25 "$RES/$name.log"
+  return $rc
+}
+
+for stage in "$@"; do
+  D=$(snap "$stage"); export PYTHONPATH="$D/src:/tmp/site"; EYAS=(python3 -m eyas.cli)
+  case "$stage" in
+    train_bg)
+      cat > "$W/train.sh" <<SH
+set -x
+export PYTHONPATH=$PYTHONPATH CUDA_VISIBLE_DEVICES=$TRAIN_GPU
+t0=\$(date +%s)
+python3 -m eyas.cli prepare --target $T --data /tmp/sharegpt.json --out $W/p9k --max-length 1024 \
+  --draft-vocab-size 16384 --workers 8 --overwrite --json || exit 1
+python3 -m eyas.cli train --target $T --data $W/p9k --online --out $W/run9k --ttt-steps 7 --steps 1000 \
+  --batch-size 8 --lr 1e-3 --eval-every 200 --eval-batches 16 --no-init-head --seed 0 || exit 1
+python3 -m eyas.cli export --draft $W/run9k --format vllm --out $W/export || exit 1
+echo "{\"train_total_s\": \$(( \$(date +%s) - t0 ))}" > $W/train.done
+SH
+      setsid nohup bash "$W/train.sh" > "$W/train.log" 2>&1 < /dev/null &
+      echo "training in the background on GPU $TRAIN_GPU: $W/train.log" ;;
+    doctor)
+      timed doctor "${EYAS[@]}" doctor --target $T --engine vllm --python $VPY --json ;;
+    extract_eq)
+      export CUDA_VISIBLE_DEVICES=$GPU
+      timed eq_prepare "${EYAS[@]}" prepare --target $T --data /tmp/sharegpt.json --max-samples "$EQ_ROWS" \
+        --out $W/peq --max-length 1024 --draft-vocab-size 4096 --workers 8 --overwrite --json
+      timed eq_extract_hf "${EYAS[@]}" extract --target $T --data $W/peq --out $W/s-hf --overwrite
+      timed eq_extract_vllm "${EYAS[@]}" extract --target $T --data $W/peq --out $W/s-vllm --backend vllm \
+        --python $VPY --overwrite
+      timed eq_compare python3 "$D/bench/compare_stores.py" $W/s-hf $W/s-vllm --reference $T \
+        --out "$RES/extract_eq.json" ;;
+    tp2)
+      unset CUDA_VISIBLE_DEVICES
+      timed tp2_extract_vllm "${EYAS[@]}" extract --target $T --data $W/peq --out $W/s-vllm-tp2 --backend vllm \
+        --python $VPY --tensor-parallel-size 2 --overwrite
+      timed tp2_compare python3 "$D/bench/compare_stores.py" $W/s-hf $W/s-vllm-tp2 --reference $T \
+        --out "$RES/extract_eq_tp2.json" ;;
+    regen)
+      export CUDA_VISIBLE_DEVICES=$GPU
+      common=(--target $T --data /tmp/sharegpt.json --max-new-tokens 256 --json)
+      rm -f $W/rg-*.jsonl*
+      timed regen_hf "${EYAS[@]}" regenerate "${common[@]}" --max-samples "$REGEN_ROWS" --batch-size "$REGEN_ROWS" \
+        --out $W/rg-hf.jsonl
+      timed regen_vllm "${EYAS[@]}" regenerate "${common[@]}" --max-samples "$REGEN_ROWS" --backend vllm \
+        --python $VPY --batch-size 1024 --out $W/rg-vllm.jsonl
+      timed regen_vllm_big "${EYAS[@]}" regenerate "${common[@]}" --max-samples "$REGEN_BIG" --backend vllm \
+        --python $VPY --batch-size 1024 --out $W/rg-vllm-big.jsonl
+      timed regen_compare python3 "$D/bench/regen_compare.py" --target $T --out "$RES/regen_vllm.json" \
+        --pair $W/rg-hf.jsonl $W/rg-vllm.jsonl --logs "$RES/regen_hf.log" "$RES/regen_vllm.log" \
+        --throughput $W/rg-vllm-big.jsonl "$RES/regen_vllm_big.log" ;;
+    serve)
+      timed serve_check "${EYAS[@]}" serve-check --draft $W/export --engine vllm --python $VPY --limit 2 \
+        --max-new-tokens 128 --out "$RES/serve_check_gpu.json" ;;
+    speedup)
+      timed speedup python3 "$D/bench/vllm_speedup.py" --target $T --export $W/export --python $VPY \
+        --chains $CHAINS --batch-sizes 1 8 32 --limit 2 --max-new-tokens 256 --gpus 0 1 \
+        --out "$RES/vllm_speedup.json" ;;
+    fetch_draft)
+      tar cf - -C $W run9k/config.json run9k/model.safetensors run9k/metrics.jsonl | split -b 15M -d - "$RES/draft.tar."
+      cp $W/train.log "$RES/train.log" ;;
+    *) echo "unknown stage $stage"; exit 2 ;;
+  esac
+done
