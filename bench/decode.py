@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     kw = dict(target=a.target, draft=a.draft, bench=a.bench, max_new_tokens=a.max_new_tokens, limit=a.limit,
               categories=a.categories,
-              chain=a.chain, tree=a.tree, device=a.device, compile=a.compile, json=a.out, plots=a.plots)
+              chain=a.chain, tree=a.tree, device=a.device, compile=a.compile, out=a.out, json=True, plots=a.plots)
     if a.tiny:
         kw.update(categories=["writing", "math_reasoning"], limit=1, max_new_tokens=16, tree="total=8,depth=4,topk=2",
                   device="cpu" if a.device == "auto" else a.device)

@@ -1,21 +1,19 @@
 """The `eyas` command: parse, call one library function, print. `main(argv) -> int` is testable.
 
 Every subcommand is a (module, Config class, run function) triple. A module is imported only when
-its command runs, so `eyas --help` and `eyas doctor` start without importing torch's heavy paths.
+its command runs; `eyas --help`, `eyas --version` and `eyas CMD --help` import neither torch nor the
+stage (see cli_help.py). The CPU thread policy is set here, before anything imports torch (threads.py).
 The run function takes the validated config and returns an exit code (int) or a JSON-able summary.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
 from typing import Any
 
 from eyas import __version__
-from eyas.config import ConfigError, add_config_args, build_config
-from eyas.engines.base import EngineError
 
 # name -> (module, config class, run function, one-line help)
 COMMANDS: dict[str, tuple[str, str, str, str]] = {
@@ -32,11 +30,40 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
     "demo": ("eyas.demo", "DemoConfig", "run", "the end-to-end job on the default model and dataset"),
 }
 
+# Shown under each command's --help: the common invocations, copy-pasteable.
+EXAMPLES: dict[str, list[str]] = {
+    "inspect": ["eyas inspect --target smollm2-135m", "eyas inspect --target ./my-hf-model --json"],
+    "prepare": ["eyas prepare --target smollm2-135m --data sharegpt --out prepared --max-samples 2000",
+                "eyas prepare --target ./my-hf-model --data chats.jsonl --out prepared --max-length 2048"],
+    "regenerate": ["eyas regenerate --target smollm2-135m --data sharegpt --out regen.jsonl --max-samples 500",
+                   "eyas regenerate --backend openai --base-url http://127.0.0.1:8000/v1 --target my-model "
+                   "--data chats.jsonl --out regen.jsonl"],
+    "extract": ["eyas extract --target smollm2-135m --data prepared --out store",
+                "eyas extract --target ./my-hf-model --data prepared --out store --dtype fp8"],
+    "train": ["eyas train --target smollm2-135m --store store --data prepared --out run --epochs 2",
+              "eyas train --target smollm2-135m --data prepared --online --out run --steps 1000",
+              "eyas train --config run/train_config.yaml --resume"],
+    "eval": ["eyas eval --target smollm2-135m --draft run --limit 1 --max-new-tokens 64",
+             "eyas eval --target smollm2-135m --draft run --tree auto --json > eval.json"],
+    "export": ["eyas export --draft run --format vllm --out export-vllm"],
+    "import": ["eyas import --src ./published-eagle3 --out run"],
+    "serve-check": ["eyas serve-check --draft export-vllm --engine vllm --python /path/to/vllm-venv/bin/python"],
+    "doctor": ["eyas doctor --target smollm2-135m --data prepared --store store --draft export-vllm"],
+    "demo": ["eyas demo", "eyas demo --out /tmp/demo --samples 40 --eval-max-new-tokens 32",
+             "eyas demo --device cuda --samples 5000"],
+}
+
 
 def _top_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="eyas", description=
-                                "Train, evaluate and export EAGLE-3 drafts for any Hugging Face causal LM.",
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="eyas", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Train, evaluate and export EAGLE-3 drafts for any Hugging Face causal LM.",
+        epilog="examples:\n  eyas demo                      # the whole flow on SmolLM2-135M, ~10 min on 2 cores\n"
+               "  eyas inspect --target smollm2-135m\n  eyas train --help\n\n"
+               "Every command takes --config FILE.yaml whose keys are its flag names.\n"
+               "CPU threads: --threads N or $EYAS_NUM_THREADS (default: the CPUs this process may use).")
+    p.add_argument("-V", "--version", action="version", version=f"eyas {__version__}")
+    p.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: the CPUs available)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.add_parser("version", help="print the eyas version")
     for name, (_, _, _, help_) in COMMANDS.items():
@@ -52,29 +79,64 @@ def _print_result(result: Any) -> int:
     return 0
 
 
+def _split_global(argv: list[str], top: argparse.ArgumentParser) -> tuple[int | None, list[str]]:
+    """Global options come before the command: `eyas --threads 1 demo ...`."""
+    threads = None
+    while argv and argv[0].startswith("--threads"):
+        flag = argv.pop(0)
+        value = flag.split("=", 1)[1] if "=" in flag else (argv.pop(0) if argv else "")
+        try:
+            threads = int(value)
+        except ValueError:
+            top.error(f"--threads takes a whole number of threads, got {value!r}")
+        if threads < 1:
+            top.error(f"--threads must be at least 1, got {threads}")
+    return threads, argv
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     top = _top_parser()
+    threads, argv = _split_global(argv, top)
     if not argv or argv[0] in ("-h", "--help"):
         top.print_help()
         return 0
-    cmd, rest = argv[0], argv[1:]
-    if cmd == "version":
-        print(__version__)
+    if argv[0] in ("-V", "--version", "version"):
+        print(f"eyas {__version__}" if argv[0] != "version" else __version__)
         return 0
+    cmd, rest = argv[0], argv[1:]
     if cmd not in COMMANDS:
-        top.error(f"unknown command {cmd!r}; choose from: version, {', '.join(COMMANDS)}")
+        import difflib
+
+        near = difflib.get_close_matches(cmd, COMMANDS, n=1)
+        top.error(f"unknown command {cmd!r}" + (f"; did you mean {near[0]!r}?" if near else "")
+                  + f" (commands: {', '.join(COMMANDS)})")
+    from eyas.threads import configure_cpu
+
+    configure_cpu(threads)   # before the stage module imports torch: the OpenMP policy is read at load
+    from eyas.cli_help import config_class
+    from eyas.config import ConfigError, add_config_args, build_config, check_flags
+
     module_name, cls_name, fn_name, help_ = COMMANDS[cmd]
-    module = importlib.import_module(module_name)
-    cls = getattr(module, cls_name)
-    parser = argparse.ArgumentParser(prog=f"eyas {cmd}", description=help_)
+    wants_help = any(a in ("-h", "--help") for a in rest)
+    cls = config_class(module_name, cls_name, light=wants_help)
+    parser = argparse.ArgumentParser(prog=f"eyas {cmd}", description=help_,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="examples:\n" + "\n".join(f"  {e}" for e in EXAMPLES.get(cmd, [])))
     add_config_args(parser, cls)
-    args = parser.parse_args(rest)
+    args, unknown = parser.parse_known_args(rest)
+    if unknown:
+        parser.error(check_flags(unknown, cls))
     try:
         cfg = build_config(cls, args)
     except ConfigError as e:
         print(f"eyas {cmd}: {e}", file=sys.stderr)
         return 2
+    import importlib
+
+    from eyas.engines.base import EngineError
+
+    module = importlib.import_module(module_name)
     try:
         return _print_result(getattr(module, fn_name)(cfg))
     except (ConfigError, FileNotFoundError, ValueError, EngineError) as e:

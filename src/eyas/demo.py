@@ -108,7 +108,7 @@ def run(cfg: DemoConfig) -> int | dict:
     with _stage("eval", times):
         ev = _call("eyas.decode.evaluate", "EvalConfig", "run", target=cfg.target, draft=paths["run"], bench=cfg.bench,
                    limit=cfg.eval_limit, max_new_tokens=cfg.eval_max_new_tokens, chain=cfg.chain, device=device,
-                   json=paths["eval"] / "eval.json", plots=paths["eval"], cache_dir=cache)
+                   out=paths["eval"] / "eval.json", json=True, plots=paths["eval"], cache_dir=cache)
 
     with _stage("export", times):
         exp = _call("eyas.export.commands", "ExportConfig", "run_export", draft=paths["run"], format="vllm",

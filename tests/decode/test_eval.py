@@ -2,6 +2,7 @@
 load_bench parsing and errors; the cost model's replay and choice."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -52,9 +53,18 @@ def test_eval_cli_writes_json_and_plots(tiny_dirs, capsys):
     out = tiny_dirs / "out.json"
     rc = main(["eval", "--target", str(tiny_dirs / "target"), "--draft", str(tiny_dirs / "draft"),
                "--bench", str(tiny_dirs / "bench.jsonl"), "--max-new-tokens", "8", "--chain", "2",
-               "--tree", "total=6,depth=3,topk=2", "--device", "cpu", "--json", str(out),
+               "--tree", "total=6,depth=3,topk=2", "--device", "cpu", "--out", str(out),
                "--plots", str(tiny_dirs / "plots")])
     assert rc == 0
+    printed = capsys.readouterr()
+    # The default print is a table a person reads; the JSON goes to --out (and to stdout with --json).
+    table = printed.out.splitlines()
+    assert any(line.startswith("chain-2 ") for line in table) and any(line.startswith("a ") for line in table)
+    assert len(table) < 20 and "{" not in printed.out
+    # Progress with ETA goes to stderr even when it is not a terminal: one line per setting's start and end.
+    assert re.search(r"^eval: greedy baseline: 0/4 turns \(0%\).*ETA", printed.err, re.M)
+    assert re.search(r"^eval: chain-2: 4/4 turns \(100%\), [\d.]+ turns/s, elapsed [\d:]+, done, τ 1\.\d\d$",
+                     printed.err, re.M)
     doc = json.loads(out.read_text())
     assert [r["setting"] for r in doc["results"]] == ["chain-2", "tree(total=6,depth=3,topk=2)"]
     for r in doc["results"]:
@@ -78,13 +88,12 @@ def test_eval_cli_writes_json_and_plots(tiny_dirs, capsys):
     assert (tiny_dirs / "plots" / "tau_by_category.png").stat().st_size > 1000
 
 
-def test_eval_tree_auto(tiny_dirs):
-    out = tiny_dirs / "auto.json"
+def test_eval_tree_auto(tiny_dirs, capsys):
     rc = main(["eval", "--target", str(tiny_dirs / "target"), "--draft", str(tiny_dirs / "draft"),
                "--bench", str(tiny_dirs / "bench.jsonl"), "--max-new-tokens", "6", "--tree", "auto",
-               "--device", "cpu", "--json", str(out), "--categories", "b", "--limit", "1"])
+               "--device", "cpu", "--json", "--categories", "b", "--limit", "1"])
     assert rc == 0
-    doc = json.loads(out.read_text())
+    doc = json.loads(capsys.readouterr().out)
     auto = doc["cost_model"]["auto"]
     assert auto["chosen"] == doc["results"][-1]["setting"]
     assert auto["predictions"][0]["speedup"] >= auto["predictions"][-1]["speedup"]

@@ -61,7 +61,10 @@ class HFBackend:
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos[0]
         self.name = target
 
-    def generate(self, prompts: Sequence[Sequence[dict]]) -> list[tuple[str, str] | GenerationError]:
+    def generate(self, prompts: Sequence[Sequence[dict]], on_done=None) -> list[tuple[str, str] | GenerationError]:
+        """`on_done(i)`, if given, is called as soon as prompt i's answer is final (its end-of-turn token came,
+        its error is known, or the batch ended): a progress bar moves per answer, not per batch."""
+        on_done = on_done or (lambda i: None)
         out: list = [None] * len(prompts)
         texts = []
         for i, p in enumerate(prompts):
@@ -69,23 +72,36 @@ class HFBackend:
                 texts.append((i, self.tok.apply_chat_template(list(p), tokenize=False, add_generation_prompt=True)))
             except Exception as e:  # noqa: BLE001 - template refusals are per-row errors
                 out[i] = GenerationError(f"template_error: {str(e)[:200]}")
+                on_done(i)
         enc = []
         for i, t in texts:
             ids = prompt_ids(self.tok, t)
             if self.max_prompt_tokens and len(ids) > self.max_prompt_tokens:
                 out[i] = GenerationError(f"prompt_too_long: {len(ids)} tokens > max_prompt_tokens "
                                          f"{self.max_prompt_tokens}")
+                on_done(i)
             else:
                 enc.append((i, ids))
         enc.sort(key=lambda x: len(x[1]))  # similar lengths per batch: little padding
         for b in range(0, len(enc), self.batch_size):
             chunk = enc[b:b + self.batch_size]
-            for (i, _), res in zip(chunk, self._batch([ids for _, ids in chunk])):
+            for (i, _), res in zip(chunk, self._batch([ids for _, ids in chunk], lambda r: on_done(chunk[r][0]))):
                 out[i] = res
         return out
 
-    def _batch(self, batch: list[list[int]]) -> list[tuple[str, str]]:
+    def _batch(self, batch: list[list[int]], on_done=lambda r: None) -> list[tuple[str, str]]:
         import torch
+        from transformers import StoppingCriteria, StoppingCriteriaList
+
+        eos, reported = self.eos, set()
+
+        class Finished(StoppingCriteria):  # never stops anything: reports rows whose end-of-turn token just came
+            def __call__(self, input_ids, scores, **kw):
+                for r in (torch.isin(input_ids[:, -1].cpu(), torch.tensor(eos))).nonzero().flatten().tolist():
+                    if r not in reported:
+                        reported.add(r)
+                        on_done(r)
+                return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
         width = max(len(x) for x in batch)
         ids = torch.full((len(batch), width), self.pad, dtype=torch.long)
@@ -94,7 +110,7 @@ class HFBackend:
             ids[r, width - len(x):] = torch.tensor(x)
             att[r, width - len(x):] = 1
         kw = dict(max_new_tokens=self.max_new_tokens, eos_token_id=self.eos, pad_token_id=self.pad,
-                  do_sample=self.temperature > 0)
+                  do_sample=self.temperature > 0, stopping_criteria=StoppingCriteriaList([Finished()]))
         if self.temperature > 0:
             kw.update(temperature=self.temperature, top_p=self.top_p)
         if self.static_cache:
@@ -102,6 +118,9 @@ class HFBackend:
         with torch.inference_mode():
             gen = self.model.generate(input_ids=ids.to(self.device), attention_mask=att.to(self.device), **kw)
         new = gen[:, width:].cpu().tolist()
+        for r in range(len(batch)):  # rows cut off by max_new_tokens end with the batch
+            if r not in reported:
+                on_done(r)
         return [answer(self.tok, row, self.eos) for row in new]
 
 

@@ -10,6 +10,7 @@ Accounting: written + failed + skipped = input rows.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import time
@@ -22,6 +23,7 @@ from pydantic import Field
 from eyas.config import StageConfig
 from eyas.data.backends import GenerationError, HFBackend, OpenAIBackend
 from eyas.data.sources import Record, iter_conversations
+from eyas.progress import Progress
 
 
 class RegenerateConfig(StageConfig):
@@ -66,6 +68,7 @@ class Conversation:
         self.finish: list[str] = []
         self.done = not self.users
         self.stop_reason = ""
+        self.counted = False   # already counted by the progress bar (its last answer came mid-batch)
 
     def prompt(self) -> list[dict] | None:
         return None if self.done else self.history + [self.users[self.turn]]
@@ -118,9 +121,7 @@ def regenerate(cfg: RegenerateConfig, backend=None) -> dict:
     done = _done_rows(out)
     backend = backend or _make_backend(cfg)
     counts = {"input": 0, "written": 0, "failed": 0, "skipped": 0, "turns": 0}
-    from tqdm import tqdm
-
-    bar = tqdm(desc=f"regenerate ({cfg.backend})", unit=" rows", total=cfg.max_samples, disable=None)
+    bar = Progress(f"regenerate ({cfg.backend})", cfg.max_samples, "rows")
     with open(out, "a", encoding="utf-8") as fout, open(errors_path, "a", encoding="utf-8") as ferr:
         def write(conv: Conversation) -> None:
             res = conv.result()
@@ -131,7 +132,8 @@ def regenerate(cfg: RegenerateConfig, backend=None) -> dict:
                 counts["turns"] += len(res["finish_reasons"])
             else:
                 fail(conv.rec, res)
-            bar.update(1)
+            if not conv.counted:
+                bar.update(1)
 
         def fail(rec: Record, reason: str) -> None:
             ferr.write(json.dumps({"row": rec.row, "id": rec.id, "error": reason}, ensure_ascii=False) + "\n")
@@ -157,7 +159,7 @@ def regenerate(cfg: RegenerateConfig, backend=None) -> dict:
         if isinstance(backend, OpenAIBackend):
             _run_openai(backend, pending(), cfg.concurrency, write)
         else:
-            _run_batched(backend, pending(), cfg, write)
+            _run_batched(backend, pending(), cfg, write, bar)
     bar.close()
     if hasattr(backend, "close"):
         backend.close()
@@ -191,9 +193,12 @@ def _make_backend(cfg: RegenerateConfig):
                      static_cache=cfg.static_cache, cache=cfg.cache_dir, trust_remote_code=cfg.trust_remote_code)
 
 
-def _run_batched(backend: HFBackend, convs: Iterator[Conversation], cfg: RegenerateConfig, write) -> None:
-    """Wavefronts over chunks of conversations: every active conversation's next turn goes in one batch."""
+def _run_batched(backend: HFBackend, convs: Iterator[Conversation], cfg: RegenerateConfig, write,
+                 bar: Progress) -> None:
+    """Wavefronts over chunks of conversations: every active conversation's next turn goes in one batch.
+    Rows are written once their chunk is done, but the bar moves as each conversation's last answer ends."""
     chunk_rows = cfg.batch_size * 4
+    per_answer = "on_done" in inspect.signature(backend.generate).parameters
     while True:
         chunk = [c for _, c in zip(range(chunk_rows), convs)]
         if not chunk:
@@ -203,7 +208,15 @@ def _run_batched(backend: HFBackend, convs: Iterator[Conversation], cfg: Regener
             if not active:
                 break
             prompts = [(c, c.prompt()) for c in active]
-            results = backend.generate([p for _, p in prompts]) if prompts else []
+
+            def answered(i: int) -> None:  # a conversation's last turn (or an error) ends its row
+                c = prompts[i][0]
+                if not c.counted and c.turn + 1 >= len(c.users):
+                    c.counted = True
+                    bar.update(1)
+
+            kw = {"on_done": answered} if per_answer else {}
+            results = backend.generate([p for _, p in prompts], **kw) if prompts else []
             for (c, _), res in zip(prompts, results):
                 if isinstance(res, GenerationError):
                     c.stop(str(res))

@@ -7,19 +7,19 @@ import os
 from pathlib import Path
 
 SPEC_BENCH = "spec-bench"
-_REL = Path("shared") / "data" / "spec_bench" / "question.jsonl"
+# Shipped with eyas (Apache-2.0, hemingkx/Spec-Bench; attribution in spec_bench/NOTICE.md).
+PACKAGED = Path(__file__).resolve().parent / "spec_bench" / "question.jsonl"
 
 
 def spec_bench_path() -> Path:
-    """`<repo>/../shared/...` (CI clones next to shared/), then /work/shared/..., then $EYAS_SPEC_BENCH."""
-    repo = Path(__file__).resolve().parents[3]
-    candidates = [Path(os.environ["EYAS_SPEC_BENCH"])] if os.environ.get("EYAS_SPEC_BENCH") else []
-    candidates += [repo.parent / _REL, repo / _REL, Path("/work") / _REL]
-    for c in candidates:
-        if c.is_file():
-            return c
-    raise FileNotFoundError("Spec-Bench questions not found; looked in " + ", ".join(str(c) for c in candidates)
-                            + " (set $EYAS_SPEC_BENCH or pass --bench FILE.jsonl)")
+    """$EYAS_SPEC_BENCH when set (another copy or a subset), else the 480 questions packaged with eyas."""
+    env = os.environ.get("EYAS_SPEC_BENCH")
+    path = Path(env) if env else PACKAGED
+    if not path.is_file():
+        raise FileNotFoundError(f"Spec-Bench questions not found at {path}" + (
+            " ($EYAS_SPEC_BENCH): unset it to use the packaged copy, or point it at question.jsonl" if env else
+            ": the eyas installation is missing its package data; reinstall eyas, or pass --bench FILE.jsonl"))
+    return path
 
 
 def load_bench(name_or_path: str | os.PathLike = SPEC_BENCH, categories: list[str] | None = None,

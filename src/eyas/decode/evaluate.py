@@ -25,6 +25,7 @@ from eyas.decode.proposer import EagleProposer
 from eyas.decode.speculative import GenStats, SpecDecoder, ar_generate
 from eyas.decode.target_step import TargetRunner
 from eyas.decode.tree import TreeSpec
+from eyas.progress import Progress
 
 AUTO_PROBE = TreeSpec(total=80, depth=8, topk=10)   # recorded once; every smaller setting is replayed from it
 
@@ -34,18 +35,19 @@ class EvalConfig(StageConfig):
     draft: Path = Field(description="draft dir (eyas train run or eyas import output)")
     bench: str = Field(SPEC_BENCH, description="'spec-bench' or a JSONL file with question_id, category, turns")
     categories: list[str] | None = Field(None, description="only these categories")
-    limit: int | None = Field(None, description="at most this many questions per category")
-    max_new_tokens: int = Field(512, description="new tokens per turn")
-    temperature: float = Field(0.0, description="0 = greedy (checked token-identical); >0 = rejection sampling")
-    chain: int | None = Field(None, description="chain of K drafted tokens (default 3 when --tree is not given)")
+    limit: int | None = Field(None, ge=1, description="at most this many questions per category")
+    max_new_tokens: int = Field(512, ge=1, description="new tokens per turn")
+    temperature: float = Field(0.0, ge=0, description="0 = greedy (checked token-identical); >0 = rejection sampling")
+    chain: int | None = Field(None, ge=1, description="chain of K drafted tokens (default 3 when --tree is not given)")
     tree: str | None = Field(None, description="'total=60,depth=7,topk=10' or 'auto' (cost model picks)")
     device: str = Field("auto", description="cpu | cuda | auto")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="auto: bf16 on GPU, fp32 on CPU")
     compile: bool | None = Field(None, description="torch.compile reduce-overhead (CUDA graphs); default on for cuda")
-    json: Path | None = Field(None, description="write the results JSON here")
+    json: bool = Field(False, description="print the full results as JSON instead of a table")
+    out: Path | None = Field(None, description="also write the full results JSON to this file")
     plots: Path | None = Field(None, description="write PNG plots into this directory")
     seed: int = Field(0, description="sampling seed (temperature > 0)")
-    calib: int = Field(1, description="--tree auto: questions per category for the calibration run")
+    calib: int = Field(1, ge=1, description="--tree auto: questions per category for the calibration run")
     cache_dir: Path | None = Field(None, description="cache for built-in targets")
     trust_remote_code: bool = Field(False, description="allow the target's own modelling code")
 
@@ -147,8 +149,14 @@ class Session:
     def _gen(self, key):
         return torch.Generator().manual_seed(zlib.crc32(repr((self.seed,) + key).encode()))
 
+    def turns(self) -> int:
+        return sum(len(q["turns"]) for q in self.questions)
+
     def prompts(self):
         """(category, key, prompt ids) per turn; later turns use the baseline's answers as history."""
+        todo = self.turns() - sum(1 for q in self.questions for t in range(len(q["turns"]))
+                                  if (q["question_id"], t) in self.baseline)
+        bar = Progress("eval: greedy baseline", todo, "turns", enabled=todo > 0)
         for q in self.questions:
             answers: list[list[int]] = []
             for t in range(len(q["turns"])):
@@ -157,8 +165,10 @@ class Session:
                 if key not in self.baseline:
                     self.baseline[key] = ar_generate(self.runner, prompt, self.max_new, temperature=self.temperature,
                                                      eos_ids=self.eos, generator=self._gen(key))
+                    bar.update(1)
                 yield q["category"], key, prompt
                 answers.append(self.baseline[key][0])
+        bar.close()
 
     def warmup(self, spec: TreeSpec | None) -> None:
         """Compile/capture every static shape outside the timed region."""
@@ -187,18 +197,24 @@ class Session:
         cats: dict[str, tuple[GenStats, GenStats, list[bool]]] = {}
         divergences = []
         dec = self.decoder(spec, record)
-        for cat, key, prompt in list(self.prompts()):
+        todo = list(self.prompts())
+        bar = Progress(f"eval: {spec.label()}", len(todo), "turns")
+        for cat, key, prompt in todo:
             ref, bst = self.baseline[key]
             out, st = dec.generate(prompt, self.max_new, generator=self._gen(key))
+            spec_all.add(st)
+            bar.update(1)
+            bar.note(f"τ {spec_all.tau:.2f}")
             same = out == ref
             if not same and self.temperature <= 0:
                 divergences.append({"question_id": key[0], "turn": key[1], "category": cat,
                                     **_logit_gap(self.runner, prompt, ref, out)})
             c = cats.setdefault(cat, (GenStats(), GenStats(), []))
-            for agg, s in ((c[0], st), (c[1], bst), (spec_all, st), (base_all, bst)):
+            for agg, s in ((c[0], st), (c[1], bst), (base_all, bst)):
                 agg.add(s)
             c[2].append(same)
             same_all.append(same)
+        bar.close()
         greedy = self.temperature <= 0
         result = {"setting": spec.label(), "decode": {"total": spec.total, "depth": spec.depth, "topk": spec.topk,
                                                      "max_new_tokens": self.max_new, "temperature": self.temperature,
@@ -248,7 +264,10 @@ def _load(target, draft, device, dtype_name, cache=None, trust_remote_code=False
     return target, draft
 
 
-def run(cfg: EvalConfig) -> dict:
+def run(cfg: EvalConfig) -> dict | int:
+    if not (Path(cfg.draft) / "config.json").is_file():  # before the target loads (minutes on a busy CPU)
+        raise FileNotFoundError(f"--draft {cfg.draft}: " + ("no such directory" if not Path(cfg.draft).exists() else
+                                "no config.json in it") + " (give an `eyas train --out` dir or an `eyas import` dir)")
     target, draft = _load(cfg.target, cfg.draft, cfg.device, cfg.dtype, cfg.cache_dir, cfg.trust_remote_code)
     questions = load_bench(cfg.bench, cfg.categories, cfg.limit)
     s = Session(target, draft, questions, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
@@ -282,13 +301,41 @@ def run(cfg: EvalConfig) -> dict:
         if auto:
             out["cost_model"]["auto"] = {"chosen": auto["chosen"].label(), "predictions": auto["predictions"][:10]}
     out.update({k: v for k, v in results[-1].items() if k != "setting"})  # headline = last setting
-    if cfg.json:
-        cfg.json.parent.mkdir(parents=True, exist_ok=True)
-        cfg.json.write_text(json.dumps(out, indent=2, default=str))
     if cfg.plots:
         from eyas.decode.plots import write_plots
         out["plots"] = write_plots(results, cfg.plots)
-    return out
+    if cfg.out:
+        cfg.out.parent.mkdir(parents=True, exist_ok=True)
+        cfg.out.write_text(json.dumps(out, indent=2, default=str))
+    if cfg.json:
+        return out
+    print(table(out))
+    return 0
+
+
+def table(out: dict) -> str:
+    """The human summary: one row per decode setting, then τ by category (the JSON has everything)."""
+    rows = [("setting", "τ", "accept by position", "tok/s", "AR tok/s", "speedup", "identical")]
+    for r in out["results"]:
+        ident = r.get("identical_rate")
+        rows.append((r["setting"], f"{r['tau']:.3f}", " ".join(f"{a:.2f}" for a in r["accept_per_position"]),
+                     f"{r['tokens_per_s']:.1f}", f"{r['baseline_tokens_per_s']:.1f}", f"{r['speedup']:.2f}x",
+                     "-" if ident is None else f"{ident:.2f}"))
+    cats = sorted({c for r in out["results"] for c in r["per_category"]})
+    lines = [f"{out['questions']} questions from {out['bench']}, target {out['target']}, draft {out['draft']}", ""]
+    lines += _columns(rows) + [""]
+    crow = [("category",) + tuple(r["setting"] for r in out["results"])]
+    crow += [(c,) + tuple(f"{r['per_category'][c]['tau']:.2f}" if c in r["per_category"] else "-"
+                          for r in out["results"]) for c in cats]
+    lines += ["τ by category:"] + _columns(crow)
+    if out.get("plots"):
+        lines += ["", "plots: " + ", ".join(out["plots"])]
+    return "\n".join(lines)
+
+
+def _columns(rows: list[tuple]) -> list[str]:
+    w = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(f"{str(c):<{w[i]}}" for i, c in enumerate(r)).rstrip() for r in rows]
 
 
 def _predicted_vs_measured(by_spec, results: list[dict], costs: Costs) -> list[dict]:

@@ -26,6 +26,7 @@ import torch
 from pydantic import Field
 
 from eyas.config import StageConfig
+from eyas.progress import Progress
 from eyas.target.capture import _backbone, capture
 from eyas.store.format import (DTYPES, MANIFEST, StoreError, bytes_per_token, encode_states, read_json,
                                target_identity)
@@ -217,6 +218,8 @@ def extract_to_store(model: torch.nn.Module, layout, dataset, out: str | os.Path
 
     t_start = time.perf_counter()
     tokens = padded = 0
+    bar = Progress(f"extract (rank {rank})" if world > 1 else "extract",
+                   sum(len(plan.rows(j)) for g in job.groups(rank, world) for j in g), "rows")
     try:
         # Batches span a group of shards (small shards keep the final write short, big batches keep the
         # device busy); a group's shards are closed together once all its batches are handed over.
@@ -237,11 +240,14 @@ def extract_to_store(model: torch.nn.Module, layout, dataset, out: str | os.Path
                 writer.add(batch, lens, host, ready, packed=packed)
                 tokens += sum(lens)
                 padded += ids.numel()
+                bar.update(len(batch))
+                bar.note(f"{tokens / (time.perf_counter() - t_start):.0f} tok/s")
             for j in group:
                 if j not in writer.skip:
                     writer.finish_shard(j)
     finally:
         writer.close()
+        bar.close()
     elapsed = time.perf_counter() - t_start
     return job.finish({"rank": rank, "world": world, "dtype": dtype, "aux_layer_ids": aux_ids, "tokens": tokens,
                        "padding_fraction": round(1 - tokens / padded, 4) if padded else 0.0,

@@ -1,0 +1,92 @@
+"""`eyas CMD --help` without importing CMD's stage module (and so without torch: 1-30 s on a busy box).
+
+Each stage's config class lives beside the code that reads it, in a module that imports torch. For help
+only the fields matter, so the class statement is read from the module's source and run on its own,
+with the few module-level names its fields use (string constants, possibly imported from light eyas
+modules) resolved from source the same way. Methods and validators are dropped: they do not change
+the flags. Anything this cannot resolve falls back to the real import, so help is never wrong, at
+worst slow; tests compare both paths for every command.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+from pathlib import Path
+from typing import Any
+
+_ROOT = Path(__file__).resolve().parent
+_TYPING = ("Any", "Literal", "Optional", "Union")
+
+
+class _Unresolved(Exception):
+    pass
+
+
+def _module_file(module: str) -> Path:
+    parts = module.split(".")
+    if parts[0] != "eyas":
+        raise _Unresolved(module)
+    path = _ROOT.joinpath(*parts[1:])
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+
+
+def _tree(module: str) -> ast.Module:
+    return ast.parse(_module_file(module).read_text())
+
+
+def _constant(module: str, name: str, depth: int = 0) -> Any:
+    """A module-level literal (`X = "..."`), following `from eyas.m import X` through light modules."""
+    if depth > 4:
+        raise _Unresolved(name)
+    for node in _tree(module).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            try:
+                return ast.literal_eval(node.value)
+            except ValueError:
+                raise _Unresolved(f"{module}.{name}") from None
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for a in node.names:
+                if (a.asname or a.name) == name:
+                    return _constant(node.module, a.name, depth + 1)
+    raise _Unresolved(f"{module}.{name}")
+
+
+def light_config(module: str, cls_name: str):
+    """The config class `module.cls_name`, built from source; raises _Unresolved when it cannot be."""
+    from pathlib import Path as _Path
+    import typing
+
+    from pydantic import Field
+
+    from eyas.config import StageConfig
+
+    node = next((n for n in _tree(module).body if isinstance(n, ast.ClassDef) and n.name == cls_name), None)
+    if node is None or [ast.unparse(b) for b in node.bases] != ["StageConfig"]:
+        raise _Unresolved(f"{module}.{cls_name}")
+    node.body = [b for b in node.body if not isinstance(b, (ast.FunctionDef, ast.AsyncFunctionDef))] or [ast.Pass()]
+    node.decorator_list = []
+    ns: dict[str, Any] = {"Field": Field, "Path": _Path, "StageConfig": StageConfig,
+                          **{t: getattr(typing, t) for t in _TYPING}}
+    used = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    used -= set(ns) | set(dir(builtins))
+    for name in used:
+        ns[name] = _constant(module, name)
+    code = compile(ast.Module(body=[node], type_ignores=[]), str(_module_file(module)), "exec", dont_inherit=True)
+    # Annotations are evaluated eagerly here (no `from __future__ import annotations`), with the names above.
+    exec(code, ns)  # noqa: S102 - eyas's own source, the class statement only
+    cls = ns[cls_name]
+    cls.__module__ = module
+    return cls
+
+
+def config_class(module: str, cls_name: str, *, light: bool):
+    """The class for a command: from source when `light` (help only), else by importing its module."""
+    if light:
+        try:
+            return light_config(module, cls_name)
+        except (_Unresolved, SyntaxError, NameError, TypeError, OSError):
+            pass
+    import importlib
+
+    return getattr(importlib.import_module(module), cls_name)
