@@ -27,13 +27,16 @@ def test_demo_runs_every_stage_and_writes_a_report(tmp_path, capsys):
     convs = [{"id": str(i), "conversations": [{"from": "human", "value": f"tell me about topic {i} please"},
                                               {"from": "gpt", "value": f"topic {i} is a fine topic indeed"}]}
              for i in range(12)]
+    # One opening too long to regenerate (the demo caps prompts at max_length // 2 = 64 tokens): dropped, and said so.
+    convs.insert(3, {"id": "long", "conversations": [{"from": "human", "value": "word " * 200},
+                                                     {"from": "gpt", "value": "ok"}]})
     (tmp_path / "data.json").write_text(json.dumps(convs))
     bench = tmp_path / "bench.jsonl"
     bench.write_text("\n".join(json.dumps({"question_id": i, "category": c, "turns": [f"say something about {c}"]})
                                for i, c in enumerate(["writing", "coding"])) + "\n")
     out = tmp_path / "demo"
     rc = main(["demo", "--target", str(target), "--data", str(tmp_path / "data.json"), "--out", str(out),
-               "--samples", "12", "--regen-max-new-tokens", "8", "--regen-batch-size", "6", "--max-length", "128",
+               "--samples", "13", "--regen-max-new-tokens", "8", "--regen-batch-size", "6", "--max-length", "128",
                "--draft-vocab-size", "64", "--epochs", "1", "--eval-max-new-tokens", "8", "--bench", str(bench),
                "--device", "cpu", "--json"])
     assert rc == 0
@@ -42,6 +45,23 @@ def test_demo_runs_every_stage_and_writes_a_report(tmp_path, capsys):
     assert summary["doctor"]["ok"], summary["doctor"]["fails"]
     assert set(summary["seconds"]) == {"fetch", "regenerate", "prepare", "extract", "train", "eval", "export", "doctor"}
     assert (out / "export" / "config.json").is_file() and (out / "run" / "model.safetensors").is_file()
+    rows = summary["rows"]
+    assert (rows["requested"], rows["regenerated"], rows["regenerate_failed"]) == (13, 12, 1)
+    assert rows["regenerate_failed_by_reason"] == {"prompt_too_long": 1}
+    assert rows["prepare_in"] == 12 and rows["prepare_kept"] + rows["prepare_rejected"] == 12
+    assert summary["train_steps"] > 0 and summary["held_out_tau"] >= 1.0 and summary["chain"] == 3
     report = (out / "report.md").read_text()
-    assert "τ (chain)" in report and "learning_curve.png" in report
+    assert "13 read, 12 regenerated (1 failed: prompt_too_long 1)" in report
+    assert f"| training steps (TTT steps) | {summary['train_steps']} (3) |" in report
+    assert f"| held-out simulated τ (chain 3, best checkpoint) | {summary['held_out_tau']:.3f} |" in report
+    assert "| τ (chain 3), 2 questions × 8 new tokens |" in report and "learning_curve.png" in report
     assert (out / "learning_curve.png").is_file()
+
+
+def test_demo_checks_its_inputs_before_the_first_stage(tmp_path, capsys):
+    """A missing bench file and a missing data file are both reported at once, before any stage starts."""
+    rc = main(["demo", "--target", "smollm2-135m", "--data", str(tmp_path / "nope.json"), "--out", str(tmp_path / "d"),
+               "--bench", str(tmp_path / "bench.jsonl")])
+    captured = capsys.readouterr()
+    assert rc == 1 and "=== fetch ===" not in captured.out
+    assert "nothing was started" in captured.err and "--data" in captured.err and "--bench" in captured.err

@@ -68,6 +68,7 @@ def run(cfg: DemoConfig) -> int | dict:
     paths = {k: out / k for k in ("regenerated", "prepared", "store", "run", "eval", "export")}
     times: dict[str, float] = {}
     cache = str(cfg.cache_dir) if cfg.cache_dir else None
+    preflight(cfg, out)
 
     with _stage("fetch", times):
         from eyas.data.sources import resolve_data
@@ -125,7 +126,7 @@ def run(cfg: DemoConfig) -> int | dict:
         print(render_table(checks))
         doc = {"ok": not any(c.status == "fail" for c in checks), "checks": [asdict(c) for c in checks]}
 
-    summary = _summary(cfg, device, paths, times, prep, ext, tr, ev, exp, doc)
+    summary = _summary(cfg, device, paths, times, regen if cfg.regenerate else None, prep, ext, tr, ev, exp, doc)
     report = write_report(out, summary, paths)
     summary["report"] = str(report)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
@@ -182,30 +183,106 @@ def _chain_result(ev: dict) -> dict:
     raise KeyError("eval result has no tau")
 
 
-def _summary(cfg, device, paths, times, prep, ext, tr, ev, exp, doc) -> dict:
+def preflight(cfg: DemoConfig, out: Path) -> None:
+    """Every input the demo will need, checked before its first stage: a missing benchmark file or a
+    misspelt target must not surface after regenerate, extract and train have run."""
+    from eyas.data.sources import BUILTIN_DATASETS
+    from eyas.decode.bench import load_bench
+    from eyas.target.load import BUILTIN_TARGETS
+
+    problems = []
+    t = str(cfg.target)
+    if t not in BUILTIN_TARGETS and not Path(t).exists() and not (t.count("/") == 1 and not t.startswith((".", "/"))):
+        problems.append(f"--target {t}: not a built-in name ({', '.join(BUILTIN_TARGETS)}), an existing path "
+                        "or a hub id (org/name)")
+    if str(cfg.data) not in BUILTIN_DATASETS and not Path(cfg.data).is_file():
+        problems.append(f"--data {cfg.data}: no such file (or a built-in name: {', '.join(BUILTIN_DATASETS)})")
+    try:
+        load_bench(cfg.bench, limit=cfg.eval_limit)
+    except (FileNotFoundError, ValueError) as e:
+        problems.append(f"--bench {cfg.bench}: {e}")
+    try:
+        probe = out / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        problems.append(f"--out {out}: not writable ({e.strerror})")
+    try:
+        import matplotlib  # noqa: F401  (the report's plots)
+    except ImportError:
+        problems.append("matplotlib is not installed (the report's plots need it): pip install matplotlib")
+    if problems:
+        raise ValueError("the demo cannot run; nothing was started:\n  " + "\n  ".join(problems))
+
+
+def _failures(errors_file: Path) -> dict[str, int]:
+    """Failed rows by reason (the text before the first ':'), from a regenerate errors file."""
+    counts: dict[str, int] = {}
+    if errors_file.is_file():
+        for line in errors_file.read_text().splitlines():
+            reason = str(json.loads(line).get("error", "unknown")).split(":", 1)[0]
+            counts[reason] = counts.get(reason, 0) + 1
+    return counts
+
+
+def _summary(cfg, device, paths, times, regen, prep, ext, tr, ev, exp, doc) -> dict:
     r = _chain_result(ev)
+    held = tr.get("eval") or {}
+    rows = {"requested": cfg.samples}
+    if regen is not None:
+        rows.update(regenerated=regen.get("written"), regenerate_failed=regen.get("failed"),
+                    regenerate_failed_by_reason=_failures(Path(regen.get("errors", ""))))
+    rows.update(prepare_in=prep.get("rows_in"), prepare_kept=prep.get("rows_out"),
+                prepare_rejected=prep.get("rows_rejected"), prepare_rejected_by_reason=prep.get("rejected_by_reason"),
+                packed_rows=prep.get("packed_rows"))
     return {
-        "target": cfg.target, "device": device, "samples": cfg.samples,
+        "target": cfg.target, "device": device, "samples": cfg.samples, "rows": rows,
         "tokens": prep.get("tokens"), "masked_tokens": prep.get("masked_tokens"),
         "draft_vocab_coverage": prep.get("coverage"),
         "train": {k: v for k, v in tr.items() if isinstance(v, (int, float, str))},
+        "train_steps": tr.get("steps"), "ttt_steps": cfg.ttt_steps, "chain": cfg.chain,
+        "held_out_tau": tr.get("best_tau"), "held_out_positions": held.get("positions"),
         "tau": r["tau"], "accept_per_position": r.get("accept_per_position"),
         "tokens_per_s": r.get("tokens_per_s"), "baseline_tokens_per_s": r.get("baseline_tokens_per_s"),
         "speedup": r.get("speedup"), "identical_rate": r.get("identical_rate"),
+        "eval_questions": ev.get("questions"), "eval_max_new_tokens": cfg.eval_max_new_tokens,
         "doctor": {"ok": bool(doc.get("ok")), "fails": [c for c in doc.get("checks", []) if c.get("status") == "fail"]},
         "seconds": times, "total_seconds": round(sum(times.values()), 1),
         "paths": {k: str(v) for k, v in paths.items()},
     }
 
 
+def _rows_line(rows: dict) -> str:
+    """'160 read, 143 regenerated (17 failed: prompt_too_long 17), 140 kept by prepare (3 rejected: ...)'."""
+    def why(d):
+        return ", ".join(f"{k} {v}" for k, v in sorted((d or {}).items())) or "-"
+
+    parts = [f"{rows['requested']} read"]
+    if "regenerated" in rows:
+        parts.append(f"{rows['regenerated']} regenerated" + (
+            f" ({rows['regenerate_failed']} failed: {why(rows['regenerate_failed_by_reason'])})"
+            if rows["regenerate_failed"] else ""))
+    parts.append(f"{rows['prepare_kept']} kept by prepare" + (
+        f" ({rows['prepare_rejected']} rejected: {why(rows['prepare_rejected_by_reason'])})"
+        if rows["prepare_rejected"] else ""))
+    return ", ".join(parts) + f" -> {rows['packed_rows']} packed rows"
+
+
+def _fmt(x, spec: str = ".3f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
 def _print_table(s: dict) -> None:
-    rows = [("target", s["target"]), ("device", s["device"]), ("conversations", s["samples"]),
+    rows = [("target", s["target"]), ("device", s["device"]), ("conversations", _rows_line(s["rows"])),
             ("train tokens (masked)", f"{s['tokens']} ({s['masked_tokens']})"),
-            ("draft vocab coverage", f"{s['draft_vocab_coverage']:.3f}" if s["draft_vocab_coverage"] else "-"),
-            ("tau (chain)", f"{s['tau']:.3f}"),
+            ("draft vocab coverage", _fmt(s["draft_vocab_coverage"])),
+            ("training", f"{s['train_steps']} steps, TTT {s['ttt_steps']}; held-out simulated τ "
+                         f"{_fmt(s['held_out_tau'])}"),
+            (f"τ (chain {s['chain']})", f"{s['tau']:.3f} on {s['eval_questions']} questions, "
+                                        f"{s['eval_max_new_tokens']} new tokens each"),
             ("accept per position", ", ".join(f"{a:.2f}" for a in s["accept_per_position"] or [])),
             ("tokens/s spec | baseline", f"{s['tokens_per_s']:.1f} | {s['baseline_tokens_per_s']:.1f}"),
-            ("speedup", f"{s['speedup']:.2f}x"), ("identical to greedy", f"{s['identical_rate']:.3f}"),
+            ("speedup", f"{s['speedup']:.2f}x"), ("identical to greedy", _fmt(s["identical_rate"])),
             ("doctor", "pass" if s["doctor"]["ok"] else f"FAIL: {s['doctor']['fails']}"),
             ("stage seconds", ", ".join(f"{k} {v}" for k, v in s["seconds"].items())),
             ("total seconds", s["total_seconds"])]
@@ -215,17 +292,24 @@ def _print_table(s: dict) -> None:
 
 
 def write_report(out: Path, s: dict, paths: dict[str, Path]) -> Path:
-    """One page: the numbers, where the time went, the learning curve and the eval plots."""
-    curve = _plot_curve(paths["run"] / "metrics.jsonl", out / "learning_curve.png")
+    """One page: the numbers, where the rows and the time went, the learning curve and the eval plots."""
+    from eyas.decode.plots import plot_learning_curve
+
+    curve = plot_learning_curve(paths["run"] / "metrics.jsonl", out / "learning_curve.png")
     pngs = sorted(p.relative_to(out) for p in paths["eval"].glob("*.png"))
     lines = ["# eyas demo report", "",
-             f"Target `{s['target']}` on {s['device']}, {s['samples']} conversations, {s['tokens']} tokens.", "",
+             f"Target `{s['target']}` on {s['device']}; conversations: {_rows_line(s['rows'])}; "
+             f"{s['tokens']} training tokens ({s['masked_tokens']} assistant).", "",
              "| metric | value |", "|---|---|",
-             f"| τ (chain) | {s['tau']:.3f} |",
+             f"| training steps (TTT steps) | {s['train_steps']} ({s['ttt_steps']}) |",
+             f"| held-out simulated τ (chain {s['chain']}, best checkpoint) | {_fmt(s['held_out_tau'])} |",
+             f"| τ (chain {s['chain']}), {s['eval_questions']} questions × {s['eval_max_new_tokens']} new tokens "
+             f"| {s['tau']:.3f} |",
              f"| acceptance by position | {', '.join(f'{a:.2f}' for a in s['accept_per_position'] or [])} |",
              f"| tokens/s (spec / baseline) | {s['tokens_per_s']:.1f} / {s['baseline_tokens_per_s']:.1f} |",
-             f"| speedup | {s['speedup']:.2f}× |", f"| identical to greedy baseline | {s['identical_rate']:.3f} |",
-             f"| draft vocab coverage | {s['draft_vocab_coverage']} |", f"| doctor | {'pass' if s['doctor']['ok'] else 'FAIL'} |",
+             f"| speedup | {s['speedup']:.2f}× |", f"| identical to greedy baseline | {_fmt(s['identical_rate'])} |",
+             f"| draft vocab coverage | {_fmt(s['draft_vocab_coverage'])} |",
+             f"| doctor | {'pass' if s['doctor']['ok'] else 'FAIL'} |",
              "", "## Time by stage (s)", "", "| stage | seconds |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in s["seconds"].items()] + [f"| total | {s['total_seconds']} |", ""]
     if curve:
@@ -236,35 +320,3 @@ def write_report(out: Path, s: dict, paths: dict[str, Path]) -> Path:
     report = out / "report.md"
     report.write_text("\n".join(lines) + "\n")
     return report
-
-
-def _plot_curve(metrics: Path, png: Path) -> Path | None:
-    if not metrics.is_file():
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    train, held = [], []
-    for line in metrics.read_text().splitlines():
-        m = json.loads(line)
-        if "loss" in m and m.get("split", "train") == "train":
-            train.append((m["step"], m["loss"]))
-        if "tau" in m and m.get("split") == "eval":
-            held.append((m["step"], m["tau"]))
-    if not train:
-        return None
-    fig, ax = plt.subplots(figsize=(6, 3.2))
-    ax.plot(*zip(*train), label="train loss")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    if held:
-        ax2 = ax.twinx()
-        ax2.plot(*zip(*held), "o-", color="tab:orange", label="held-out simulated τ")
-        ax2.set_ylabel("simulated τ")
-    fig.legend(loc="upper right")
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
-    return png

@@ -196,7 +196,8 @@ class Trainer:
         acc = step_accuracy(stats.cpu())
         w = torch.tensor([self.cfg.step_decay ** k for k in range(self.cfg.ttt_steps)])
         per_step = stats[:, 0].cpu() / stats[:, 2].cpu().clamp(min=1)
-        return {"loss": float((w * per_step).sum()), "acc": acc, "tau": simulated_tau(acc, self.tau_chain),
+        return {"loss": float((w * per_step).sum()), "token_loss": token_loss(stats), "acc": acc,
+                "tau": simulated_tau(acc, self.tau_chain),
                 "positions": int(stats[0, 2])}
 
     # ---- checkpoints -----------------------------------------------------------------------------------
@@ -289,14 +290,15 @@ class Trainer:
             toks += n
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix(loss=f"{float(st[:, 0].sum() / st[:, 2].clamp(min=1).sum()):.3f}",
+                bar.set_postfix(loss=f"{token_loss(st):.3f}",
                                 acc0=f"{float(st[0, 1] / st[0, 2].clamp(min=1)):.2f}")
             if self.step % cfg.log_every == 0 or self.step == self.total:
                 dt = time.perf_counter() - t0
                 acc = step_accuracy(window.cpu())
                 per = (window[:, 0] / window[:, 2].clamp(min=1)).cpu()
                 w = torch.tensor([cfg.step_decay ** k for k in range(cfg.ttt_steps)])
-                self.log({"split": "train", "step": self.step, "loss": float((w * per).sum()), "acc": acc,
+                self.log({"split": "train", "step": self.step, "loss": float((w * per).sum()),
+                          "token_loss": token_loss(window), "acc": acc,
                           "tau": simulated_tau(acc, self.tau_chain), "lr": self.sched.get_last_lr()[0],
                           "tokens_per_s": toks * self.d.world / max(dt, 1e-9)})
                 window, t0, toks = None, time.perf_counter(), 0
@@ -322,6 +324,12 @@ class Trainer:
                 "best_tau": best["tau"] if best else None, "best_step": best["step"] if best else None,
                 "eval": evals[-1] if evals else None, "train": trains[-1] if trains else None,
                 "mode": "online" if self.inp.source.online else "offline"}
+
+
+def token_loss(stats: torch.Tensor) -> float:
+    """Mean cross-entropy (nats) per predicted token over all TTT steps, unweighted: what the progress bar
+    shows and the demo plots. `loss` in metrics.jsonl is the objective (step k weighted by step_decay**k)."""
+    return float(stats[:, 0].sum() / stats[:, 2].clamp(min=1).sum())
 
 
 class _null:
