@@ -8,6 +8,11 @@ step's time; the target-head forward is reported separately and excluded from MF
 
   python bench/train.py --out bench/results/train_h200.json          # GPU
   python bench/train.py --tiny --out /tmp/train_tiny.json            # CPU smoke run (seconds)
+
+Variants (--variants, each measured in the same process): `plain` = the reference loss that materialises every
+TTT step's [N, draft-vocab] logits; `fused` = the chunked lm-head + loss of train/loss.py; `compiled` = fused with
+the draft's decoder layer under torch.compile. A torch.profiler summary of the last variant (top ops by device
+time) goes into the JSON, and --long-seq N runs plain and fused at N tokens to show the peak memory (16k fits).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import argparse
 import json
 import platform
 import time
+from contextlib import nullcontext
 from types import SimpleNamespace
 
 import torch
@@ -41,6 +47,22 @@ def draft_flops_per_token(cfg, T: int, K: int, valid_frac: float) -> float:
     return 3 * (2 * cfg.num_aux * cfg.target_hidden_size * H + K * per_step + attn)
 
 
+def profile_summary(step, dev, top: int = 15) -> list[dict]:
+    """Where a step's time goes: torch.profiler over 2 steps, ops by self device (or CPU) time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        for _ in range(2):
+            step()
+    attr = "self_device_time_total" if dev.type == "cuda" else "self_cpu_time_total"
+    ev = [e for e in prof.key_averages() if getattr(e, attr, 0) > 0]
+    total = sum(getattr(e, attr) for e in ev) or 1
+    ev.sort(key=lambda e: -getattr(e, attr))
+    return [{"op": e.key, "ms_per_step": round(getattr(e, attr) / 2e3, 3), "share": round(getattr(e, attr) / total, 4),
+             "calls_per_step": e.count // 2} for e in ev[:top]]
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tiny", action="store_true", help="tiny shapes on CPU (smoke test)")
@@ -54,6 +76,11 @@ def main(argv=None) -> dict:
     p.add_argument("--device", default=None)
     p.add_argument("--attention", choices=["flex", "dense"], default=None)
     p.add_argument("--no-compile", action="store_true", help="eager flex attention (slow; for debugging)")
+    p.add_argument("--variants", default="plain,fused,compiled", help="comma list of plain | fused | compiled")
+    p.add_argument("--loss-chunk", type=int, default=4096, help="rows per lm-head chunk of the fused loss")
+    p.add_argument("--long-seq", type=int, default=None, help="also run plain and fused at this many tokens "
+                   "(peak memory; default 16384 on GPU, off on CPU; 0 = off)")
+    p.add_argument("--no-profile", action="store_true", help="skip the profiler summary")
     p.add_argument("--peak-tflops", type=float, default=None, help="bf16 dense peak for MFU (default by GPU name)")
     p.add_argument("--out", default=None, help="write the JSON result here")
     a = p.parse_args(argv)
@@ -65,6 +92,11 @@ def main(argv=None) -> dict:
     Vd = a.draft_vocab or (128 if a.tiny else 32000)
     steps, warmup = a.steps or (3 if a.tiny else 10), a.warmup if a.warmup is not None else (1 if a.tiny else 3)
     attention = a.attention or ("flex" if gpu else "dense")
+    variants = [v.strip() for v in a.variants.split(",") if v.strip()]
+    bad = [v for v in variants if v not in ("plain", "fused", "compiled")]
+    if bad or not variants:
+        p.error(f"--variants {a.variants!r}: use a comma list of plain, fused, compiled")
+    long_seq = a.long_seq if a.long_seq is not None else (16384 if gpu else 0)
     if attention == "flex" and gpu and not a.no_compile:
         compile_flex_attention()
 
@@ -82,61 +114,97 @@ def main(argv=None) -> dict:
     hdt = torch.bfloat16 if gpu else torch.float32
     norm = torch.nn.RMSNorm(H, eps=cfg.rms_norm_eps).to(dev, hdt)
     head = TargetHead(norm, (torch.randn(V, H, device=dev) * H ** -0.5).to(hdt), d2t.to(dev), t2d.to(dev))
-    unroll = TTTUnroll(draft, K, attention=attention)
     opt = torch.optim.AdamW([q for q in draft.parameters() if q.requires_grad], lr=1e-4, betas=(0.9, 0.95))
-
-    B = a.batch
-    lengths = [T // a.docs] * (a.docs - 1) + [T - (T // a.docs) * (a.docs - 1)]
-    pos = torch.cat([torch.arange(n) for n in lengths]).expand(B, T).contiguous().to(dev)
-    input_ids = torch.randint(0, V, (B, T), device=dev)
-    loss_mask = torch.ones(B, T, dtype=torch.bool, device=dev)
-    aux = torch.randn(B, T, cfg.num_aux, H, device=dev, dtype=hdt)
-    last = torch.randn(B, T, H, device=dev, dtype=hdt)
+    eager_layer = draft.layers[0]
     amp = torch.bfloat16 if gpu else None
+    B = a.batch
 
     def sync():
         if gpu:
             torch.cuda.synchronize()
 
-    def step():
-        t0 = time.perf_counter()
-        probs, ok, arg = head(last)
-        ok = torch.ones_like(ok)          # random head: count every position, as a trained target mostly would
-        sync()
-        t1 = time.perf_counter()
-        with torch.autocast(dev.type, dtype=amp, enabled=amp is not None):
-            loss, _ = unroll(input_ids, pos, loss_mask, aux, probs, ok, arg)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(draft.parameters(), 0.5)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        sync()
-        return t1 - t0, time.perf_counter() - t1
+    def make_step(variant: str, T: int):
+        draft.layers[0] = torch.compile(eager_layer) if variant == "compiled" else eager_layer
+        unroll = TTTUnroll(draft, K, attention=attention, loss_chunk=0 if variant == "plain" else a.loss_chunk)
+        lengths = [T // a.docs] * (a.docs - 1) + [T - (T // a.docs) * (a.docs - 1)]
+        pos = torch.cat([torch.arange(n) for n in lengths]).expand(B, T).contiguous().to(dev)
+        g = torch.Generator(device=dev).manual_seed(1)
+        input_ids = torch.randint(0, V, (B, T), device=dev, generator=g)
+        loss_mask = torch.ones(B, T, dtype=torch.bool, device=dev)
+        aux = torch.randn(B, T, cfg.num_aux, H, device=dev, dtype=hdt, generator=g)
+        last = torch.randn(B, T, H, device=dev, dtype=hdt, generator=g)
 
-    for _ in range(warmup):
-        step()
-    if gpu:
-        torch.cuda.reset_peak_memory_stats()
-    times = [step() for _ in range(steps)]
-    head_s = sum(t[0] for t in times) / steps
-    draft_s = sum(t[1] for t in times) / steps
-    doc = document_ids(pos)
-    valid = sum(float(step_valid(doc, loss_mask, torch.ones_like(loss_mask), k).float().mean()) for k in range(K)) / K
-    flops = draft_flops_per_token(cfg, T, K, valid) * B * T
+        def step():
+            t0 = time.perf_counter()
+            probs, ok, arg = head(last)
+            ok = torch.ones_like(ok)          # random head: count every position, as a trained target mostly would
+            sync()
+            t1 = time.perf_counter()
+            with torch.autocast(dev.type, dtype=amp) if amp is not None else nullcontext():
+                loss, _ = unroll(input_ids, pos, loss_mask, aux, probs, ok, arg)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(draft.parameters(), 0.5)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            sync()
+            return t1 - t0, time.perf_counter() - t1, float(loss.detach())
+        return step, pos, loss_mask
+
     name = torch.cuda.get_device_name(dev) if gpu else platform.processor() or "cpu"
     peak = a.peak_tflops or next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
+
+    def measure(variant: str, T: int, n_steps: int, n_warm: int) -> dict:
+        print(f"[bench/train] {variant} seq {T}: {n_warm} warm-up + {n_steps} timed steps", flush=True)
+        if gpu:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        try:
+            step, pos, loss_mask = make_step(variant, T)
+            t_c = time.perf_counter()
+            for _ in range(n_warm):
+                step()
+            warm_s = time.perf_counter() - t_c
+            times = [step() for _ in range(n_steps)]
+        except torch.OutOfMemoryError as e:
+            opt.zero_grad(set_to_none=True)
+            return {"variant": variant, "seq": T, "oom": str(e).splitlines()[0][:200]}
+        head_s = sum(t[0] for t in times) / n_steps
+        draft_s = sum(t[1] for t in times) / n_steps
+        doc = document_ids(pos)
+        valid = sum(float(step_valid(doc, loss_mask, torch.ones_like(loss_mask), k).float().mean())
+                    for k in range(K)) / K
+        flops = draft_flops_per_token(cfg, T, K, valid) * B * T
+        r = {"variant": variant, "seq": T, "warmup_s": round(warm_s, 2),
+             "step_s": round(head_s + draft_s, 4), "target_head_s": round(head_s, 4), "draft_step_s": round(draft_s, 4),
+             "tokens_per_s": round(B * T / (head_s + draft_s), 1), "losses": [round(t[2], 5) for t in times],
+             "draft_tflops_per_step": round(flops / 1e12, 3),
+             "achieved_tflops": round(flops / (head_s + draft_s) / 1e12, 2),
+             "mfu": round(flops / (head_s + draft_s) / (peak * 1e12), 4) if peak else None,
+             "peak_memory_gib": round(torch.cuda.max_memory_allocated(dev) / 2 ** 30, 2) if gpu else None}
+        print(f"[bench/train]   {r['tokens_per_s']} tok/s, MFU {r['mfu']}, peak {r['peak_memory_gib']} GiB", flush=True)
+        r["_step"] = step
+        return r
+
+    runs = [measure(v, T, steps, warmup) for v in variants]
+    last_ok = next((r for r in reversed(runs) if "_step" in r), None)
+    profile = None
+    if not a.no_profile and last_ok is not None:
+        draft.layers[0] = torch.compile(eager_layer) if last_ok["variant"] == "compiled" else eager_layer
+        profile = {"variant": last_ok["variant"], "top_ops": profile_summary(last_ok["_step"], dev)}
+    long = [measure(v, long_seq, 2, 1) for v in ("plain", "fused")] if long_seq else []
+    for r in runs + long:
+        r.pop("_step", None)
+    best = max((r for r in runs if "tokens_per_s" in r), key=lambda r: r["tokens_per_s"])
     res = {
         "bench": "train", "device": name, "torch": torch.__version__, "shape": "tiny" if a.tiny else "llama-3.1-8b",
         "hidden": H, "vocab": V, "draft_vocab": Vd, "ttt_steps": K, "seq": T, "batch": B, "docs_per_row": a.docs,
         "attention": attention, "compiled": attention == "flex" and gpu and not a.no_compile,
-        "step_s": round(head_s + draft_s, 4), "target_head_s": round(head_s, 4), "draft_step_s": round(draft_s, 4),
-        "tokens_per_s": round(B * T / (head_s + draft_s), 1),
-        "draft_tflops_per_step": round(flops / 1e12, 3),
-        "achieved_tflops": round(flops / (head_s + draft_s) / 1e12, 2),
-        "mfu": round(flops / (head_s + draft_s) / (peak * 1e12), 4) if peak else None,
+        "loss_chunk": a.loss_chunk, "best_variant": best["variant"],
+        **{k: best[k] for k in ("step_s", "target_head_s", "draft_step_s", "tokens_per_s", "draft_tflops_per_step",
+                                "achieved_tflops", "mfu", "peak_memory_gib")},
         "peak_tflops_assumed": peak,
-        "peak_memory_gib": round(torch.cuda.max_memory_allocated(dev) / 2 ** 30, 2) if gpu else None,
         "draft_params_trainable": sum(q.numel() for q in draft.parameters() if q.requires_grad),
+        "variants": runs, "long_seq": long, "profile": profile,
     }
     try:
         import speculators  # noqa: F401  (its trainer would be the comparison point)

@@ -12,8 +12,12 @@ def test_bench_train_tiny_runs_on_cpu(tmp_path, monkeypatch):
     import train as bench_train
 
     out = tmp_path / "t.json"
-    res = bench_train.main(["--tiny", "--steps", "1", "--warmup", "0", "--out", str(out)])
+    res = bench_train.main(["--tiny", "--steps", "1", "--warmup", "0", "--variants", "plain,fused",
+                            "--long-seq", "96", "--out", str(out)])
     assert json.loads(out.read_text()) == res
+    assert [r["variant"] for r in res["variants"]] == ["plain", "fused"]
+    assert [(r["variant"], r["seq"]) for r in res["long_seq"]] == [("plain", 96), ("fused", 96)]
+    assert res["profile"]["variant"] == "fused" and res["profile"]["top_ops"][0]["ms_per_step"] > 0
     assert res["tokens_per_s"] > 0 and res["ttt_steps"] == 3 and res["attention"] == "dense"
     assert res["draft_tflops_per_step"] >= 0 and res["draft_params_trainable"] > 0
     sys.modules.pop("train", None)

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from eyas.draft.model import Eagle3Draft
+from eyas.train.loss import chunked_soft_ce
 
 try:
     from torch.nn.attention.flex_attention import BlockMask, create_block_mask
@@ -105,13 +106,17 @@ class TargetHead(nn.Module):
 class TTTUnroll(nn.Module):
     """Wraps the draft so that one forward() is the whole K-step unroll + loss (DDP/FSDP2 hook on it)."""
 
-    def __init__(self, draft: Eagle3Draft, steps: int, decay: float = 0.8, attention: str = "dense"):
+    def __init__(self, draft: Eagle3Draft, steps: int, decay: float = 0.8, attention: str = "dense",
+                 loss_chunk: int = 4096):
+        """loss_chunk: rows per lm-head chunk in the fused head + loss (train/loss.py); 0 = the plain path
+        that materialises every step's [N, Vd] logits (kept as the reference the tests compare with)."""
         super().__init__()
         if steps < 1:
             raise ValueError(f"ttt steps must be >= 1, got {steps}")
         if attention not in ("dense", "flex"):
             raise ValueError(f"attention must be 'dense' or 'flex', got {attention!r}")
         self.draft, self.steps, self.decay, self.attention = draft, steps, decay, attention
+        self.loss_chunk = loss_chunk
 
     def mask(self, doc: torch.Tensor, k: int):
         return ttt_block_mask(doc, k) if self.attention == "flex" else ttt_dense_mask(doc, k)
@@ -131,15 +136,29 @@ class TTTUnroll(nn.Module):
             past = (kk, vv) if past is None else (torch.cat([past[0], kk], 2), torch.cat([past[1], vv], 2))
             valid = step_valid(doc, loss_mask, in_vocab, k)
             # Logits only where counted: user turns and padding cost no lm_head FLOPs.
-            logits = draft.logits(pre[valid]).float()                     # [N, Vd]
-            p = shift_left(probs, 1 + k)[valid]
-            ce = -(p * torch.log_softmax(logits, dim=-1)).sum(-1)
+            if self.loss_chunk:
+                ce, correct = self._fused_ce(pre, valid, probs, target_arg, 1 + k)
+            else:
+                logits = draft.logits(pre[valid]).float()                 # [N, Vd]
+                p = shift_left(probs, 1 + k)[valid]
+                ce = -(p * torch.log_softmax(logits, dim=-1)).sum(-1)
+                correct = logits.argmax(-1) == shift_left(target_arg, 1 + k)[valid]
+            correct = correct.sum()
             n = valid.sum()
             loss = loss + (self.decay ** k) * ce.sum() / n.clamp(min=1)
-            correct = (logits.argmax(-1) == shift_left(target_arg, 1 + k)[valid]).sum()
             stats.append(torch.stack([ce.sum().detach(), correct.float(), n.float()]))
             hidden = pre
         return loss, torch.stack(stats)
+
+    def _fused_ce(self, pre, valid, probs, target_arg, shift: int):
+        """The plain path's (ce, correct) for positions `valid`, target rows read `shift` positions later,
+        without a [N, Vd] logits or probs tensor (train/loss.py)."""
+        B, T = valid.shape
+        b, t = valid.nonzero(as_tuple=True)
+        rows = b * T + t + shift                       # valid positions never read past their row's end
+        x = self.draft.norm(pre[b, t])
+        return chunked_soft_ce(x, self.draft.lm_head.weight, probs.reshape(B * T, -1), rows,
+                               target_arg.reshape(-1)[rows], self.loss_chunk)
 
 
 def step_accuracy(stats: torch.Tensor) -> list[float]:

@@ -1,0 +1,81 @@
+"""Chunked draft lm-head + soft cross-entropy: [tokens, draft-vocab] logits never exist in full.
+
+The plain TTT loss computes `lm_head(norm(pre))` for every counted position of a step, keeps the fp32
+logits and their log-softmax for backward, and gathers a [N, Vd] copy of the target probabilities: about
+3 x N x Vd x 4 bytes per TTT step, all K steps alive until backward (K=7, N=16k, Vd=32k: ~44 GB). Here
+the logits are made `chunk` rows at a time in forward (only the per-row log-sum-exp is kept) and
+remade chunk by chunk in backward (one extra lm-head matmul, ~2 % of the step's FLOPs at the 8B shape),
+and the target probabilities are read through row indices into the one shared [B*T, Vd] tensor.
+
+Numerics: the matmul runs in the autocast dtype when autocast is on (as the plain path's
+`lm_head` does), accumulation and softmax in fp32. tests/train/test_loss.py checks loss, accuracy and
+gradients against the plain path.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    dev = x.device.type
+    if torch.is_autocast_enabled(dev):
+        return torch.get_autocast_dtype(dev)
+    return x.dtype
+
+
+class _ChunkedSoftCE(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, probs, rows, target_arg, chunk: int, dt):
+        # x [N, H] normed hidden; weight [Vd, H]; probs [R, Vd] fp32; rows [N] indices into probs;
+        # target_arg [N] draft ids. Returns ce [N] fp32 and correct [N] bool.
+        N = x.shape[0]
+        w = weight.to(dt)
+        ce = torch.empty(N, dtype=torch.float32, device=x.device)
+        lse = torch.empty(N, dtype=torch.float32, device=x.device)
+        correct = torch.empty(N, dtype=torch.bool, device=x.device)
+        with torch.autocast(x.device.type, enabled=False):
+            for i in range(0, N, chunk):
+                logits = F.linear(x[i:i + chunk].to(dt), w).float()           # [c, Vd], one chunk only
+                p = probs.index_select(0, rows[i:i + chunk])
+                lse[i:i + chunk] = torch.logsumexp(logits, dim=-1)
+                # -sum p log_softmax = lse * sum p - sum p * logits
+                ce[i:i + chunk] = lse[i:i + chunk] * p.sum(-1) - (p * logits).sum(-1)
+                correct[i:i + chunk] = logits.argmax(-1) == target_arg[i:i + chunk]
+        ctx.save_for_backward(x, weight, probs, rows, lse)
+        ctx.chunk, ctx.dt = chunk, dt
+        ctx.mark_non_differentiable(correct)
+        return ce, correct
+
+    @staticmethod
+    def backward(ctx, grad_ce, _grad_correct):
+        x, weight, probs, rows, lse = ctx.saved_tensors
+        chunk, dt = ctx.chunk, ctx.dt
+        w = weight.to(dt)
+        gx = torch.empty_like(x) if ctx.needs_input_grad[0] else None
+        gw = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if ctx.needs_input_grad[1] else None
+        with torch.autocast(x.device.type, enabled=False):
+            for i in range(0, x.shape[0], chunk):
+                xc = x[i:i + chunk].to(dt)
+                logits = F.linear(xc, w).float()
+                p = probs.index_select(0, rows[i:i + chunk])
+                # d ce / d logits = softmax * sum p - p
+                g = (torch.exp(logits - lse[i:i + chunk, None]) * p.sum(-1, keepdim=True) - p)
+                g = (g * grad_ce[i:i + chunk, None]).to(dt)
+                if gx is not None:
+                    gx[i:i + chunk] = (g @ w).to(x.dtype)
+                if gw is not None:
+                    gw += (g.t() @ xc).float()
+        return gx, (gw.to(weight.dtype) if gw is not None else None), None, None, None, None, None
+
+
+def chunked_soft_ce(x: torch.Tensor, weight: torch.Tensor, probs: torch.Tensor, rows: torch.Tensor,
+                    target_arg: torch.Tensor, chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row soft cross-entropy of `x @ weight.T` against `probs[rows]`, and argmax == target_arg.
+
+    x [N, H] (already normed), weight [Vd, H], probs [R, Vd] (fp32, rows may repeat), rows [N] int64,
+    target_arg [N]. Returns (ce [N] fp32, correct [N] bool)."""
+    if chunk < 1:
+        raise ValueError(f"loss chunk must be >= 1 rows, got {chunk}")
+    return _ChunkedSoftCE.apply(x, weight, probs, rows, target_arg, int(chunk), _compute_dtype(x))
