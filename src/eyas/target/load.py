@@ -51,6 +51,7 @@ class Target:
     tokenizer: Any
     layout: Layout
     source: TargetSource
+    load_path: str = "from_pretrained"    # or "fast" (target/fastload.py)
 
     @property
     def config(self):
@@ -193,12 +194,26 @@ def build_meta(config) -> nn.Module:
 
 
 def load_target(spec: str | os.PathLike, *, dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu",
-                cache=None, trust_remote_code: bool = False, attn_implementation: str | None = None) -> Target:
-    """Weights, tokenizer and layout of a target, in eval mode with gradients off."""
+                cache=None, trust_remote_code: bool = False, attn_implementation: str | None = None,
+                fast: bool = True) -> Target:
+    """Weights, tokenizer and layout of a target, in eval mode with gradients off.
+
+    fast: local safetensors dirs and GGUF files load through target/fastload.py (meta build, parallel
+    mmap'd reads, assign), falling back to from_pretrained when it cannot prove the load complete."""
     from transformers import AutoConfig, AutoTokenizer
 
     src = resolve(spec, cache=cache, trust_remote_code=trust_remote_code)
     config = _hf(src, "config", AutoConfig.from_pretrained, src.path, **src.kwargs())
+    if fast and Path(src.path).is_dir() and not trust_remote_code:
+        from eyas.target.fastload import FastLoadUnsupported, fast_load_model
+
+        try:
+            model = fast_load_model(src.path, config, dtype=dtype, device=device,
+                                    attn_implementation=attn_implementation, gguf_file=src.gguf_file)
+            tokenizer = _hf(src, "tokenizer", AutoTokenizer.from_pretrained, src.path, **src.kwargs())
+            return Target(model=model, tokenizer=tokenizer, layout=find_layout(model), source=src, load_path="fast")
+        except FastLoadUnsupported:
+            config = _hf(src, "config", AutoConfig.from_pretrained, src.path, **src.kwargs())
     kw = dict(src.kwargs(), dtype=dtype)
     if attn_implementation:
         kw["attn_implementation"] = attn_implementation
