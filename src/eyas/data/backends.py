@@ -61,24 +61,30 @@ class HFBackend:
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos[0]
         self.name = target
 
+    def encode(self, prompt: Sequence[dict]) -> list[int] | GenerationError:
+        """The chat-templated prompt's token ids, or why it cannot be answered (a per-row error)."""
+        try:
+            text = self.tok.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True)
+        except Exception as e:  # noqa: BLE001 - template refusals are per-row errors
+            return GenerationError(f"template_error: {str(e)[:200]}")
+        ids = prompt_ids(self.tok, text)
+        if self.max_prompt_tokens and len(ids) > self.max_prompt_tokens:
+            return GenerationError(f"prompt_too_long: {len(ids)} tokens > max_prompt_tokens {self.max_prompt_tokens}")
+        return ids
+
+    def text(self, tokens: Sequence[int]) -> str:
+        return answer(self.tok, tokens, ())[0]
+
     def generate(self, prompts: Sequence[Sequence[dict]], on_done=None) -> list[tuple[str, str] | GenerationError]:
         """`on_done(i)`, if given, is called as soon as prompt i's answer is final (its end-of-turn token came,
         its error is known, or the batch ended): a progress bar moves per answer, not per batch."""
         on_done = on_done or (lambda i: None)
         out: list = [None] * len(prompts)
-        texts = []
-        for i, p in enumerate(prompts):
-            try:
-                texts.append((i, self.tok.apply_chat_template(list(p), tokenize=False, add_generation_prompt=True)))
-            except Exception as e:  # noqa: BLE001 - template refusals are per-row errors
-                out[i] = GenerationError(f"template_error: {str(e)[:200]}")
-                on_done(i)
         enc = []
-        for i, t in texts:
-            ids = prompt_ids(self.tok, t)
-            if self.max_prompt_tokens and len(ids) > self.max_prompt_tokens:
-                out[i] = GenerationError(f"prompt_too_long: {len(ids)} tokens > max_prompt_tokens "
-                                         f"{self.max_prompt_tokens}")
+        for i, p in enumerate(prompts):
+            ids = self.encode(p)
+            if isinstance(ids, GenerationError):
+                out[i] = ids
                 on_done(i)
             else:
                 enc.append((i, ids))

