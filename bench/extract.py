@@ -6,6 +6,10 @@ GPU (the real benchmark; Llama-3.1-8B shapes, random bf16 weights, ~50k tokens a
 CPU smoke run at tiny shapes:
     python bench/extract.py --tiny --out bench/results/extract-cpu-tiny.json
 
+--compile (default on GPU) measures the plain forward eager and with compiled decoder layers
+(target/compiled.py), checks the compiled capture against the eager one on the first batch, runs the stores
+compiled, and checks the bf16 store's first rows against the eager states.
+
 Ceiling: tokens/s = measured matmul FLOP/s / FLOPs per token, where FLOPs per token = 2 x (decoder
 linear parameters) + attention (2 x hidden x seq per layer, causal average). The lm_head is not in
 it: extraction never runs it.
@@ -30,6 +34,7 @@ from eyas.store import HiddenStateStore, bytes_per_token, target_identity
 from eyas.store.extract import _backbone, _HostCopier, extract_to_store, make_batches
 from eyas.store.format import encode_states
 from eyas.target import capture, default_aux_layer_ids, find_layout
+from eyas.target.compiled import compile_layers
 
 LLAMA_8B = dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
                 intermediate_size=14336, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0)
@@ -128,6 +133,27 @@ def forward_capture(model, data, token_budget: int, device, dtype: str) -> float
     return sum(len(b) for b in batches) * data.ids.shape[1] / (time.perf_counter() - t0)
 
 
+@torch.inference_mode()
+def first_batch_states(model, data, token_budget: int, device, aux_ids) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+    layout = find_layout(model)
+    rows = make_batches({i: data[i]["input_ids"].numel() for i in range(len(data))}, token_budget)[0]
+    ids = torch.stack([data[i]["input_ids"] for i in rows]).to(device)
+    pos = torch.stack([data[i]["position_ids"] for i in rows]).to(device)
+    with capture(layout, aux_ids) as cap:
+        _backbone(model, layout)(input_ids=ids, position_ids=pos, use_cache=False)
+    return rows, cap.aux.float().cpu(), cap.last.float().cpu()
+
+
+def compare(ref: tuple, new_aux: torch.Tensor, new_last: torch.Tensor) -> dict:
+    _, aux, last = ref
+    out = {"bit_equal": bool(torch.equal(aux, new_aux) and torch.equal(last, new_last))}
+    for k, (x, y) in {"aux": (aux, new_aux), "last": (last, new_last)}.items():
+        rel = (y - x).norm(dim=-1) / x.norm(dim=-1).clamp_min(1e-12)
+        out[f"{k}_max_abs_diff"] = float((y - x).abs().max())
+        out[f"{k}_max_rel_err"] = round(float(rel.max()), 6)
+    return out
+
+
 def fp8_error(bf16_dir: Path, fp8_dir: Path, samples: int = 4) -> dict:
     a, b = HiddenStateStore(bf16_dir, check_finite=False), HiddenStateStore(fp8_dir, check_finite=False)
     errs = []
@@ -148,6 +174,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--token-budget", type=int, default=None, help="tokens per batch (default 16384, tiny 512)")
     ap.add_argument("--shard-mb", type=float, default=64.0, help="small shards keep the final (unoverlapped) write short")
     ap.add_argument("--writer-threads", type=int, default=8)
+    ap.add_argument("--max-pending", type=int, default=8, help="batches queued for the writer before the loop waits")
+    ap.add_argument("--compile", choices=["auto", "on", "off"], default="auto", help="compiled decoder layers "
+                    "(auto: on for CUDA)")
     ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp8"])
     ap.add_argument("--store-dir", type=Path, default=None, help="where the stores go (default a temp dir)")
     ap.add_argument("--out", type=Path, default=None, help="JSON results file")
@@ -168,13 +197,30 @@ def main(argv=None) -> dict:
     tflops = matmul_tflops(device, mm_n, mm_iters)
     ceiling = tflops * 1e12 / fpt
     plain_forward(model, data, budget, device)           # a whole warm-up pass: allocator, kernels, clocks
-    fwd = plain_forward(model, data, budget, device)
+    fwd = eager_fwd = plain_forward(model, data, budget, device)
+    compiled = a.compile == "on" or (a.compile == "auto" and device.type == "cuda")
+    eager_ref = first_batch_states(model, data, budget, device, aux_ids)
+    compiled_info = None
+    if compiled:
+        print("[bench/extract] compiling the decoder layers", flush=True)
+        t_c = time.perf_counter()
+        compile_layers(layout)
+        plain_forward(model, data, budget, device)       # compiles (once per batch shape)
+        compile_s = time.perf_counter() - t_c
+        fwd = plain_forward(model, data, budget, device)
+        compiled_info = {"compile_s": round(compile_s, 1), "eager_forward_tokens_per_s": round(eager_fwd, 1),
+                         "eager_forward_frac_of_ceiling": round(eager_fwd / ceiling, 4),
+                         "capture_vs_eager": compare(eager_ref, *first_batch_states(model, data, budget, device,
+                                                                                    aux_ids)[1:])}
+    print(f"[bench/extract] ceiling {ceiling:.0f} tok/s, forward {fwd:.0f} tok/s ({fwd / ceiling:.1%})", flush=True)
     result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (smoke run: numbers "
               "at tiny shapes on a shared CPU are noise, not a benchmark)",
               "torch": torch.__version__, "shape": shape, "seq": seq, "tokens": len(data) * seq,
               "token_budget": budget, "aux_layer_ids": aux_ids, "matmul_n": mm_n,
               "matmul_tflops": round(tflops, 2), "flops_per_token": fpt, "ceiling_tokens_per_s": round(ceiling, 1),
-              "forward_tokens_per_s": round(fwd, 1), "forward_frac_of_ceiling": round(fwd / ceiling, 4), "stores": {}}
+              "forward_tokens_per_s": round(fwd, 1), "forward_frac_of_ceiling": round(fwd / ceiling, 4),
+              "compiled": compiled_info, "writer_threads": a.writer_threads, "max_pending": a.max_pending,
+              "stores": {}}
     root = a.store_dir or Path(tempfile.mkdtemp(prefix="eyas-bench-extract-"))
     dirs = {}
     try:
@@ -185,7 +231,7 @@ def main(argv=None) -> dict:
                                     num_layers=cfg.num_hidden_layers, vocab_size=cfg.vocab_size)
             fc = forward_capture(model, data, budget, device, dtype)
             kw = dict(identity=ident, token_budget=budget, shard_mb=a.shard_mb, writer_threads=a.writer_threads,
-                      device=device)
+                      device=device, max_pending=a.max_pending)
             # Cold: the first run pays pinned-memory allocation and page-cache growth; warm = steady state.
             sync(device)
             cold = extract_to_store(model, layout, data, root / f"{dtype}-cold", **kw)
@@ -203,9 +249,18 @@ def main(argv=None) -> dict:
                 "disk_bytes_per_token": round(disk / s["tokens"], 1),
                 "formula_bytes_per_token": bytes_per_token(cfg.hidden_size, len(aux_ids), dtype),
                 "write_mb_per_s": round(disk / s["seconds"] / 2**20, 1)}
+            print(f"[bench/extract] {dtype} store: {s['tokens_per_s']:.0f} tok/s "
+                  f"({s['tokens_per_s'] / ceiling:.1%} of ceiling), writer stall {s['writer_stall_s']} s", flush=True)
             dirs[dtype] = out
         if {"bf16", "fp8"} <= set(dirs):
             result["fp8_vs_bf16"] = fp8_error(dirs["bf16"], dirs["fp8"])
+        if "bf16" in dirs:   # the fast end-to-end path's stored states against the eager forward's
+            st = HiddenStateStore(dirs["bf16"], check_finite=False)
+            rows = eager_ref[0]
+            got = [st[i] for i in rows]
+            ref = (rows, eager_ref[1].to(torch.bfloat16).float(), eager_ref[2].to(torch.bfloat16).float())
+            result["bf16_store_vs_eager_forward"] = compare(
+                ref, torch.stack([g["aux"].float() for g in got]), torch.stack([g["last"].float() for g in got]))
     finally:
         if a.store_dir is None:
             shutil.rmtree(root, ignore_errors=True)

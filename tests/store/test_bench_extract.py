@@ -22,3 +22,5 @@ def test_bench_extract_tiny_cpu(tmp_path):
         assert s["tokens_per_s"] > 0
     assert r["stores"]["fp8"]["disk_bytes_per_token"] < 0.6 * r["stores"]["bf16"]["disk_bytes_per_token"]
     assert 0 < r["fp8_vs_bf16"]["max_rel_err"] < 0.06
+    # eager path (no --compile on CPU): the store holds exactly the states a plain captured forward gives
+    assert r["compiled"] is None and r["bf16_store_vs_eager_forward"]["bit_equal"] is True

@@ -53,6 +53,8 @@ class ExtractConfig(StageConfig):
     shard_mb: float = Field(256.0, gt=0, description="target size of one shard file in MiB")
     writer_threads: int = Field(4, ge=1, description="threads hashing and writing shards (each ~0.4 GB/s "
                                 "on an H200 host; the store needs bytes/token x tokens/s)")
+    compile: bool = Field(False, description="torch.compile the target's decoder layers (faster forward on GPUs; "
+                          "the first batches pay the compile)")
     limit: int | None = Field(None, gt=0, description="extract only the first N prepared rows")
     overwrite: bool = Field(False, description="delete an existing store in --out first (single process only)")
     cache_dir: Path | None = Field(None, description="cache for built-in targets (default $EYAS_CACHE or ~/.cache/eyas)")
@@ -149,8 +151,9 @@ class StoreJob:
     todo: list[int]
     token_bytes: int
 
-    def writer(self, rank: int, threads: int) -> ShardWriter:
-        return ShardWriter(self.out, rank, self.header, self.plan, threads=threads, skip=set(self.done))
+    def writer(self, rank: int, threads: int, max_pending: int = 4) -> ShardWriter:
+        return ShardWriter(self.out, rank, self.header, self.plan, threads=threads, skip=set(self.done),
+                           max_pending=max_pending)
 
     def groups(self, rank: int, world: int) -> list[list[int]]:
         """This rank's shard groups that still have a shard to write (whole groups: see Plan.groups)."""
@@ -203,7 +206,7 @@ def begin_store(dataset, out: str | os.PathLike, identity: dict[str, Any], *, sh
 def extract_to_store(model: torch.nn.Module, layout, dataset, out: str | os.PathLike, *, identity: dict[str, Any],
                      token_budget: int = 16384, shard_mb: float = 256.0, writer_threads: int = 2,
                      limit: int | None = None, rank: int = 0, world: int = 1, packed: bool = False,
-                     device: torch.device | str | None = None) -> dict[str, Any]:
+                     device: torch.device | str | None = None, max_pending: int = 4) -> dict[str, Any]:
     """Extract `dataset` rows (or the first `limit`) into the store at `out`; resumable; returns a summary."""
     job = begin_store(dataset, out, identity, shard_mb=shard_mb, limit=limit, rank=rank, world=world,
                       token_budget=token_budget)
@@ -214,7 +217,7 @@ def extract_to_store(model: torch.nn.Module, layout, dataset, out: str | os.Path
     plan = job.plan
     backbone = _backbone(model, layout)
     copier = _HostCopier(device)
-    writer = job.writer(rank, writer_threads)
+    writer = job.writer(rank, writer_threads, max_pending)
 
     t_start = time.perf_counter()
     tokens = padded = 0
@@ -287,6 +290,9 @@ def run(cfg: ExtractConfig) -> dict[str, Any]:
                     trust_remote_code=cfg.trust_remote_code, attn_implementation=cfg.attn_implementation)
     aux_ids = validate_aux_layer_ids(cfg.aux_layers or default_aux_layer_ids(t.layout.num_layers),
                                      t.layout.num_layers)
+    if cfg.compile:
+        from eyas.target.compiled import compile_layers
+        compile_layers(t.layout)
     identity = target_identity(cfg.target, t.config, aux_ids, cfg.dtype, hidden_size=t.layout.hidden_size,
                                num_layers=t.layout.num_layers, vocab_size=t.layout.vocab_size)
     summary = extract_to_store(t.model, t.layout, dataset, cfg.out, identity=identity, token_budget=cfg.token_budget,
