@@ -6,7 +6,7 @@ import torch
 from conftest import V, random_draft, tiny_gemma3, tiny_llama, tiny_moe
 
 from eyas.decode.proposer import EagleProposer, OracleProposer
-from eyas.decode.speculative import SpecDecoder, ar_generate
+from eyas.decode.speculative import HostSpecDecoder, SpecDecoder, ar_generate
 from eyas.decode.target_step import TargetRunner
 from eyas.decode.tree import TreeSpec
 from eyas.target import target_states
@@ -102,7 +102,7 @@ def test_draft_kv_cache_matches_recomputation():
     draft, target = train_draft(model, steps=100)
     runner = TargetRunner(model, target.layout, draft.config.aux_layer_ids, CAP)
     prop = EagleProposer(draft, TreeSpec.chain(3), CAP)
-    dec = SpecDecoder(runner, prop)
+    dec = HostSpecDecoder(runner, prop)  # its propose/observe calls are what this test spies on
     prompt = prompts(1, seed=2)[0]
     seen = []
     orig = prop.propose

@@ -39,13 +39,49 @@ class EagleProposer:
         torch._dynamo.mark_static_address(self.vbuf)
         self.size = size
         self._compiled_tree = self._compiled_catchup = None
-        self.last = None  # (pre [H], logp [k], ids [k], position p) from the latest catch-up
+        # The latest catch-up's last row (the next tree's root), as static buffers the round graphs
+        # read and write in place: pre-norm hidden [H], top-k log-probs and target ids [k].
+        self.pre0 = torch.zeros(cfg.hidden_size, device=self.device, dtype=self.dtype)
+        self.lp0 = torch.zeros(spec.topk, device=self.device)
+        self.id0 = torch.zeros(spec.topk, device=self.device, dtype=torch.long)
+        self._tree_fn, self._catchup_fn = self._tree, self._catchup  # what the static-buffer path runs
+        self.p = 0        # host path: position of the latest catch-up's last row
         self.ctx = 0      # draft KV slots [0, ctx) are committed
 
     def compile(self, mode: str = "reduce-overhead") -> None:
         raise_recompile_limit()
         self._compiled_tree = torch.compile(self._tree, mode=mode, fullgraph=False, dynamic=False)
         self._compiled_catchup = torch.compile(self._catchup, mode=mode, fullgraph=False, dynamic=False)
+
+    def compile_inner(self) -> None:
+        """Compile (no CUDA graphs of its own) the two functions the static-buffer path runs, for the
+        decoder's manually captured graphs to replay."""
+        raise_recompile_limit()
+        self._tree_fn = torch.compile(self._tree, dynamic=False)
+        self._catchup_fn = torch.compile(self._catchup, dynamic=False)
+
+    def _set_root(self, pre, top, ids) -> None:
+        self.pre0.copy_(pre[0])
+        self.lp0.copy_(top[0])
+        self.id0.copy_(ids[0])
+
+    @torch.no_grad()
+    def catchup(self, aux, toks, start, m) -> None:
+        """Static-buffer path: `_catchup` (all tensors, rows >= m padding) into the root buffers."""
+        self._set_root(*self._catchup_fn(aux, toks, start, m))
+
+    @torch.no_grad()
+    def draft_tree(self, L: torch.Tensor, seq: torch.Tensor):
+        """Static-buffer path: the next tree with `L` (0-d) tokens committed, as tensors of static shape
+        N = spec.total: tokens [N], parents [N] (-1 root), valid [N] (False: orphan on an exact tie),
+        scores [N]. Nodes are in global-index order, so parents precede children."""
+        ints, sc = self._tree_fn(self.pre0, self.lp0, self.id0, L - 2, L - 1)
+        sel, tok, par = ints
+        N = sel.shape[0]
+        loc = torch.searchsorted(sel, par.clamp(min=0)).clamp(max=N - 1)
+        root = par < 0
+        valid = root | (sel[loc] == par)
+        return tok, torch.where(root, -1, loc), valid, sc
 
     def _step(self, tokens, hidden, positions, write, ctx_len, anc, self_mask, pick):
         # tokens/positions/write [T]; hidden [T, H]; anc bool [T, S] over the scratch region;
@@ -92,12 +128,12 @@ class EagleProposer:
             toks = toks + [0] * (rows - m)
         args = (aux, torch.tensor(toks, device=dev), torch.tensor(start, device=dev), torch.tensor(m, device=dev))
         if eager:
-            pre, top, ids = self._catchup(*args)
+            self._set_root(*self._catchup(*args))
         else:
             torch.compiler.cudagraph_mark_step_begin()
-            pre, top, ids = (t.clone() for t in self._compiled_catchup(*args))
+            self._set_root(*self._compiled_catchup(*args))
         self.ctx = start + m
-        self.last = (pre[0], top[0], ids[0], start + m - 1)
+        self.p = start + m - 1
 
     def _tree(self, pre0, lp0, id0, p, ctx):
         """All draft levels of one round as pure tensor code (one CUDA graph when compiled).
@@ -136,8 +172,8 @@ class EagleProposer:
     @torch.no_grad()
     def propose(self) -> Tree:
         """EAGLE-2: expand the `topk` best nodes per level by cumulative log-prob, keep the `total` best."""
-        pre0, lp0, id0, p = self.last
-        args = (pre0, lp0, id0, torch.tensor(p, device=self.device), torch.tensor(self.ctx, device=self.device))
+        args = (self.pre0, self.lp0, self.id0, torch.tensor(self.p, device=self.device),
+                torch.tensor(self.ctx, device=self.device))
         if self._compiled_tree is None:
             ints, sc = self._tree(*args)
         else:
@@ -165,6 +201,22 @@ class OracleProposer:
 
     def observe(self, seq: list[int], aux: torch.Tensor, start: int) -> None:
         self.seq = list(seq)
+
+    def catchup(self, aux, toks, start, m) -> None:
+        pass  # static-buffer path: the decoder's token buffer is all the oracle reads
+
+    @torch.no_grad()
+    def draft_tree(self, L: torch.Tensor, seq: torch.Tensor):
+        """Static-buffer path: k greedy forwards over the whole (causal, so junk after L is harmless)
+        token buffer, reading the argmax at L-1+j: no host sync, static shapes."""
+        ids, dev = seq.clone(), seq.device
+        for j in range(self.k):
+            logits = self.model(input_ids=ids[None], use_cache=False).logits[0]
+            nxt = logits.index_select(0, (L - 1 + j).reshape(1)).argmax(-1)
+            ids.index_copy_(0, (L + j).reshape(1), nxt)
+        tok = ids.index_select(0, L + torch.arange(self.k, device=dev))
+        return (tok, torch.arange(-1, self.k - 1, device=dev), torch.ones(self.k, dtype=torch.bool, device=dev),
+                torch.zeros(self.k, device=dev))
 
     @torch.no_grad()
     def propose(self) -> Tree:

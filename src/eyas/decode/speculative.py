@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from eyas.decode.target_step import TargetRunner
-from eyas.decode.tree import Tree, greedy_accept, sample_accept
+from eyas.decode.tree import Tree, accept_path, greedy_accept, sample_accept, sample_rows, tree_masks
 
 
 def _sync(device: torch.device) -> None:
@@ -100,8 +100,10 @@ def ar_generate(runner: TargetRunner, prompt: list[int], max_new_tokens: int, *,
     return out, stats
 
 
-class SpecDecoder:
-    """Chain or tree speculative decoding around a TargetRunner and a proposer."""
+class HostSpecDecoder:
+    """The reference decoder: the tree is built, verified and accepted on the host (a Tree object,
+    python walks, several device->host reads per round). `SpecDecoder` must equal it token for token
+    (greedy); it also serves proposers without the static-buffer protocol."""
 
     def __init__(self, runner: TargetRunner, proposer, *, temperature: float = 0.0, eos_ids=(),
                  record_rounds: bool = False, residual: bool = True):
@@ -180,3 +182,192 @@ class SpecDecoder:
         """Per node: does its token equal the target's argmax at its parent (known for every verified node)."""
         am = logits.argmax(-1).tolist()
         return [tree.tokens[i] == am[p + 1] for i, p in enumerate(tree.parents)]
+
+
+class SpecDecoder:
+    """Chain or tree speculative decoding with all round state on the device.
+
+    A round is two functions of persistent buffers only (so each is one manually captured CUDA
+    graph on the GPU, replayed with no per-round host->device copy):
+      verify: tree masks from the tree buffers, one target forward at the static width W = total+1,
+              acceptance (argmax or one sample per row), KV compaction, L += accepted + 1;
+      draft:  the draft's catch-up over the accepted rows, then the next tree into the tree buffers.
+    The host then reads one small tensor (accepted count + tokens): the round's only sync.
+    Off the GPU (or graphs=False) the same two functions run eagerly. Proposers provide
+    `observe(seq, aux, 0)` (prefill), `catchup(aux, toks, start, m)` and `draft_tree(L, seq) -> tensors`.
+    """
+
+    def __init__(self, runner: TargetRunner, proposer, *, temperature: float = 0.0, eos_ids=(),
+                 record_rounds: bool = False, residual: bool = True, graphs: bool | None = None):
+        self.runner, self.proposer = runner, proposer
+        self.temperature, self.eos = temperature, set(eos_ids)
+        self.record_rounds, self.residual = record_rounds, residual
+        dev = self.device = runner.device
+        self.cuda = dev.type == "cuda"
+        self.graphs = self.cuda and graphs is not False  # CUDA graphs only exist on the GPU
+        self.N, self.D = proposer.spec.total, proposer.spec.depth
+        N, D, lg = self.N, self.D, dict(dtype=torch.long, device=dev)
+        self.L = torch.zeros((), **lg)                             # committed tokens
+        self.seq = torch.zeros(runner.capacity + D + 2, **lg)      # committed tokens (+ scratch after L)
+        self.t_tok, self.t_par = torch.zeros(N, **lg), torch.zeros(N, **lg)
+        self.t_valid = torch.zeros(N, dtype=torch.bool, device=dev)
+        self.t_sc = torch.zeros(N, device=dev)
+        self.emitted, self.c_start, self.c_m = torch.zeros(D + 1, **lg), torch.zeros((), **lg), torch.zeros((), **lg)
+        self.ar_w, self.ar_d = torch.arange(N + 1, device=dev), torch.arange(D + 1, device=dev)
+        self.out = torch.zeros(2 * D + 3, **lg)                    # n_acc, emitted [D+1], kept rows [D+1]
+        self.rec = torch.zeros(5, N, dtype=torch.float64, device=dev)  # tokens, parents, valid, match, scores
+        self.out_host = torch.zeros_like(self.out, device="cpu", pin_memory=self.cuda)
+        self.rec_host = torch.zeros_like(self.rec, device="cpu", pin_memory=self.cuda)
+        self.aux_keep = self.noise = None                          # shapes known at the first prefill
+        self._graphs = None
+        self._gen_dev = torch.Generator(device=dev) if self.cuda else None
+
+    # ---- the two round functions: persistent tensors in, persistent tensors out ----
+    def _verify(self) -> None:
+        L, D = self.L, self.D
+        pv, anc, dep, valid_v = tree_masks(self.t_par, self.t_valid, D)
+        tok_v = torch.cat([self.seq[(L - 1).reshape(1)], self.t_tok])
+        slots = L - 1 + self.ar_w
+        logits, aux = self.runner.inner_step(tok_v, L - 1 + dep, slots, L - 1, anc)
+        if self.temperature <= 0:
+            target, second = logits.argmax(-1), None
+        else:
+            target = sample_rows(logits, self.temperature, self.noise[0])
+            second = None if self.residual else sample_rows(logits, self.temperature, self.noise[1])
+        n_acc, keep, emitted = accept_path(tok_v, pv, anc, dep, valid_v, target, D, second)
+        self.runner.cache.compact(slots[keep], L - 1 + self.ar_d)
+        self.aux_keep.copy_(aux[keep])
+        self.emitted.copy_(emitted)
+        self.c_start.copy_(L - 1)
+        self.c_m.copy_(n_acc + 1)
+        self.seq.index_copy_(0, L + self.ar_d, emitted)
+        self.out.copy_(torch.cat([(n_acc).reshape(1), emitted, keep]))
+        if self.record_rounds:
+            match = tok_v[1:] == target[pv[1:]]
+            self.rec.copy_(torch.stack([self.t_tok.double(), self.t_par.double(), valid_v[1:].double(),
+                                        match.double(), self.t_sc.double()]))
+        L.add_(n_acc + 1)
+
+    def _draft(self, catchup: bool = True) -> None:
+        if catchup:
+            self.proposer.catchup(self.aux_keep, self.emitted, self.c_start, self.c_m)
+        tok, par, valid, sc = self.proposer.draft_tree(self.L, self.seq)
+        self.t_tok.copy_(tok)
+        self.t_par.copy_(par)
+        self.t_valid.copy_(valid)
+        self.t_sc.copy_(sc)
+
+    def _capture(self) -> None:
+        """Warm up on a side stream (allocator, compiled kernels), undo the warm-up's state changes (it
+        only wrote uncommitted KV slots), then capture each round function once."""
+        p = self.proposer
+        state = [self.L, self.seq, self.t_tok, self.t_par, self.t_valid, self.t_sc, self.emitted, self.c_start,
+                 self.c_m, self.aux_keep] + [getattr(p, n) for n in ("pre0", "lp0", "id0") if hasattr(p, n)]
+        saved = [t.clone() for t in state]
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._verify()
+                self._draft()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        for t, v in zip(state, saved):
+            t.copy_(v)
+        pool = torch.cuda.graph_pool_handle()
+        gv, gd = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+        with torch.cuda.graph(gv, pool=pool):
+            self._verify()
+        with torch.cuda.graph(gd, pool=pool):
+            self._draft()
+        self._graphs = (gv.replay, gd.replay)
+
+    def _prefill(self, prompt: list[int], generator) -> list[int]:
+        logits, aux = _prefill(self.runner, prompt)
+        seq = list(prompt) + [_first_token(logits[-1], self.temperature, generator)]
+        self.seq[:len(seq)] = torch.tensor(seq, device=self.device)
+        self.L.fill_(len(seq))
+        if self.aux_keep is None:
+            self.aux_keep = aux.new_zeros((self.D + 1,) + tuple(aux.shape[1:]))
+        if self.temperature > 0 and self.noise is None:
+            self.noise = torch.ones(1 if self.residual else 2, self.N + 1, logits.shape[-1], device=self.device)
+        if self.temperature > 0 and self.cuda:
+            seed = 0 if generator is None else int(torch.randint(0, 2 ** 62, (1,), generator=generator))
+            self._gen_dev.manual_seed(seed)
+        self.proposer.observe(seq, aux, 0)
+        self._draft(catchup=False)
+        return seq
+
+    @torch.no_grad()
+    def generate(self, prompt: list[int], max_new_tokens: int,
+                 generator: torch.Generator | None = None) -> tuple[list[int], GenStats]:
+        runner, st, D, W = self.runner, GenStats(), self.D, self.N + 1
+        st.accepted_at = [0] * D
+        _sync(self.device)
+        t0 = time.perf_counter()
+        seq = self._prefill(prompt, generator)
+        if self.graphs and self._graphs is None and len(seq) - 1 + W + 3 * (D + 1) <= runner.capacity:
+            self._capture()
+        verify, draft = self._graphs or (self._verify, self._draft)
+        _sync(self.device)
+        st.t_prefill = time.perf_counter() - t0
+        marks, raw = [], []
+        while len(seq) - len(prompt) < max_new_tokens and seq[-1] not in self.eos:
+            if len(seq) - 1 + W + D + 1 > runner.capacity:
+                raise ValueError(f"KV capacity {runner.capacity} too small for {len(seq)} tokens plus a {W}-node tree")
+            if self.noise is not None:
+                self.noise.exponential_(generator=self._gen_dev if self.cuda else generator)
+            m0 = self._mark()
+            verify()
+            m1 = self._mark()
+            self.out_host.copy_(self.out, non_blocking=self.cuda)
+            if self.record_rounds:
+                self.rec_host.copy_(self.rec, non_blocking=self.cuda)
+            done = self._mark()
+            draft()                      # the next round's tree, on the GPU while the host reads this one
+            m2 = self._mark()
+            if self.cuda:
+                done.synchronize()       # the round's one device->host sync
+            out = self.out_host.tolist()
+            n = out[0]
+            seq += out[1:n + 2]
+            marks.append((m0, m1, m2))
+            if self.record_rounds:
+                raw.append((out[D + 3:D + 3 + n], self.rec_host.clone()))
+            st.steps += 1
+            st.emitted += n + 1
+            for i in range(n):
+                st.accepted_at[i] += 1
+        _sync(self.device)
+        st.t_total = time.perf_counter() - t0
+        for m0, m1, m2 in marks:
+            st.t_verify += self._elapsed(m0, m1)
+            st.t_draft += self._elapsed(m1, m2)
+        st.drafted = st.steps * self.N
+        st.rounds = [self._round_record(keep, rec, self.temperature <= 0) for keep, rec in raw]
+        out = _finish(seq, len(prompt), max_new_tokens, self.eos)
+        st.new_tokens = len(out)
+        return out, st
+
+    def _mark(self):
+        if not self.cuda:
+            return time.perf_counter()
+        e = torch.cuda.Event(enable_timing=True)
+        e.record()
+        return e
+
+    def _elapsed(self, a, b) -> float:
+        return (b - a) if not self.cuda else a.elapsed_time(b) / 1e3
+
+    @staticmethod
+    def _round_record(keep: list[int], rec: torch.Tensor, greedy: bool) -> dict:
+        """The host decoder's round record (valid nodes only; path in their verification indices)."""
+        tok, par, valid, match, sc = rec.tolist()
+        remap, parents, scores, matches = {}, [], [], []
+        for i in range(len(tok)):
+            if valid[i]:
+                remap[i] = len(parents)
+                parents.append(-1 if par[i] < 0 else remap[int(par[i])])
+                scores.append(sc[i])
+                matches.append(bool(match[i]))
+        return {"scores": scores, "parents": parents, "path": [remap[r - 1] + 1 for r in keep],
+                "match": matches if greedy else None}

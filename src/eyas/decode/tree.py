@@ -129,3 +129,59 @@ def sample_accept(tree: Tree, probs, generator: torch.Generator, *, residual: bo
         if not moved:
             dist = p if residual else p_orig
             return path, int(torch.multinomial(dist.float(), 1, generator=generator).item())
+
+
+# ---- the same tree logic as static-shape tensor code (runs inside the decoder's CUDA graphs) ----
+
+def tree_masks(parents: torch.Tensor, valid: torch.Tensor, depth: int):
+    """parents long [N] (-1 = root, else an earlier node), valid bool [N] (False = a pad/orphan row).
+    Returns (pv long [W], anc bool [W, W], dep long [W], valid_v bool [W]) over W = N+1 verification
+    rows: pv = parent row (root and invalid rows: themselves), anc = row sees column (itself and its
+    ancestors; invalid rows see only themselves), dep = depth (root and invalid rows 0).
+    `depth` iterations of anc = eye | anc[pv] reach every ancestor: no host loop over nodes."""
+    N, dev = parents.shape[0], parents.device
+    has_par = parents >= 0
+    par0 = parents.clamp(min=0)
+    for _ in range(depth):  # a node is real only if its whole ancestry is (orphans on exact score ties)
+        valid = valid & (~has_par | valid[par0])
+    rows = torch.arange(1, N + 1, device=dev)
+    pv = torch.cat([torch.zeros(1, dtype=torch.long, device=dev), torch.where(valid, parents + 1, rows)])
+    eye = torch.eye(N + 1, dtype=torch.bool, device=dev)
+    anc = eye
+    for _ in range(depth):
+        anc = eye | anc[pv]
+    valid_v = torch.cat([torch.ones(1, dtype=torch.bool, device=dev), valid])
+    return pv, anc, anc.sum(-1) - 1, valid_v
+
+
+def accept_path(tok_v: torch.Tensor, pv: torch.Tensor, anc: torch.Tensor, dep: torch.Tensor, valid_v: torch.Tensor,
+                target: torch.Tensor, depth: int, bonus_from: torch.Tensor | None = None):
+    """The deepest row whose every ancestor's token equals `target` at its parent row.
+
+    tok_v [W] (row 0 = root token), target long [W]: the target's token per row — its argmax (greedy:
+    the same walk as `greedy_accept`) or one sample from its distribution (T > 0: with point-mass
+    proposals, 'accept child c with p(x_c), else zero x_c and renormalise' selects child c exactly
+    when a sample y ~ p equals x_c, and the bonus drawn from the residual is that same y, so the walk
+    below *is* recursive rejection sampling, one sample per row). `bonus_from` replaces target for
+    the bonus only (the deliberately broken rule of the tests). Returns (n_acc 0-d long,
+    keep long [depth+1]: the accepted rows by depth, row 0 first, pads repeat row 0,
+    emitted long [depth+1]: the accepted tokens then the bonus, pads repeat the bonus)."""
+    match = valid_v & (tok_v == target[pv])
+    match[0] = True
+    good = ~(anc & ~match[None, :]).any(-1)
+    best = torch.where(good, dep, -1).argmax()
+    n_acc = dep[best]
+    lvl = torch.arange(depth + 1, device=tok_v.device)
+    on = anc[best][None, :] & (dep[None, :] == lvl[:, None])              # [depth+1, W]
+    keep = on.to(torch.int8).argmax(-1)                                    # row at each depth (0 past n_acc)
+    bonus = (target if bonus_from is None else bonus_from)[best]
+    nxt = torch.cat([tok_v[keep[1:]], tok_v[:1]])
+    emitted = torch.where(lvl < n_acc, nxt, bonus)
+    return n_acc, keep, emitted
+
+
+def sample_rows(logits: torch.Tensor, temperature: float, noise: torch.Tensor) -> torch.Tensor:
+    """One sample per row from softmax(logits / T) with exponential noise E (argmax p / E is a sample;
+    gpt-fast's trick): no multinomial, no host sync, CUDA-graph safe. noise [W, V] ~ Exp(1)."""
+    p = torch.softmax(logits / temperature, dim=-1)
+    return (p / noise).argmax(-1)
