@@ -1,9 +1,12 @@
-"""Where a speculative round's time goes on the GPU: graph-replay cost of one target step per width,
-and a torch.profiler table over whole chain / tree generations.
+"""Where a speculative round's time goes on the GPU: torch.profiler over whole generations (AR baseline,
+chain-3, tree), reduced per round to GPU kernel time vs gaps (GPU idle between kernels: launch,
+host work, syncs), plus the top kernels. About 60-90 s on an H200:
 
-    python bench/profile_decode.py --target T --draft RUN --bench spec-bench --out profile.json
+    PYTHONPATH=src python bench/profile_decode.py --target /tmp/smol-hf --draft /tmp/draft --out profile.json
 
-Prints the tables; writes the per-width step times (ms) and the profiler's top ops as JSON.
+It only uses what every decoder version has (evaluate.Session/_load/_prompts, session.decoder(spec)
+.generate, ar_generate), so putting an older eyas first on PYTHONPATH profiles the older decoder
+(the before/after of BENCHMARKS.md). CPU smoke: --device cpu --tokens 8 (no kernel times there).
 """
 
 from __future__ import annotations
@@ -14,62 +17,97 @@ import time
 from pathlib import Path
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from eyas.decode.bench import load_bench
 from eyas.decode.evaluate import Session, _load, _prompts
+from eyas.decode.speculative import ar_generate
 from eyas.decode.tree import TreeSpec
 
 
-def step_ms(runner, width: int, ctx: int, iters: int = 50) -> float:
-    """Mean ms of runner.step at `width` tokens with device-resident inputs (pure replay + launch)."""
-    dev = runner.device
-    toks = torch.zeros(width, dtype=torch.long, device=dev)
-    pos = torch.arange(ctx, ctx + width, device=dev)
-    anc = torch.ones(width, width, dtype=torch.bool, device=dev).tril()
-    ctx_len = torch.tensor(ctx, device=dev)
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    for _ in range(3):
-        runner.step(toks, pos, pos, ctx_len, anc)
-    sync()
-    t = time.perf_counter()
-    for _ in range(iters):
-        runner.step(toks, pos, pos, ctx_len, anc)
-    sync()
-    return (time.perf_counter() - t) / iters * 1e3
+def kernel_intervals(prof) -> list[tuple[float, float, str]]:
+    """(start us, end us, name) of every device-side event (kernels, memcpy, memset)."""
+    out = []
+    for e in prof.events():
+        dt = getattr(e, "device_type", None)
+        if dt is not None and dt != torch.autograd.DeviceType.CPU:
+            out.append((e.time_range.start, e.time_range.end, e.name))
+    return sorted(out)
+
+
+def per_round(intervals, rounds: int, wall_s: float) -> dict:
+    """Kernel time (union of busy intervals) vs gaps inside the first-to-last kernel window, per round."""
+    busy, window, cur_s, cur_e = 0.0, 0.0, None, None
+    for s, e, _ in intervals:
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                busy += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        busy += cur_e - cur_s
+        window = cur_e - intervals[0][0]
+    n = max(1, rounds)
+    names: dict[str, list[float]] = {}
+    for s, e, name in intervals:
+        names.setdefault(name, [0.0, 0])
+        names[name][0] += e - s
+        names[name][1] += 1
+    top = sorted(names.items(), key=lambda kv: -kv[1][0])[:15]
+    return {"rounds": rounds, "wall_ms": wall_s * 1e3 / n, "kernel_ms": busy / 1e3 / n,
+            "gap_ms": (window - busy) / 1e3 / n, "kernels": len(intervals) / n,
+            "busy_fraction": busy / window if window else None,
+            "top_kernels": [{"name": k[:90], "ms_per_round": v[0] / 1e3 / n, "calls_per_round": v[1] / n}
+                            for k, v in top]}
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", required=True)
     ap.add_argument("--draft", required=True)
     ap.add_argument("--bench", default="spec-bench")
     ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--tree", default="total=60,depth=7,topk=10")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
+    t0 = time.perf_counter()
     target, draft = _load(a.target, a.draft, a.device, None)
     qs = load_bench(a.bench, ["writing"], limit=1)
     s = Session(target, draft, qs, max_new_tokens=a.tokens, device=a.device)
-    specs = {"chain-3": TreeSpec.chain(3), "tree": TreeSpec.parse("total=60,depth=7,topk=10")}
+    specs = {"chain-3": TreeSpec.chain(3), "tree": TreeSpec.parse(a.tree)}
     for spec in specs.values():
-        s.warmup(spec)
-    res = {"step_ms": {w: step_ms(s.runner, w, 200, 50 if a.device == 'cuda' else 2)
-                      for w in (1, 4, 61)}}
-    print("graph step ms by width:", res["step_ms"])
+        s.warmup(spec)  # compile / capture outside the profile
     prompt = _prompts(target.tokenizer, qs[0], [])
-    from torch.profiler import ProfilerActivity, profile
-    for name, spec in specs.items():
-        dec = s.decoder(spec)
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            out, st = dec.generate(prompt, a.tokens)
-        rounds = max(1, st.steps)
-        print(f"== {name}: {st.steps} rounds, draft {st.t_draft / rounds * 1e3:.2f} ms, "
-              f"verify {st.t_verify / rounds * 1e3:.2f} ms per round")
-        table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30)
-        print(table)
-        res[name] = {"rounds": st.steps, "draft_ms": st.t_draft / rounds * 1e3,
-                     "verify_ms": st.t_verify / rounds * 1e3, "table": table}
+    sync = torch.cuda.synchronize if s.device.type == "cuda" else (lambda: None)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if s.device.type == "cuda" else [])
+    res = {"target": a.target, "tokens": a.tokens, "device": str(s.device), "torch": torch.__version__}
+    jobs = [("ar", lambda: ar_generate(s.runner, prompt, a.tokens))]
+    jobs += [(name, (lambda spec=spec: s.decoder(spec).generate(prompt, a.tokens))) for name, spec in specs.items()]
+    for name, job in jobs:
+        job()  # one unprofiled run: lazily built state (buffers, graphs) is not in the trace
+        sync()
+        with profile(activities=acts) as prof:
+            w0 = time.perf_counter()
+            out, st = job()
+            sync()
+            wall = time.perf_counter() - w0
+        rounds = st.steps if name != "ar" else max(1, st.new_tokens - 1)
+        r = per_round(kernel_intervals(prof), rounds, wall - st.t_prefill)
+        if name != "ar":
+            r.update(tau=st.tau, draft_ms=st.t_draft / max(1, st.steps) * 1e3,
+                     verify_ms=st.t_verify / max(1, st.steps) * 1e3)
+        res[name] = r
+        print(f"== {name}: {rounds} rounds/steps; per round: wall {r['wall_ms']:.3f} ms, GPU kernels "
+              f"{r['kernel_ms']:.3f} ms, gaps {r['gap_ms']:.3f} ms, {r['kernels']:.0f} kernels", flush=True)
+        for k in r["top_kernels"][:8]:
+            print(f"     {k['ms_per_round']:8.3f} ms {k['calls_per_round']:6.1f}x  {k['name']}")
+        res[name]["cpu_table"] = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
+    res["seconds"] = time.perf_counter() - t0
+    a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(res, indent=2))
+    print(f"wrote {a.out} ({res['seconds']:.0f} s)")
     return 0
 
 

@@ -26,6 +26,12 @@ def test_bench_decode_tiny(tmp_path):
     out = tmp_path / "decode-tiny.json"
     assert mod.main(["--draft", str(tmp_path / "draft"), "--tiny", "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
-    assert [r["setting"] for r in doc["results"]] == ["chain-3", "tree(total=8,depth=4,topk=2)"]
-    for r in doc["results"]:
+    greedy, sampled = doc["runs"]  # default --temperatures 0 1
+    for run in (greedy, sampled):
+        assert [r["setting"] for r in run["results"]] == ["chain-3", "tree(total=8,depth=4,topk=2)"]
+    for r in greedy["results"]:
         assert r["identical_rate"] == 1.0 and set(r["per_category"]) == {"writing", "math_reasoning"}
+        assert r["tie_aware_identical_rate"] == 1.0 and r["unexplained_divergences"] == 0
+    for r in sampled["results"]:
+        assert r["decode"]["temperature"] == 1.0 and r["tau"] >= 1.0
+    assert [s["round_ms"]["verify"] > 0 for s in doc["summary"]] == [True] * 4

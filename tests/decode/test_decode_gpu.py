@@ -1,5 +1,6 @@
-"""GPU: the compiled (torch.compile reduce-overhead = CUDA graphs) path on a SmolLM2-shaped random
-Llama: compiled AR, chain and tree outputs are token-identical in fp32, and step times print.
+"""GPU: the compiled path on a SmolLM2-shaped random Llama: the compiled AR baseline (reduce-overhead) and
+the static-buffer decoder (manually captured round graphs around compiled steps) are token-identical
+in fp32, a round syncs the device at most once (set_sync_debug_mode), and step times print.
 Run: python -m pytest -q -s -m gpu tests/decode/test_decode_gpu.py"""
 
 import time
@@ -35,6 +36,7 @@ def test_compiled_spec_decoding(dtype):
     cap = 512
     runner = TargetRunner(model, target.layout, draft.config.aux_layer_ids, cap)
     runner.compile()
+    runner.compile_inner()
     prompt = torch.randint(0, 49000, (40,), generator=torch.Generator().manual_seed(1)).tolist()
     n = 128
     for _ in range(2):  # warm-up: compile + graph capture
@@ -47,10 +49,22 @@ def test_compiled_spec_decoding(dtype):
     print(f"{dtype}: eager AR {(32 - 1) / (est.t_total - est.t_prefill):.0f} tok/s")
     for spec in (TreeSpec.chain(3), TreeSpec(total=60, depth=7, topk=10)):
         prop = EagleProposer(draft, spec, cap)
-        prop.compile()
+        prop.compile_inner()
         dec = SpecDecoder(runner, prop)
         for _ in range(2):
             out, sst = dec.generate(prompt, n)
+        assert dec._graphs is not None, "round graphs were not captured"
+        import warnings
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                _, st2 = dec.generate(prompt, n)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        syncs = [w for w in caught if "synchroniz" in str(w.message).lower()]
+        # prefill (first token, tensor uploads) has a few; the rounds at most one each
+        assert len(syncs) <= st2.steps + 8, (len(syncs), st2.steps, [str(w.message)[:80] for w in syncs[:5]])
         if dtype == torch.float32:
             assert out == ref, spec.label()
         print(f"{dtype} {spec.label()}: tau {sst.tau:.2f}, per round: draft {sst.t_draft / sst.steps * 1e3:.2f} ms, "

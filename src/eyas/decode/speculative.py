@@ -216,8 +216,9 @@ class SpecDecoder:
         self.ar_w, self.ar_d = torch.arange(N + 1, device=dev), torch.arange(D + 1, device=dev)
         self.out = torch.zeros(2 * D + 3, **lg)                    # n_acc, emitted [D+1], kept rows [D+1]
         self.rec = torch.zeros(5, N, dtype=torch.float64, device=dev)  # tokens, parents, valid, match, scores
-        self.out_host = torch.zeros_like(self.out, device="cpu", pin_memory=self.cuda)
-        self.rec_host = torch.zeros_like(self.rec, device="cpu", pin_memory=self.cuda)
+        # pinned: the round's one device->host copy is asynchronous, waited for by one event
+        self.out_host = torch.zeros(self.out.shape, dtype=self.out.dtype, pin_memory=self.cuda)
+        self.rec_host = torch.zeros(self.rec.shape, dtype=self.rec.dtype, pin_memory=self.cuda)
         self.aux_keep = self.noise = None                          # shapes known at the first prefill
         self._graphs = None
         self._gen_dev = torch.Generator(device=dev) if self.cuda else None
@@ -242,7 +243,7 @@ class SpecDecoder:
         self.c_m.copy_(n_acc + 1)
         self.seq.index_copy_(0, L + self.ar_d, emitted)
         self.out.copy_(torch.cat([(n_acc).reshape(1), emitted, keep]))
-        if self.record_rounds:
+        if self.temperature <= 0:  # always captured (a few tiny kernels): record_rounds may change later
             match = tok_v[1:] == target[pv[1:]]
             self.rec.copy_(torch.stack([self.t_tok.double(), self.t_par.double(), valid_v[1:].double(),
                                         match.double(), self.t_sc.double()]))
@@ -306,7 +307,12 @@ class SpecDecoder:
         t0 = time.perf_counter()
         seq = self._prefill(prompt, generator)
         if self.graphs and self._graphs is None and len(seq) - 1 + W + 3 * (D + 1) <= runner.capacity:
-            self._capture()
+            try:
+                self._capture()
+            except RuntimeError as e:  # keep the run going (eagerly), loudly: timings are then not graph timings
+                print(f"WARNING: CUDA graph capture of the speculative round failed ({e}); running eagerly")
+                self.graphs = False
+                seq = self._prefill(prompt, generator)
         verify, draft = self._graphs or (self._verify, self._draft)
         _sync(self.device)
         st.t_prefill = time.perf_counter() - t0

@@ -173,7 +173,7 @@ def accept_path(tok_v: torch.Tensor, pv: torch.Tensor, anc: torch.Tensor, dep: t
     n_acc = dep[best]
     lvl = torch.arange(depth + 1, device=tok_v.device)
     on = anc[best][None, :] & (dep[None, :] == lvl[:, None])              # [depth+1, W]
-    keep = on.to(torch.int8).argmax(-1)                                    # row at each depth (0 past n_acc)
+    keep = on.long().argmax(-1)                                            # row at each depth (0 past n_acc)
     bonus = (target if bonus_from is None else bonus_from)[best]
     nxt = torch.cat([tok_v[keep[1:]], tok_v[:1]])
     emitted = torch.where(lvl < n_acc, nxt, bonus)
