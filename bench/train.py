@@ -27,6 +27,7 @@ from types import SimpleNamespace
 import torch
 
 from eyas.draft.model import Eagle3Draft, compile_flex_attention, draft_config_from_target
+from eyas.train import dist as D
 from eyas.train.ttt import TargetHead, TTTUnroll, step_valid, document_ids
 
 LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
@@ -67,7 +68,10 @@ def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tiny", action="store_true", help="tiny shapes on CPU (smoke test)")
     p.add_argument("--seq", type=int, default=None, help="tokens per row (default 2048; tiny 64)")
-    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--batch", type=int, default=None, help="rows per step per process (default global-batch / world)")
+    p.add_argument("--global-batch", type=int, default=None, help="rows per optimizer step over all processes "
+                   "(default batch x world)")
+    p.add_argument("--parallel", choices=["ddp", "fsdp"], default="ddp", help="strategy under torchrun")
     p.add_argument("--ttt-steps", type=int, default=None, help="default 7; tiny 3")
     p.add_argument("--draft-vocab", type=int, default=None, help="default 32000; tiny 128")
     p.add_argument("--docs", type=int, default=4, help="documents packed per row (document masking)")
@@ -86,8 +90,16 @@ def main(argv=None) -> dict:
     a = p.parse_args(argv)
 
     shape = TINY if a.tiny else LLAMA_8B
-    dev = torch.device(a.device or ("cpu" if a.tiny or not torch.cuda.is_available() else "cuda"))
+    kind = torch.device(a.device or ("cpu" if a.tiny or not torch.cuda.is_available() else "cuda")).type
+    d = D.init(kind)
+    dev = torch.device(f"cuda:{d.local_rank}") if kind == "cuda" else torch.device(kind)
     gpu = dev.type == "cuda"
+    G = a.global_batch or (a.batch or 1) * d.world
+    if G % d.world or (a.batch and a.batch * d.world != G):
+        p.error(f"--global-batch {G} must equal --batch x {d.world} processes")
+    B = G // d.world
+    if not d.main:
+        a.out = None
     T, K = a.seq or (64 if a.tiny else 2048), a.ttt_steps or (3 if a.tiny else 7)
     Vd = a.draft_vocab or (128 if a.tiny else 32000)
     steps, warmup = a.steps or (3 if a.tiny else 10), a.warmup if a.warmup is not None else (1 if a.tiny else 3)
@@ -96,7 +108,9 @@ def main(argv=None) -> dict:
     bad = [v for v in variants if v not in ("plain", "fused", "compiled")]
     if bad or not variants:
         p.error(f"--variants {a.variants!r}: use a comma list of plain, fused, compiled")
-    long_seq = a.long_seq if a.long_seq is not None else (16384 if gpu else 0)
+    long_seq = a.long_seq if a.long_seq is not None else (16384 if gpu and d.world == 1 else 0)
+    if d.world > 1 and (len(variants) > 1 or long_seq):
+        p.error("under torchrun give one --variants entry and --long-seq 0 (a module is wrapped once)")
     if attention == "flex" and gpu and not a.no_compile:
         compile_flex_attention()
 
@@ -114,10 +128,8 @@ def main(argv=None) -> dict:
     hdt = torch.bfloat16 if gpu else torch.float32
     norm = torch.nn.RMSNorm(H, eps=cfg.rms_norm_eps).to(dev, hdt)
     head = TargetHead(norm, (torch.randn(V, H, device=dev) * H ** -0.5).to(hdt), d2t.to(dev), t2d.to(dev))
-    opt = torch.optim.AdamW([q for q in draft.parameters() if q.requires_grad], lr=1e-4, betas=(0.9, 0.95))
     eager_layer = draft.layers[0]
     amp = torch.bfloat16 if gpu else None
-    B = a.batch
 
     def sync():
         if gpu:
@@ -126,13 +138,18 @@ def main(argv=None) -> dict:
     def make_step(variant: str, T: int):
         draft.layers[0] = torch.compile(eager_layer) if variant == "compiled" else eager_layer
         unroll = TTTUnroll(draft, K, attention=attention, loss_chunk=0 if variant == "plain" else a.loss_chunk)
+        model = D.wrap(unroll, d, a.parallel, dev)
+        # after wrapping: FSDP2 replaces the parameters with sharded ones; a fresh AdamW per variant
+        opt = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=1e-4, betas=(0.9, 0.95))
         lengths = [T // a.docs] * (a.docs - 1) + [T - (T // a.docs) * (a.docs - 1)]
         pos = torch.cat([torch.arange(n) for n in lengths]).expand(B, T).contiguous().to(dev)
-        g = torch.Generator(device=dev).manual_seed(1)
-        input_ids = torch.randint(0, V, (B, T), device=dev, generator=g)
+        # The same global batch whatever the world size: rows made on the CPU from one seed, rank r takes r::world.
+        g = torch.Generator().manual_seed(1)
+        mine = slice(d.rank, G, d.world)
+        input_ids = torch.randint(0, V, (G, T), generator=g)[mine].to(dev)
         loss_mask = torch.ones(B, T, dtype=torch.bool, device=dev)
-        aux = torch.randn(B, T, cfg.num_aux, H, device=dev, dtype=hdt, generator=g)
-        last = torch.randn(B, T, H, device=dev, dtype=hdt, generator=g)
+        aux = torch.randn(G, T, cfg.num_aux, H, generator=g, dtype=hdt)[mine].to(dev)
+        last = torch.randn(G, T, H, generator=g, dtype=hdt)[mine].to(dev)
 
         def step():
             t0 = time.perf_counter()
@@ -141,13 +158,14 @@ def main(argv=None) -> dict:
             sync()
             t1 = time.perf_counter()
             with torch.autocast(dev.type, dtype=amp) if amp is not None else nullcontext():
-                loss, _ = unroll(input_ids, pos, loss_mask, aux, probs, ok, arg)
+                loss, _ = model(input_ids, pos, loss_mask, aux, probs, ok, arg)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(draft.parameters(), 0.5)
+            torch.nn.utils.clip_grad_norm_([q for q in model.parameters() if q.requires_grad], 0.5)
             opt.step()
             opt.zero_grad(set_to_none=True)
             sync()
-            return t1 - t0, time.perf_counter() - t1, float(loss.detach())
+            # the global loss: the mean of the ranks' losses (DDP/FSDP average their gradients the same way)
+            return t1 - t0, time.perf_counter() - t1, float(d.all_reduce(loss.detach().clone())) / d.world
         return step, pos, loss_mask
 
     name = torch.cuda.get_device_name(dev) if gpu else platform.processor() or "cpu"
@@ -166,21 +184,23 @@ def main(argv=None) -> dict:
             warm_s = time.perf_counter() - t_c
             times = [step() for _ in range(n_steps)]
         except torch.OutOfMemoryError as e:
-            opt.zero_grad(set_to_none=True)
+            draft.zero_grad(set_to_none=True)
             return {"variant": variant, "seq": T, "oom": str(e).splitlines()[0][:200]}
         head_s = sum(t[0] for t in times) / n_steps
         draft_s = sum(t[1] for t in times) / n_steps
         doc = document_ids(pos)
         valid = sum(float(step_valid(doc, loss_mask, torch.ones_like(loss_mask), k).float().mean())
                     for k in range(K)) / K
-        flops = draft_flops_per_token(cfg, T, K, valid) * B * T
+        flops = draft_flops_per_token(cfg, T, K, valid) * G * T
         r = {"variant": variant, "seq": T, "warmup_s": round(warm_s, 2),
              "step_s": round(head_s + draft_s, 4), "target_head_s": round(head_s, 4), "draft_step_s": round(draft_s, 4),
-             "tokens_per_s": round(B * T / (head_s + draft_s), 1), "losses": [round(t[2], 5) for t in times],
+             "tokens_per_s": round(G * T / (head_s + draft_s), 1), "losses": [round(t[2], 5) for t in times],
              "draft_tflops_per_step": round(flops / 1e12, 3),
              "achieved_tflops": round(flops / (head_s + draft_s) / 1e12, 2),
              "mfu": round(flops / (head_s + draft_s) / (peak * 1e12), 4) if peak else None,
              "peak_memory_gib": round(torch.cuda.max_memory_allocated(dev) / 2 ** 30, 2) if gpu else None}
+        if d.world > 1:   # MFU against all the devices' peak
+            r["mfu"] = round(r["mfu"] / d.world, 4) if r["mfu"] else None
         print(f"[bench/train]   {r['tokens_per_s']} tok/s, MFU {r['mfu']}, peak {r['peak_memory_gib']} GiB", flush=True)
         r["_step"] = step
         return r
@@ -188,7 +208,7 @@ def main(argv=None) -> dict:
     runs = [measure(v, T, steps, warmup) for v in variants]
     last_ok = next((r for r in reversed(runs) if "_step" in r), None)
     profile = None
-    if not a.no_profile and last_ok is not None:
+    if not a.no_profile and last_ok is not None and d.world == 1:
         draft.layers[0] = torch.compile(eager_layer) if last_ok["variant"] == "compiled" else eager_layer
         profile = {"variant": last_ok["variant"], "top_ops": profile_summary(last_ok["_step"], dev)}
     long = [measure(v, long_seq, 2, 1) for v in ("plain", "fused")] if long_seq else []
@@ -197,7 +217,8 @@ def main(argv=None) -> dict:
     best = max((r for r in runs if "tokens_per_s" in r), key=lambda r: r["tokens_per_s"])
     res = {
         "bench": "train", "device": name, "torch": torch.__version__, "shape": "tiny" if a.tiny else "llama-3.1-8b",
-        "hidden": H, "vocab": V, "draft_vocab": Vd, "ttt_steps": K, "seq": T, "batch": B, "docs_per_row": a.docs,
+        "hidden": H, "vocab": V, "draft_vocab": Vd, "ttt_steps": K, "seq": T, "batch": B, "global_batch": G,
+        "world": d.world, "parallel": a.parallel if d.world > 1 else None, "docs_per_row": a.docs,
         "attention": attention, "compiled": attention == "flex" and gpu and not a.no_compile,
         "loss_chunk": a.loss_chunk, "best_variant": best["variant"],
         **{k: best[k] for k in ("step_s", "target_head_s", "draft_step_s", "tokens_per_s", "draft_tflops_per_step",
@@ -211,6 +232,9 @@ def main(argv=None) -> dict:
         res["speculators"] = f"installed {getattr(speculators, '__version__', '?')}; comparison not run by this script"
     except ImportError:
         res["speculators"] = "not installed in this environment (GPU stack has no internet); no ratio"
+    D.shutdown(d)
+    if not d.main:
+        return res
     print(json.dumps(res, indent=2))
     if a.out:
         with open(a.out, "w") as f:
