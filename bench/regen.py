@@ -1,0 +1,158 @@
+"""Benchmark the native generator (`eyas regenerate --backend native`): generated tok/s, and agreement with HF.
+
+    PYTHONPATH=src python bench/regen.py --data SHAREGPT.json --out bench/results/regen-h200.json   # ~2 min, H200
+    PYTHONPATH=src python bench/regen.py --data sharegpt --rows 8 --batch 4 --max-new 16 --hf-sample 4 --out ...  # CPU
+
+The first user turn of `--rows` ShareGPT rows is answered greedily by the target at batch `--batch`
+(continuous batching, CUDA-graph decode step on cuda). tok/s counts generated tokens over the generation
+wall time (the one-off CUDA-graph capture is reported apart). Then `--hf-sample` of the same prompts go through
+HF `generate` (left-padded batches, static cache on cuda) and the token ids are compared: exact-match rate,
+and for each differing row whether the first divergence is a tie — the two candidate tokens' logits (one
+more unpadded forward of the target in its own dtype) within 2 bf16 ulps of each other, where batch shape
+or kernel order alone can flip the argmax. Writes JSON to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ helpers, also when loaded by path
+from _emit import emit  # noqa: E402
+
+from eyas.data.generate import NativeBackend
+from eyas.data.sources import iter_conversations
+
+
+def first_turns(data: str, rows: int) -> list[list[dict]]:
+    out = []
+    for rec in iter_conversations(data, None):
+        if rec.ok and rec.messages:
+            users = [m for m in rec.messages if m["role"] == "user"]
+            if users:
+                out.append([m for m in rec.messages[:1] if m["role"] == "system"] + users[:1])
+        if len(out) >= rows:
+            break
+    return out
+
+
+def hf_generate(model, prompts: list[list[int]], max_new: int, eos: list[int], pad: int, batch: int,
+                static: bool) -> list[list[int]]:
+    res = []
+    for b in range(0, len(prompts), batch):
+        chunk = prompts[b:b + batch]
+        w = max(map(len, chunk))
+        ids = torch.full((len(chunk), w), pad, dtype=torch.long)
+        att = torch.zeros_like(ids)
+        for r, p in enumerate(chunk):
+            ids[r, w - len(p):], att[r, w - len(p):] = torch.tensor(p), 1
+        kw = {"cache_implementation": "static"} if static else {}
+        with torch.inference_mode():
+            g = model.generate(input_ids=ids.to(model.device), attention_mask=att.to(model.device), do_sample=False,
+                               max_new_tokens=max_new, eos_token_id=eos, pad_token_id=pad, **kw)
+        for row in g[:, w:].tolist():
+            k = next((i for i, t in enumerate(row) if t in eos), len(row))
+            res.append(row[:k])
+    return res
+
+
+@torch.inference_mode()
+def tie_gap(model, prompt: list[int], common: list[int], a: int, b: int) -> tuple[float, float]:
+    """|logit(a) - logit(b)| at the divergence, and 2 bf16 ulps of the larger logit (the tie threshold)."""
+    x = torch.tensor([prompt + common], device=model.device)
+    z = model(input_ids=x).logits[0, -1].float()
+    hi = max(abs(z[a].item()), abs(z[b].item()))
+    return abs(z[a].item() - z[b].item()), 2 * hi * 2.0 ** -7
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default="/tmp/smol-hf")
+    ap.add_argument("--data", default="sharegpt", help="ShareGPT JSON path (or built-in 'sharegpt')")
+    ap.add_argument("--rows", type=int, default=4096)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--max-new", type=int, default=256)
+    ap.add_argument("--max-prompt", type=int, default=768)
+    ap.add_argument("--hf-sample", type=int, default=128)
+    ap.add_argument("--hf-batch", type=int, default=64)
+    ap.add_argument("--graph", default="auto", choices=["auto", "cudagraph", "compile", "eager"])
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
+    ap.add_argument("--out", type=Path, default=None)
+    a = ap.parse_args(argv)
+
+    t0 = time.perf_counter()
+    be = NativeBackend(a.target, device=a.device, dtype=a.dtype, batch_size=a.batch, max_new_tokens=a.max_new,
+                       max_prompt_tokens=a.max_prompt, graph=a.graph)
+    t_load = time.perf_counter() - t0
+    print(f"loaded + decode step ready ({be.gen.mode}) in {t_load:.1f} s", flush=True)
+    convs = first_turns(a.data, a.rows)
+    enc = [be.encode(c) for c in convs]
+    prompts = [e for e in enc if isinstance(e, list)]
+    print(f"{len(prompts)} prompts ({len(convs) - len(prompts)} too long / refused)", flush=True)
+
+    done = [0]
+
+    def progress(*_):
+        done[0] += 1
+        if done[0] % max(1, len(prompts) // 10) == 0:
+            el = time.perf_counter() - t1
+            print(f"  {done[0]}/{len(prompts)} rows, {be.gen.stats['generated'] / el:,.0f} tok/s", flush=True)
+
+    todo = iter(range(len(prompts)))
+    answers: list = [None] * len(prompts)
+
+    def on_finish(i, toks, reason):
+        answers[i] = (list(toks), reason)
+        progress()
+
+    if be.device.startswith("cuda"):
+        torch.cuda.synchronize()
+    t1 = time.perf_counter()
+    be.gen.run(lambda: (lambda i: None if i is None else (i, prompts[i], a.max_new))(next(todo, None)), on_finish)
+    if be.device.startswith("cuda"):
+        torch.cuda.synchronize()
+    secs = time.perf_counter() - t1
+    st = dict(be.gen.stats)
+    print(f"native: {st['generated']:,} tokens in {secs:.1f} s = {st['generated'] / secs:,.0f} tok/s", flush=True)
+
+    n = min(a.hf_sample, len(prompts))
+    t2 = time.perf_counter()
+    ref = hf_generate(be.model, prompts[:n], a.max_new, be.eos, be.pad, a.hf_batch, be.device.startswith("cuda"))
+    hf_secs = time.perf_counter() - t2
+    hf_tokens = sum(map(len, ref))
+    exact, ties, gaps = 0, 0, []
+    for p, r, (g, _) in zip(prompts[:n], ref, answers[:n]):
+        if r == g:
+            exact += 1
+            continue
+        k = next((i for i, (x, y) in enumerate(zip(r, g)) if x != y), min(len(r), len(g)))
+        if k >= min(len(r), len(g)):  # one stopped (EOS) where the other went on: EOS vs a token
+            a_tok, b_tok = (r + be.eos)[k], (g + be.eos)[k]
+        else:
+            a_tok, b_tok = r[k], g[k]
+        gap, thr = tie_gap(be.model, p, r[:k], a_tok, b_tok)
+        ties += gap <= thr
+        gaps.append({"position": k, "gap": round(gap, 4), "tie_threshold": round(thr, 4)})
+    result = {
+        "bench": "regen", "target": a.target, "device": be.device, "dtype": str(be.gen.dtype), "graph": be.gen.mode,
+        "rows": len(prompts), "batch": a.batch, "max_new_tokens": a.max_new, "load_and_capture_s": round(t_load, 1),
+        "native": {"generated_tokens": st["generated"], "prompt_tokens": st["prompt_tokens"], "seconds": round(secs, 2),
+                   "tok_per_s": round(st["generated"] / secs, 1), "steps": st["steps"], "prefills": st["prefills"],
+                   "finish": {r: sum(x[1] == r for x in answers) for r in ("stop", "length")}},
+        "hf_generate": {"rows": n, "batch": a.hf_batch, "generated_tokens": hf_tokens, "seconds": round(hf_secs, 2),
+                        "tok_per_s": round(hf_tokens / hf_secs, 1)},
+        "match": {"rows": n, "exact": exact, "rate": round(exact / max(n, 1), 4), "differing": n - exact,
+                  "differing_at_tie": int(ties), "divergences": gaps[:32]},
+        "speedup_vs_hf": round((st["generated"] / secs) / max(hf_tokens / hf_secs, 1e-9), 1),
+    }
+    emit(result, a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
