@@ -65,3 +65,14 @@ def test_demo_checks_its_inputs_before_the_first_stage(tmp_path, capsys):
     captured = capsys.readouterr()
     assert rc == 1 and "=== fetch ===" not in captured.out
     assert "nothing was started" in captured.err and "--data" in captured.err and "--bench" in captured.err
+
+
+def test_gpu_profile_fills_only_unset_fields():
+    from eyas.config import build_config
+    from eyas.demo import GPU_PROFILE, DemoConfig, with_profile
+
+    cfg = build_config(DemoConfig, {"samples": 50})
+    assert with_profile(cfg, "cpu") == cfg  # the CPU demo is unchanged
+    gpu = with_profile(cfg, "cuda")
+    assert gpu.samples == 50 and gpu.regen_backend == "native" and gpu.epochs == GPU_PROFILE["epochs"]
+    assert with_profile(build_config(DemoConfig, {"profile": "cpu"}), "cuda").regen_backend == "hf"

@@ -40,6 +40,25 @@ class DemoConfig(StageConfig):
     cache_dir: Path | None = Field(None, description="cache for built-in model/data (default $EYAS_CACHE or ~/.cache/eyas)")
     seed: int = Field(0, description="seed for data order and initialisation")
     json: bool = Field(False, description="print the summary as JSON instead of a table")
+    profile: Literal["auto", "cpu", "gpu"] = Field("auto", description="size preset: gpu (on cuda: more data through the native generator, a larger draft, more steps; ~10 min on one H200) or cpu (the defaults); flags given explicitly win")
+    train_batch_size: int = Field(2, ge=1, description="training batch size")
+    regen_backend: Literal["hf", "native"] = Field("hf", description="regenerate backend (gpu profile: native)")
+
+
+# The gpu profile: sizes for about 10 minutes on one H200 (regenerate ~2 min at >=30k tok/s, train ~5 min),
+# aiming at tree tau >= 3 (BENCHMARKS.md, issue #13). Only fields the user did not set are replaced.
+GPU_PROFILE: dict[str, Any] = {
+    "samples": 4000, "regen_backend": "native", "regen_max_new_tokens": 384, "regen_batch_size": 256,
+    "max_length": 2048, "draft_vocab_size": 32000, "ttt_steps": 7, "epochs": 2.0, "lr": 3e-4,
+    "train_batch_size": 8, "eval_limit": 3, "eval_max_new_tokens": 128,
+}
+
+
+def with_profile(cfg: DemoConfig, device: str) -> DemoConfig:
+    profile = cfg.profile if cfg.profile != "auto" else ("gpu" if device.startswith("cuda") else "cpu")
+    if profile == "cpu":
+        return cfg
+    return cfg.model_copy(update={k: v for k, v in GPU_PROFILE.items() if k not in cfg.model_fields_set})
 
 
 @contextmanager
@@ -63,6 +82,7 @@ def run(cfg: DemoConfig) -> int | dict:
     import torch
 
     device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    cfg = with_profile(cfg, device)
     out = cfg.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     paths = {k: out / k for k in ("regenerated", "prepared", "store", "run", "eval", "export")}
@@ -83,7 +103,7 @@ def run(cfg: DemoConfig) -> int | dict:
         with _stage("regenerate", times):
             openings = _opening_turns(data, paths["regenerated"] / "openings.jsonl", cfg.samples, cache)
             regen = _call("eyas.data.regenerate", "RegenerateConfig", "regenerate", target=cfg.target, data=str(openings),
-                          out=paths["regenerated"] / "conversations.jsonl", backend="hf", max_samples=cfg.samples,
+                          out=paths["regenerated"] / "conversations.jsonl", backend=cfg.regen_backend, max_samples=cfg.samples,
                           max_new_tokens=cfg.regen_max_new_tokens, batch_size=cfg.regen_batch_size, device=device,
                           max_prompt_tokens=cfg.max_length // 2, assistant_first="skip", cache_dir=cache, seed=cfg.seed,
                           dtype="bfloat16" if _bf16_ok(device) else "auto", json=True)
@@ -104,7 +124,8 @@ def run(cfg: DemoConfig) -> int | dict:
         tr = _call("eyas.train.loop", "TrainConfig", "run", target=cfg.target, store=paths["store"],
                    data=paths["prepared"], out=paths["run"], ttt_steps=cfg.ttt_steps, tau_chain=cfg.chain,
                    epochs=cfg.epochs, lr=cfg.lr, device=device, seed=cfg.seed, eval_every=50, save_every=10_000,
-                   log_every=10, target_dtype="bf16" if _bf16_ok(device) else "auto", batch_size=2, init_head=False)
+                   log_every=10, target_dtype="bf16" if _bf16_ok(device) else "auto", batch_size=cfg.train_batch_size,
+                   init_head=False)
 
     with _stage("eval", times):
         ev = _call("eyas.decode.evaluate", "EvalConfig", "run", target=cfg.target, draft=paths["run"], bench=cfg.bench,
