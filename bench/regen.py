@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="/tmp/smol-hf")
     ap.add_argument("--data", default="sharegpt", help="ShareGPT JSON path (or built-in 'sharegpt')")
-    ap.add_argument("--rows", type=int, default=4096)
+    ap.add_argument("--rows", type=int, default=2048)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--max-new", type=int, default=256)
     ap.add_argument("--max-prompt", type=int, default=768)

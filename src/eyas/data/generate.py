@@ -170,7 +170,7 @@ class Generator:
         causal = torch.full((T, T), neg, dtype=self.dtype, device=self.device).triu(1)
         self.cache.rows = torch.tensor(rows, device=self.device)
         try:
-            out = self.base(input_ids=ids.to(self.device), attention_mask=causal.expand(G, 1, T, T),
+            out = self.base(input_ids=ids.to(self.device), attention_mask=causal.expand(G, 1, T, T).contiguous(),
                             position_ids=torch.arange(T, device=self.device).expand(G, T),
                             use_cache=True, **{self._cache_kw: self.cache})
         finally:
@@ -284,6 +284,7 @@ class NativeBackend(_hf_backend_class()):  # type: ignore[misc]
         super().__init__(target, **kw)
         # a slot holds the longest admissible prompt plus its answer
         capacity = (self.max_prompt_tokens or 2048) + self.max_new_tokens
+        capacity = -(-capacity // 64) * 64  # aligned key length for the fused attention kernels
         self.gen = Generator(self.model, batch_size=self.batch_size, capacity=capacity, eos=self.eos,
                              pad=self.pad, graph=graph, seed=seed)
 
