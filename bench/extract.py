@@ -1,7 +1,7 @@
 """Extraction throughput: end-to-end (forward + capture + encode + copy + write store) vs a plain forward
 vs the bf16 matmul ceiling, all measured in the same run on the same device.
 
-GPU (the real benchmark; Llama-3.1-8B shapes, random bf16 weights, ~50k tokens at length 2048):
+GPU (the real benchmark; Llama-3.1-8B shapes, random bf16 weights, 65k tokens at length 2048):
     python bench/extract.py --out bench/results/extract-h200.json
 CPU smoke run at tiny shapes:
     python bench/extract.py --tiny --out bench/results/extract-cpu-tiny.json
@@ -34,7 +34,7 @@ from eyas.store import HiddenStateStore, bytes_per_token, target_identity
 from eyas.store.extract import _backbone, _HostCopier, extract_to_store, make_batches
 from eyas.store.format import encode_states
 from eyas.target import capture, default_aux_layer_ids, find_layout
-from eyas.target.compiled import compile_layers
+from eyas.target.compiled import compile_layers, uncompile_layers
 
 LLAMA_8B = dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
                 intermediate_size=14336, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0)
@@ -94,7 +94,9 @@ def plain_forward(model, data, token_budget: int, device) -> float:
     layout = find_layout(model)
     backbone = _backbone(model, layout)
     batches = make_batches({i: data[i]["input_ids"].numel() for i in range(len(data))}, token_budget)
-    run = lambda b: backbone(input_ids=torch.stack([data[i]["input_ids"] for i in b]).to(device), use_cache=False)  # noqa: E731
+    # position ids passed as extraction passes them: the same masks, the same compiled graph
+    run = lambda b: backbone(input_ids=torch.stack([data[i]["input_ids"] for i in b]).to(device),  # noqa: E731
+                             position_ids=torch.stack([data[i]["position_ids"] for i in b]).to(device), use_cache=False)
     run(batches[0])                                                  # warm-up (kernels, allocator)
     sync(device)
     t0 = time.perf_counter()
@@ -169,7 +171,8 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tiny", action="store_true", help="tiny shapes on CPU (smoke run)")
     ap.add_argument("--device", default=None)
-    ap.add_argument("--tokens", type=int, default=None, help="tokens to extract (default 51200, tiny 4096)")
+    ap.add_argument("--tokens", type=int, default=None, help="tokens to extract (default 65536 = 4 full batches, "
+                    "one compiled shape; tiny 4096)")
     ap.add_argument("--seq", type=int, default=None, help="row length (default 2048, tiny 128)")
     ap.add_argument("--token-budget", type=int, default=None, help="tokens per batch (default 16384, tiny 512)")
     ap.add_argument("--shard-mb", type=float, default=64.0, help="small shards keep the final (unoverlapped) write short")
@@ -185,7 +188,7 @@ def main(argv=None) -> dict:
     device = torch.device(a.device or ("cpu" if a.tiny or not torch.cuda.is_available() else "cuda"))
     shape = TINY if a.tiny else LLAMA_8B
     seq = a.seq or (128 if a.tiny else 2048)
-    tokens = a.tokens or (4096 if a.tiny else 51200)
+    tokens = a.tokens or (4096 if a.tiny else 65536)
     budget = a.token_budget or (512 if a.tiny else 16384)
     mm_n, mm_iters = (1024, 5) if device.type == "cpu" else (8192, 50)
 
@@ -205,7 +208,13 @@ def main(argv=None) -> dict:
         print("[bench/extract] compiling the decoder layers", flush=True)
         t_c = time.perf_counter()
         compile_layers(layout)
-        plain_forward(model, data, budget, device)       # compiles (once per batch shape)
+        try:
+            plain_forward(model, data, budget, device)   # compiles (once per batch shape)
+        except Exception as e:  # noqa: BLE001 - report it and measure the eager path instead
+            print(f"[bench/extract] compile failed, eager from here: {type(e).__name__}: {e}", flush=True)
+            uncompile_layers(layout)
+            compiled, compiled_info = False, {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+    if compiled:
         compile_s = time.perf_counter() - t_c
         fwd = plain_forward(model, data, budget, device)
         compiled_info = {"compile_s": round(compile_s, 1), "eager_forward_tokens_per_s": round(eager_fwd, 1),

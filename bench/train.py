@@ -136,7 +136,8 @@ def main(argv=None) -> dict:
             torch.cuda.synchronize()
 
     def make_step(variant: str, T: int):
-        draft.layers[0] = torch.compile(eager_layer) if variant == "compiled" else eager_layer
+        # dynamic=False: one kernel per TTT step's key length (7 shapes), never a symbolic-shape flex kernel
+        draft.layers[0] = torch.compile(eager_layer, dynamic=False) if variant == "compiled" else eager_layer
         unroll = TTTUnroll(draft, K, attention=attention, loss_chunk=0 if variant == "plain" else a.loss_chunk)
         model = D.wrap(unroll, d, a.parallel, dev)
         # after wrapping: FSDP2 replaces the parameters with sharded ones; a fresh AdamW per variant
@@ -186,6 +187,13 @@ def main(argv=None) -> dict:
         except torch.OutOfMemoryError as e:
             draft.zero_grad(set_to_none=True)
             return {"variant": variant, "seq": T, "oom": str(e).splitlines()[0][:200]}
+        except Exception as e:  # noqa: BLE001 - a variant that fails (e.g. compile) is reported, the rest still run
+            if d.world > 1:
+                raise
+            draft.layers[0] = eager_layer
+            draft.zero_grad(set_to_none=True)
+            print(f"[bench/train]   {variant} failed: {type(e).__name__}: {e}", flush=True)
+            return {"variant": variant, "seq": T, "error": f"{type(e).__name__}: {str(e)[:300]}"}
         head_s = sum(t[0] for t in times) / n_steps
         draft_s = sum(t[1] for t in times) / n_steps
         doc = document_ids(pos)
@@ -209,12 +217,16 @@ def main(argv=None) -> dict:
     last_ok = next((r for r in reversed(runs) if "_step" in r), None)
     profile = None
     if not a.no_profile and last_ok is not None and d.world == 1:
-        draft.layers[0] = torch.compile(eager_layer) if last_ok["variant"] == "compiled" else eager_layer
+        draft.layers[0] = (torch.compile(eager_layer, dynamic=False) if last_ok["variant"] == "compiled"
+                           else eager_layer)
         profile = {"variant": last_ok["variant"], "top_ops": profile_summary(last_ok["_step"], dev)}
     long = [measure(v, long_seq, 2, 1) for v in ("plain", "fused")] if long_seq else []
     for r in runs + long:
         r.pop("_step", None)
-    best = max((r for r in runs if "tokens_per_s" in r), key=lambda r: r["tokens_per_s"])
+    ok_runs = [r for r in runs if "tokens_per_s" in r]
+    if not ok_runs:
+        raise SystemExit(f"bench/train.py: every variant failed: {runs}")
+    best = max(ok_runs, key=lambda r: r["tokens_per_s"])
     res = {
         "bench": "train", "device": name, "torch": torch.__version__, "shape": "tiny" if a.tiny else "llama-3.1-8b",
         "hidden": H, "vocab": V, "draft_vocab": Vd, "ttt_steps": K, "seq": T, "batch": B, "global_batch": G,
