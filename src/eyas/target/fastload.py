@@ -122,7 +122,12 @@ def fast_load_model(model_dir: str | os.PathLike, config, *, dtype: torch.dtype 
     """Weights of an HF dir (single or sharded safetensors) or a GGUF file on `device`, in eval mode."""
     from eyas.target.load import model_class_for
 
+    if getattr(config, "quantization_config", None):
+        raise FastLoadUnsupported(f"{model_dir}: quantized checkpoint ({type(config.quantization_config).__name__}); "
+                                  "from_pretrained runs its quantizer")
     cls = model_class_for(config)
+    if getattr(cls, "_keep_in_fp32_modules", None) or getattr(cls, "_keep_in_fp32_modules_strict", None):
+        raise FastLoadUnsupported(f"{cls.__name__} keeps some modules in fp32; from_pretrained knows which")
     if attn_implementation:
         config._attn_implementation = attn_implementation
     config.dtype = dtype
