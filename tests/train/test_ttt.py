@@ -116,3 +116,15 @@ def test_simulated_tau_formula():
     assert simulated_tau([0.8, 0.5, 0.5], K=1) == pytest.approx(1.8)
     with pytest.raises(ValueError):
         simulated_tau([])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(ttt_block_mask is None, reason="no FlexAttention")
+def test_compiled_block_mask_creation_equals_eager():
+    """Long rows build the BlockMask compiled (no [T, KT] int64 grid); it must be the same mask."""
+    pos = torch.cat([torch.arange(150), torch.arange(106)])[None]
+    doc = document_ids(pos)
+    for k in (0, 2):
+        a = ttt_block_mask(doc, k, block_size=64, compile_mask=False)
+        b = ttt_block_mask(doc, k, block_size=64, compile_mask=True)
+        assert torch.equal(a.to_dense(), b.to_dense()), k

@@ -42,7 +42,7 @@ def ttt_dense_mask(doc: torch.Tensor, k: int) -> torch.Tensor:
     return torch.cat([prefix] + [eye] * k, dim=-1)[:, None]
 
 
-def ttt_block_mask(doc: torch.Tensor, k: int, block_size: int = 128):
+def ttt_block_mask(doc: torch.Tensor, k: int, block_size: int = 128, compile_mask: bool | None = None):
     """The same mask as a FlexAttention BlockMask (GPU path: sparse blocks, no [T, KT] tensor)."""
     if create_block_mask is None:
         raise RuntimeError("FlexAttention needs torch >= 2.5; use attention='dense'")
@@ -53,7 +53,11 @@ def ttt_block_mask(doc: torch.Tensor, k: int, block_size: int = 128):
         prefix = (doc[b, s] == doc[b, q]) & (s <= q)
         return torch.where(step == 0, prefix, s == q)
 
-    return create_block_mask(mask_mod, B, None, T, (k + 1) * T, device=doc.device, BLOCK_SIZE=block_size)
+    # Eagerly, create_block_mask evaluates mask_mod on the whole [T, (k+1)T] grid with int64 temporaries
+    # (16k tokens, k=6: ~15 GB each); compiled, it never materialises the grid. Short rows stay eager (no compile).
+    big = T * (k + 1) * T > 2 ** 28 if compile_mask is None else compile_mask
+    return create_block_mask(mask_mod, B, None, T, (k + 1) * T, device=doc.device, BLOCK_SIZE=block_size,
+                             _compile=big)
 
 
 def shift_left(x: torch.Tensor, n: int, fill=0) -> torch.Tensor:
