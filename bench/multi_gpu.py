@@ -113,7 +113,7 @@ def train(a) -> dict:
     cfg = TrainConfig(target="tiny-llama", out=Path(a.run_dir), store=Path(a.run_dir) / "store", ttt_steps=3, batch_size=2,
                       steps=a.steps, lr=1e-3, eval_fraction=0.1, eval_every=a.steps, save_every=2, log_every=1,
                       parallel=a.parallel, progress=False, tensorboard=False, device="cuda" if gpu else "cpu",
-                      seed=3, resume=a.resume)
+                      seed=3, resume=a.resume, attention="dense", compile=False)   # no compile: 3 quick launches
     return loop.train(cfg, target=target, store=store, dataset=prepared)
 
 
