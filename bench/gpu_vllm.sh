@@ -8,13 +8,17 @@
 #   doctor      eyas doctor --engine vllm against the carried vLLM
 #   extract_eq  prepare $EQ_ROWS rows; extract with the hf and the vllm backends; compare state by state
 #   regen       regenerate $REGEN_ROWS rows with hf and vllm (match rate), then $REGEN_BIG rows with vllm (tok/s)
-#   tp2         extract with vllm --tensor-parallel-size 2 (both GPUs) and compare with the hf store
+#   tp2         extract with vllm --tensor-parallel-size 2 (both GPUs) and compare with the hf store; SmolLM2 has 9
+#               attention heads, which no TP degree > 1 divides, so this stage builds a random 8-head Llama of the
+#               same vocabulary and template (/tmp/rand8) and compares on it
 #   serve       eyas serve-check of the trained export on the GPU
 #   speedup     vLLM tok/s with and without the draft, K in $CHAINS, batch 1/8/32 (bench/vllm_speedup.py)
 #   fetch_draft copy the trained draft to $RES in parts of < 16 MiB (to carry into a later session)
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-W=/tmp/w; RES="${RES:-${OUT:-$W/results}}"; mkdir -p "$W" "$RES"
+# Results go to $RES, default /tmp/w/results: the device empties $OUT before every call, so copy what you need
+# into $OUT at the end of the call that wants it back (at most 8 files of < 16 MiB come back).
+W=/tmp/w; RES="${RES:-$W/results}"; mkdir -p "$W" "$RES"
 source /tmp/eyas-env.sh
 # Each stage runs from its own snapshot of the code, so a later call's newer tree never changes a running job.
 snap() { local d="/tmp/eyas-snap/$1"; rm -rf "$d"; mkdir -p "$d"; cp -r "$ROOT/src" "$ROOT/bench" "$d/"; echo "$d"; }
@@ -61,9 +65,23 @@ SH
         --out "$RES/extract_eq.json" ;;
     tp2)
       unset CUDA_VISIBLE_DEVICES
-      timed tp2_extract_vllm "${EYAS[@]}" extract --target $T --data $W/peq --out $W/s-vllm-tp2 --backend vllm \
+      python3 - <<'PY'
+import torch
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+tok, c = AutoTokenizer.from_pretrained("/tmp/smol-hf"), LlamaConfig.from_pretrained("/tmp/smol-hf")
+c.num_attention_heads, c.num_key_value_heads, c.hidden_size, c.head_dim = 8, 4, 512, 64
+c.intermediate_size, c.num_hidden_layers = 1536, 16
+torch.manual_seed(0)
+LlamaForCausalLM(c).to(torch.bfloat16).save_pretrained("/tmp/rand8")
+tok.save_pretrained("/tmp/rand8")
+PY
+      cp $T/generation_config.json /tmp/rand8/
+      timed tp2_prepare "${EYAS[@]}" prepare --target /tmp/rand8 --data /tmp/sharegpt.json --max-samples 200 \
+        --out $W/p8 --max-length 1024 --draft-vocab-size 4096 --workers 8 --overwrite
+      timed tp2_extract_hf "${EYAS[@]}" extract --target /tmp/rand8 --data $W/p8 --out $W/s8-hf --overwrite
+      timed tp2_extract_vllm "${EYAS[@]}" extract --target /tmp/rand8 --data $W/p8 --out $W/s8-tp2 --backend vllm \
         --python $VPY --tensor-parallel-size 2 --overwrite
-      timed tp2_compare python3 "$D/bench/compare_stores.py" $W/s-hf $W/s-vllm-tp2 --reference $T \
+      timed tp2_compare python3 "$D/bench/compare_stores.py" $W/s8-hf $W/s8-tp2 --reference /tmp/rand8 \
         --out "$RES/extract_eq_tp2.json" ;;
     regen)
       export CUDA_VISIBLE_DEVICES=$GPU
@@ -82,11 +100,22 @@ SH
       timed serve_check "${EYAS[@]}" serve-check --draft $W/export --engine vllm --python $VPY --limit 2 \
         --max-new-tokens 128 --out "$RES/serve_check_gpu.json" ;;
     speedup)
-      timed speedup python3 "$D/bench/vllm_speedup.py" --target $T --export $W/export --python $VPY \
+      # vLLM takes K from the export's own config, so each K is its own export.
+      for k in $CHAINS; do "${EYAS[@]}" export --draft $W/run9k --format vllm --chain "$k" --out "$W/export-k$k" \
+        > "$RES/export_k$k.log" 2>&1 || { echo "export K=$k failed"; tail "$RES/export_k$k.log"; }; done
+      timed speedup python3 "$D/bench/vllm_speedup.py" --target $T --export "$W/export-k{k}" --python $VPY \
         --chains $CHAINS --batch-sizes 1 8 32 --limit 2 --max-new-tokens 256 --gpus 0 1 \
         --out "$RES/vllm_speedup.json" ;;
     fetch_draft)
-      tar cf - -C $W run9k/config.json run9k/model.safetensors run9k/metrics.jsonl | split -b 15M -d - "$RES/draft.tar."
+      # bf16 and without the embedding (the target's, shared): ~25 MB, two parts
+      python3 - <<PY
+import torch
+from safetensors.torch import load_file, save_file
+sd = load_file("$W/run9k/model.safetensors")
+save_file({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in sd.items() if k != "embed_tokens.weight"},
+          "$W/draft-bf16.safetensors")
+PY
+      tar cf - -C $W draft-bf16.safetensors run9k/config.json run9k/metrics.jsonl | split -b 15M -d - "$RES/draft.tar."
       cp $W/train.log "$RES/train.log" ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac

@@ -29,8 +29,8 @@ def answers(r):
 
 
 def summary(log):
-    text = Path(log).read_text()
-    return json.loads(text[text.rfind("\n{") + 1:])
+    text = Path(log).read_text()  # progress lines, then the summary JSON regenerate prints last
+    return json.JSONDecoder().raw_decode(text, text.rindex('{\n  "input"'))[0]
 
 
 def speed(tok, path, log):

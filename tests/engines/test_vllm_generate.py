@@ -95,6 +95,7 @@ def test_vllm_backend_answers_equal_hf_backend(engine, target, tmp_path):
                                       max_new_tokens=7, max_prompt_tokens=300, batch_size=1))
     assert vb["written"] == hb["written"] >= 2 and vb["failed"] == hb["failed"] >= 1  # row 2: prompt too long
     assert (tmp_path / "v.jsonl").read_text() == (tmp_path / "h.jsonl").read_text()
+    assert vb["generated_tokens"] == hb["generated_tokens"] > 0  # the same tokens counted the same way
     errs = [json.loads(x)["error"] for x in (tmp_path / "v.jsonl.errors.jsonl").read_text().splitlines()]
     assert all("prompt_too_long" in e for e in errs)
 
@@ -133,3 +134,24 @@ def test_speedup_summary_from_vllm_counters():
     assert k3b8["identical_to_base"] == "3/4"
     assert s["best_by_batch"]["1"]["chain"] == 3 and s["best_by_batch"]["8"]["chain"] == 1
     assert spec_stats({})["tau"] is None  # no drafts: no τ, not a division by zero
+
+
+def test_tensor_parallel_that_vllm_would_refuse_is_named_before_start():
+    from types import SimpleNamespace
+
+    from eyas.engines.vllm import tensor_parallel_problem
+
+    smol = SimpleNamespace(num_attention_heads=9, num_key_value_heads=3)  # SmolLM2-135M
+    assert "9 attention heads" in tensor_parallel_problem(smol, 2)
+    assert tensor_parallel_problem(smol, 3) is None and tensor_parallel_problem(smol, 1) is None
+    assert tensor_parallel_problem(SimpleNamespace(num_attention_heads=8, num_key_value_heads=4), 2) is None
+    assert tensor_parallel_problem(SimpleNamespace(num_attention_heads=32, num_key_value_heads=8), 16) is None  # kv replicated
+    assert "KV heads" in tensor_parallel_problem(SimpleNamespace(num_attention_heads=12, num_key_value_heads=6), 4)
+
+
+def test_regenerate_vllm_tp_refused_before_engine_starts(target, tmp_path):
+    from eyas.engines.base import EngineError
+
+    # the tiny target has 4 heads: tp 3 cannot split them; no engine python is even looked up
+    with pytest.raises(EngineError, match="4 attention heads"):
+        VllmBackend(str(target), python="/nonexistent/python", tensor_parallel_size=3)

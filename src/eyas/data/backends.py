@@ -60,6 +60,7 @@ class HFBackend:
         self.eos = sorted(eos)
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos[0]
         self.name = target
+        self.generated_tokens = 0
 
     def encode(self, prompt: Sequence[dict]) -> list[int] | GenerationError:
         """The chat-templated prompt's token ids, or why it cannot be answered (a per-row error)."""
@@ -127,6 +128,8 @@ class HFBackend:
         for r in range(len(batch)):  # rows cut off by max_new_tokens end with the batch
             if r not in reported:
                 on_done(r)
+        # every generated token up to and including the first stop token (the engines count the same way)
+        self.generated_tokens += sum(next((k + 1 for k, t in enumerate(r) if t in self.eos), len(r)) for r in new)
         return [answer(self.tok, row, self.eos) for row in new]
 
 

@@ -178,6 +178,7 @@ def regenerate(cfg: RegenerateConfig, backend=None) -> dict:
     seconds = time.perf_counter() - t0
     return {**counts, "backend": cfg.backend, "model": backend.name, "out": str(out), "errors": str(errors_path),
             "backend_startup_s": getattr(backend, "startup_s", None),
+            "generated_tokens": getattr(backend, "generated_tokens", None),
             "seconds": round(seconds, 2), "rows_per_s": round(counts["input"] / seconds, 2) if seconds else 0.0}
 
 

@@ -26,7 +26,7 @@ from safetensors.torch import save_file
 from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
     ExampleHiddenStatesConnector, extract_from_kv_cache)
 
-CHECKED_VLLM_VERSIONS = ("0.32.0",)
+CHECKED_VLLM_VERSIONS = ("0.26.0", "0.32.0")
 
 
 class _Done:

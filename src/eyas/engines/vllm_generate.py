@@ -17,7 +17,7 @@ from typing import Sequence
 
 from eyas.data.backends import GenerationError, answer, prompt_ids
 from eyas.engines.base import EngineError, engine_python
-from eyas.engines.vllm import ENV_VAR, HOW_TO_CREATE
+from eyas.engines.vllm import ENV_VAR, HOW_TO_CREATE, tensor_parallel_problem
 
 WORKER = Path(__file__).with_name("vllm_generate_worker.py")
 PREFIX = "EYAS> "
@@ -46,6 +46,15 @@ class VllmBackend:
         self.max_new_tokens, self.max_prompt_tokens = max_new_tokens, max_prompt_tokens
         self.temperature, self.top_p, self.seed = temperature, top_p, seed
         self.max_model_len = max_model_len
+        self.generated_tokens = 0  # every token the engine produced, stop tokens included
+        if tensor_parallel_size > 1:
+            from eyas.target.load import load_config
+
+            cfg = load_config(target)
+            why = tensor_parallel_problem(cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg,
+                                          tensor_parallel_size)
+            if why:
+                raise EngineError(why)
         python = engine_python(python, ENV_VAR, HOW_TO_CREATE)
         self._tmp = tempfile.TemporaryDirectory(prefix="eyas-vllm-gen-")
         cfg = Path(self._tmp.name) / "config.json"
@@ -99,6 +108,7 @@ class VllmBackend:
                 self.proc.stdin.flush()
                 for (i, _), ids in zip(group, self._read()["outputs"]):
                     out[i] = answer(self.tok, ids, self.eos)
+                    self.generated_tokens += len(ids)
         return out
 
     def close(self) -> None:

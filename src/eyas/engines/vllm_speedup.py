@@ -52,7 +52,9 @@ def measure(python: Path, target: str, export: str, prompts: list[list[int]], ch
             batch_sizes: list[int], max_tokens: int, gpus: list[str], log_dir: Path,
             max_model_len: int = 2048) -> dict:
     """Run the plain target and each K, spread round-robin over `gpus` (one engine per GPU at a time)."""
-    jobs = [("base", target, None)] + [(f"k{k}", export, {"num_speculative_tokens": k}) for k in chains]
+    # vLLM takes K from a speculators export's own config (a speculative_config override of K is ignored), so
+    # each K is its own export: `export` may name them as a pattern, e.g. "/tmp/export-k{k}".
+    jobs = [("base", target, None)] + [(f"k{k}", export.format(k=k), None) for k in chains]
     log_dir.mkdir(parents=True, exist_ok=True)
 
     def one(i_job):
