@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ helpers, also
 from _emit import emit  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
+END_TILT = 1.1
 
 
 def tiny_target(work: Path, like: str) -> str:
@@ -44,8 +45,14 @@ def tiny_target(work: Path, like: str) -> str:
         torch.manual_seed(0)
         cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                          bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, tie_word_embeddings=True)
-        LlamaForCausalLM(cfg).save_pretrained(path)
+                          bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, tie_word_embeddings=False)
+        model = LlamaForCausalLM(cfg)
+        with torch.no_grad():  # a random model almost never ends a turn; tilt it to, so answers and prompts end
+            # feature 0 is ~constant after the final norm (every embedding carries 1.0 there): P(end) ~ 1/10 a step
+            model.model.embed_tokens.weight[:, 0] = 1.0
+            model.lm_head.weight[tok.eos_token_id] = 0.0
+            model.lm_head.weight[tok.eos_token_id, 0] = END_TILT
+        model.save_pretrained(path)
         tok.save_pretrained(path)
     return str(path)
 
@@ -93,7 +100,8 @@ def source(r: Runner, kind: str, rows: int) -> str | None:
     data = a.data if kind == "regen" else f"self:{rows}"
     ok = r.eyas(f"gen:{kind}", "regenerate", "--target", a.target, "--data", data, "--max-samples", str(rows),
                 "--out", str(out), "--backend", "native", "--batch-size", str(a.gen_batch), "--max-new-tokens",
-                str(a.new_tokens), "--max-prompt-tokens", str(a.max_prompt), "--device", a.device, "--json")
+                str(a.new_tokens), "--max-prompt-tokens", str(a.max_prompt), "--device", a.device, "--temperature", str(a.gen_temperature),
+                "--json")
     return str(out) if ok else None
 
 
@@ -104,7 +112,9 @@ def tokens_per_row(r: Runner, kind: str, src: str, rows: int) -> float | None:
                   "--workers", "0", "--overwrite", "--json"):
         return None
     s = json.loads((prep / "manifest.json").read_text()).get("summary", {})
-    return s["tokens"] / max(1, s["rows_out"])
+    if not s.get("rows_out"):
+        raise SystemExit(f"{prep}: no usable rows from {src}; see its .errors.jsonl")
+    return s["tokens"] / s["rows_out"]
 
 
 def last_eval(run: Path) -> dict | None:
@@ -149,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gen-batch", type=int, default=256)
     ap.add_argument("--new-tokens", type=int, default=512)
     ap.add_argument("--max-prompt", type=int, default=1536)
+    ap.add_argument("--gen-temperature", type=float, default=0.0, help="answers' sampling temperature (0 = greedy)")
     ap.add_argument("--est-tokens-per-row", type=float, default=600, help="to size generation before measuring")
     ap.add_argument("--max-length", type=int, default=2048)
     ap.add_argument("--vocab", type=int, default=32000)
@@ -165,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.tiny:
         a.target = tiny_target(a.work, a.target)
         a.sizes, a.gen_batch, a.new_tokens, a.max_prompt, a.est_tokens_per_row = "1500,3000,6000,12000", 8, 24, 256, 60
+        a.gen_temperature = 1.0  # a random model's greedy answer is one token over and over (or empty)
         a.max_length, a.vocab, a.ttt, a.epochs, a.batch, a.device = 256, 512, 2, 1.0, 2, a.device or "cpu"
     a.device = a.device or ("cuda" if __import__("torch").cuda.is_available() else "cpu")
     sizes = [int(float(s)) for s in a.sizes.split(",")]

@@ -186,3 +186,13 @@ def test_self_source_generates_filters_resumes_and_answers(tiny_target, tmp_path
     assert r["input"] == 5 and r["written"] + r["failed"] == 5
     got = [json.loads(x) for x in out.read_text().splitlines()]
     assert all(g["messages"][0]["role"] == "user" and g["messages"][1]["role"] == "assistant" for g in got)
+
+
+def test_self_spec_parsing_and_prepare_error():
+    from eyas.data.sources import resolve_data, self_source_size
+
+    assert self_source_size("self:12") == 12 and self_source_size("sharegpt") is None
+    with pytest.raises(ValueError, match="self:N"):
+        self_source_size("self:many")
+    with pytest.raises(ValueError, match="eyas regenerate --data self:5"):
+        resolve_data("self:5")
