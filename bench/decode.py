@@ -27,7 +27,7 @@ def main(argv=None) -> int:
     ap.add_argument("--draft", required=True, type=Path)
     ap.add_argument("--bench", default="spec-bench")
     ap.add_argument("--max-new-tokens", type=int, default=512)
-    ap.add_argument("--limit", type=int, default=None, help="questions per category (default: all)")
+    ap.add_argument("--per-category", type=int, default=None, help="questions per category (default: all)")
     ap.add_argument("--categories", nargs="+", default=None, help="only these categories (default: all 13)")
     ap.add_argument("--chain", type=int, default=3)
     ap.add_argument("--tree", default="total=60,depth=7,topk=10", help="tree spec or 'auto'")
@@ -38,11 +38,11 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--plots", type=Path, default=None)
     a = ap.parse_args(argv)
-    kw = dict(target=a.target, draft=a.draft, bench=a.bench, max_new_tokens=a.max_new_tokens, limit=a.limit,
+    kw = dict(target=a.target, draft=a.draft, bench=a.bench, max_new_tokens=a.max_new_tokens, per_category=a.per_category,
               categories=a.categories,
               chain=a.chain, tree=a.tree, device=a.device, compile=a.compile, out=None, json=True, plots=a.plots)
     if a.tiny:
-        kw.update(categories=["writing", "math_reasoning"], limit=1, max_new_tokens=16, tree="total=8,depth=4,topk=2",
+        kw.update(categories=["writing", "math_reasoning"], per_category=1, max_new_tokens=16, tree="total=8,depth=4,topk=2",
                   device="cpu" if a.device == "auto" else a.device)
     runs = []
     for temp in a.temperatures:

@@ -31,7 +31,8 @@ from _emit import emit  # noqa: E402
 from capture import random_llama  # noqa: E402
 
 from eyas.store import HiddenStateStore, bytes_per_token, target_identity
-from eyas.store.extract import _backbone, _HostCopier, extract_to_store, make_batches
+from eyas.store.extract import HostCopier, extract_to_store, make_batches
+from eyas.target.capture import backbone_of
 from eyas.store.format import encode_states
 from eyas.target import capture, default_aux_layer_ids, find_layout
 from eyas.target.compiled import compile_layers, uncompile_layers
@@ -83,7 +84,7 @@ def matmul_tflops(device: torch.device, n: int, iters: int) -> float:
 
 
 def flops_per_token(model, cfg, seq: int) -> float:
-    layers = _backbone(model, find_layout(model)).layers
+    layers = backbone_of(model, find_layout(model)).layers
     linear = sum(p.numel() for p in layers.parameters() if p.dim() == 2)
     return 2 * linear + 2 * cfg.hidden_size * seq * cfg.num_hidden_layers
 
@@ -92,7 +93,7 @@ def flops_per_token(model, cfg, seq: int) -> float:
 def plain_forward(model, data, token_budget: int, device) -> float:
     """tokens/s of the backbone alone over the same batches (no hooks, no copies, no store)."""
     layout = find_layout(model)
-    backbone = _backbone(model, layout)
+    backbone = backbone_of(model, layout)
     batches = make_batches({i: data[i]["input_ids"].numel() for i in range(len(data))}, token_budget)
     # position ids passed as extraction passes them: the same masks, the same compiled graph
     run = lambda b: backbone(input_ids=torch.stack([data[i]["input_ids"] for i in b]).to(device),  # noqa: E731
@@ -111,7 +112,7 @@ def forward_capture(model, data, token_budget: int, device, dtype: str) -> float
     """tokens/s of forward + hook capture + encode + device->host copy, nothing written: the gap to the
     plain forward is the capture cost, the gap to end-to-end is the store writer's."""
     layout = find_layout(model)
-    backbone, copier = _backbone(model, layout), _HostCopier(device)
+    backbone, copier = backbone_of(model, layout), HostCopier(device)
     aux_ids = default_aux_layer_ids(layout.num_layers)
     batches = make_batches({i: data[i]["input_ids"].numel() for i in range(len(data))}, token_budget)
 

@@ -97,14 +97,14 @@ PY
         --pair $W/rg-hf.jsonl $W/rg-vllm.jsonl --logs "$RES/regen_hf.log" "$RES/regen_vllm.log" \
         --throughput $W/rg-vllm-big.jsonl "$RES/regen_vllm_big.log" ;;
     serve)
-      timed serve_check "${EYAS[@]}" serve-check --draft $W/export --engine vllm --python $VPY --limit 2 \
+      timed serve_check "${EYAS[@]}" serve-check --draft $W/export --engine vllm --python $VPY --per-category 2 \
         --max-new-tokens 128 --out "$RES/serve_check_gpu.json" ;;
     speedup)
       # vLLM takes K from the export's own config, so each K is its own export.
       for k in $CHAINS; do "${EYAS[@]}" export --draft $W/run9k --format vllm --chain "$k" --out "$W/export-k$k" \
         > "$RES/export_k$k.log" 2>&1 || { echo "export K=$k failed"; tail "$RES/export_k$k.log"; }; done
       timed speedup python3 "$D/bench/vllm_speedup.py" --target $T --export "$W/export-k{k}" --python $VPY \
-        --chains $CHAINS --batch-sizes 1 8 32 --limit 2 --max-new-tokens 256 --gpus 0 1 \
+        --chains $CHAINS --batch-sizes 1 8 32 --per-category 2 --max-new-tokens 256 --gpus 0 1 \
         --out "$RES/vllm_speedup.json" ;;
     fetch_draft)
       # bf16 and without the embedding (the target's, shared): ~25 MB, two parts

@@ -4,7 +4,7 @@ host work, syncs), plus the top kernels. About 60-90 s on an H200:
 
     PYTHONPATH=src python bench/profile_decode.py --target /tmp/smol-hf --draft /tmp/draft --out profile.json
 
-It only uses what every decoder version has (evaluate.Session/_load/_prompts, session.decoder(spec)
+It only uses what every decoder version has (evaluate.Session/load_pair/turn_prompt, session.decoder(spec)
 .generate, ar_generate), so putting an older eyas first on PYTHONPATH profiles the older decoder
 (the before/after of BENCHMARKS.md). CPU smoke: --device cpu --tokens 8 (no kernel times there).
 """
@@ -20,7 +20,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from eyas.decode.bench import load_bench
-from eyas.decode.evaluate import Session, _load, _prompts
+from eyas.decode.evaluate import Session, load_pair, turn_prompt
 from eyas.decode.speculative import ar_generate
 from eyas.decode.tree import TreeSpec
 
@@ -73,13 +73,13 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
-    target, draft = _load(a.target, a.draft, a.device, None)
+    target, draft = load_pair(a.target, a.draft, a.device, None)
     qs = load_bench(a.bench, ["writing"], limit=1)
     s = Session(target, draft, qs, max_new_tokens=a.tokens, device=a.device)
     specs = {"chain-3": TreeSpec.chain(3), "tree": TreeSpec.parse(a.tree)}
     for spec in specs.values():
         s.warmup(spec)  # compile / capture outside the profile
-    prompt = _prompts(target.tokenizer, qs[0], [])
+    prompt = turn_prompt(target.tokenizer, qs[0], [])
     sync = torch.cuda.synchronize if s.device.type == "cuda" else (lambda: None)
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if s.device.type == "cuda" else [])
     res = {"target": a.target, "tokens": a.tokens, "device": str(s.device), "torch": torch.__version__}

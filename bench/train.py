@@ -26,6 +26,7 @@ from types import SimpleNamespace
 
 import torch
 
+from eyas.aux_layers import default_aux_layer_ids
 from eyas.draft.model import Eagle3Draft, compile_flex_attention, draft_config_from_target
 from eyas.train import dist as D
 from eyas.train.ttt import TargetHead, TTTUnroll, step_valid, document_ids
@@ -117,7 +118,7 @@ def main(argv=None) -> dict:
     torch.manual_seed(0)
     tcfg = SimpleNamespace(**shape)
     N = shape["num_hidden_layers"]
-    cfg = draft_config_from_target(tcfg, aux_layer_ids=[2, N // 2, N - 3], draft_vocab_size=Vd)
+    cfg = draft_config_from_target(tcfg, aux_layer_ids=default_aux_layer_ids(N), draft_vocab_size=Vd)
     V, H = cfg.vocab_size, cfg.hidden_size
     ids = torch.sort(torch.randperm(V)[:Vd]).values
     d2t, t2d = ids - torch.arange(Vd), torch.zeros(V, dtype=torch.bool)

@@ -51,7 +51,7 @@ fi
 stage prepare "${EYAS[@]}" prepare --target "$TARGET" --data "$SRC" "${SRC_ARGS[@]}" --out "$W/prep" \
   --max-length "$MAXLEN" --draft-vocab-size "$VOCAB" --workers 0 --overwrite --json
 for dt in bf16 fp8; do
-  stage "extract_$dt" "${EYAS[@]}" extract --target "$TARGET" --data "$W/prep" --out "$W/store-$dt" --dtype "$dt" \
+  stage "extract_$dt" "${EYAS[@]}" extract --target "$TARGET" --data "$W/prep" --out "$W/store-$dt" --store-dtype "$dt" \
     --device "$DEVICE" --overwrite
 done
 for dt in bf16 fp8; do

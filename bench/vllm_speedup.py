@@ -1,9 +1,9 @@
 """vLLM's speedup with an eyas EAGLE-3 export: greedy tokens/s with and without the draft at several batch sizes.
 
     PYTHONPATH=src python bench/vllm_speedup.py --target /tmp/smol-hf --export /tmp/export --python /tmp/vpy \
-        --chains 1 2 3 4 5 --batch-sizes 1 8 32 --limit 2 --max-new-tokens 256 --gpus 0 1 --out speedup.json
+        --chains 1 2 3 4 5 --batch-sizes 1 8 32 --per-category 2 --max-new-tokens 256 --gpus 0 1 --out speedup.json
 
-Prompts: the first turn of `--limit` Spec-Bench questions per category, through the target's chat template.
+Prompts: the first turn of `--per-category` Spec-Bench questions per category, through the target's chat template.
 Each engine runs in vLLM's own environment (`--python`); see eyas.engines.vllm_speedup.
 """
 import argparse
@@ -26,7 +26,7 @@ def main(argv=None) -> int:
     ap.add_argument("--export", required=True)
     ap.add_argument("--python", default=None)
     ap.add_argument("--bench", default="spec-bench")
-    ap.add_argument("--limit", type=int, default=2)
+    ap.add_argument("--per-category", type=int, default=2)
     ap.add_argument("--chains", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--max-new-tokens", type=int, default=256)
@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     tok = AutoTokenizer.from_pretrained(a.target)
     prompts = []
-    for q in load_bench(a.bench, None, a.limit):
+    for q in load_bench(a.bench, None, a.per_category):
         ids = tok.apply_chat_template([{"role": "user", "content": q["turns"][0]}], add_generation_prompt=True,
                                       tokenize=True)
         prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))

@@ -36,7 +36,7 @@ def test_demo_runs_every_stage_and_writes_a_report(tmp_path, capsys):
                                for i, c in enumerate(["writing", "coding"])) + "\n")
     out = tmp_path / "demo"
     rc = main(["demo", "--target", str(target), "--data", str(tmp_path / "data.json"), "--out", str(out),
-               "--samples", "13", "--regen-max-new-tokens", "8", "--regen-batch-size", "6", "--max-length", "128",
+               "--max-samples", "13", "--regen-max-new-tokens", "8", "--regen-batch-size", "6", "--max-length", "128",
                "--draft-vocab-size", "64", "--epochs", "1", "--eval-max-new-tokens", "8", "--bench", str(bench),
                "--device", "cpu", "--json"])
     assert rc == 0

@@ -71,7 +71,7 @@ def make_draft(path: Path, aux=(2, 3, 4), vocab=VOCAB, draft_vocab=40) -> Path:
     from eyas.draft.io import save_draft
     from eyas.draft.model import Eagle3Draft, draft_config_from_target
 
-    from eyas.data.vocab import build_draft_vocab
+    from eyas.vocab import build_draft_vocab
 
     dc = draft_config_from_target(llama_config(vocab=vocab), aux_layer_ids=list(aux), draft_vocab_size=draft_vocab)
     model = Eagle3Draft(dc)
@@ -86,7 +86,7 @@ def failures(checks):
 
 def test_healthy_setup_passes(target, chats, tmp_path, capsys):
     draft = make_draft(tmp_path / "draft")
-    cfg = DoctorConfig(target=target, data=chats, draft=draft, samples=100, max_length=64, store=tmp_path / "st",
+    cfg = DoctorConfig(target=target, data=chats, draft=draft, max_samples=100, max_length=64, store=tmp_path / "st",
                        gpu_memory_gib=80, json=True)
     assert doctor.run(cfg) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -124,7 +124,7 @@ def test_trillion_parameter_wrapper_config_in_seconds(tmp_path):
     from transformers import DeepseekV3ForCausalLM, LlavaForConditionalGeneration  # noqa: F401
 
     path = write_target(tmp_path / "k2", kimi_k2_in_llava())
-    cfg = DoctorConfig(target=path, samples=100_000, max_length=4096, gpus=8, gpu_memory_gib=141, store=tmp_path)
+    cfg = DoctorConfig(target=path, max_samples=100_000, max_length=4096, gpus=8, gpu_memory_gib=141, store=tmp_path)
     t0 = time.perf_counter()
     checks = diagnose(cfg)
     seconds = time.perf_counter() - t0
@@ -181,7 +181,7 @@ def test_undiscoverable_decoder(target, monkeypatch):
         def get_input_embeddings(self):
             return self.embed
 
-    monkeypatch.setattr("eyas.target.build_meta", lambda config: Odd())
+    monkeypatch.setattr("eyas.doctor.build_meta", lambda config: Odd())
     assert "no text decoder found" in failures(diagnose(DoctorConfig(target=target)))["decoder layers"]
 
 
@@ -228,7 +228,7 @@ def test_healthy_fake_engine_passes(target, tmp_path):
 def test_not_enough_disk(target, tmp_path, monkeypatch):
     Usage = namedtuple("Usage", "total used free")
     monkeypatch.setattr(doctor.shutil, "disk_usage", lambda p: Usage(1 << 40, (1 << 40) - (1 << 20), 1 << 20))
-    bad = failures(diagnose(DoctorConfig(target=target, samples=1000, max_length=512, store=tmp_path / "new")))
+    bad = failures(diagnose(DoctorConfig(target=target, max_samples=1000, max_length=512, store=tmp_path / "new")))
     assert "512,000 tokens" in bad["disk for store"] and "GiB free" in bad["disk for store"]
 
 
@@ -236,7 +236,7 @@ def test_corrupted_store_shard(target, tmp_path):
     from transformers import LlamaForCausalLM
 
     from eyas.data.dataset import PreparedDataset, ShardWriter, write_manifest, write_vocab
-    from eyas.data.vocab import build_draft_vocab
+    from eyas.vocab import build_draft_vocab
     from eyas.store import target_identity
     from eyas.store.extract import extract_to_store
     from eyas.target import wrap_model
@@ -249,7 +249,7 @@ def test_corrupted_store_shard(target, tmp_path):
         w.add([(torch.randint(0, VOCAB, (n,), generator=g).numpy(), (torch.arange(n) >= n // 2).numpy())])
     w.flush()
     write_vocab(prep, *build_draft_vocab(torch.ones(VOCAB, dtype=torch.int64), 40)[:2], torch.ones(VOCAB).long())
-    write_manifest(prep, {"format": "eyas-prepared", "version": 1, "target": {"name": "tiny", "vocab_size": VOCAB},
+    write_manifest(prep, {"format": "eyas-prepared", "format_version": 1, "target": {"name": "tiny", "vocab_size": VOCAB},
                           "max_length": 16, "shards": w.shards, "summary": {"rows": 4}})
     config = llama_config()
     t = wrap_model(LlamaForCausalLM(config).eval())
@@ -299,7 +299,7 @@ def test_sglang_export_is_read_in_eyas_conventions(target, tmp_path):
 
 def test_prepared_dir_vocab_coverage(target, tmp_path):
     from eyas.data.dataset import ShardWriter, write_manifest, write_vocab
-    from eyas.data.vocab import build_draft_vocab
+    from eyas.vocab import build_draft_vocab
 
     prep = tmp_path / "prep"
     prep.mkdir()
@@ -310,7 +310,7 @@ def test_prepared_dir_vocab_coverage(target, tmp_path):
     freq[:20] = 5
     d2t, t2d, _ = build_draft_vocab(freq, 10)
     write_vocab(prep, d2t, t2d, freq)
-    write_manifest(prep, {"format": "eyas-prepared", "version": 1, "target": {"name": "tiny", "vocab_size": VOCAB},
+    write_manifest(prep, {"format": "eyas-prepared", "format_version": 1, "target": {"name": "tiny", "vocab_size": VOCAB},
                           "max_length": 16, "shards": w.shards, "summary": {"rows": 1, "tokens": 10}})
     checks = {c.name: c for c in diagnose(DoctorConfig(target=target, data=str(prep)))}
     assert checks["dataset schema"].status == "pass"

@@ -20,7 +20,7 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
     "inspect": ("eyas.target.inspect", "InspectConfig", "run", "describe a target from its config alone (no weights)"),
     "prepare": ("eyas.data.prepare", "PrepareConfig", "run", "conversations -> token ids, loss masks, packing, draft vocab"),
     "regenerate": ("eyas.data.regenerate", "RegenerateConfig", "run", "replace assistant turns with the target's own answers"),
-    "extract": ("eyas.store.extract", "ExtractConfig", "run", "run the target and write the hidden-state store"),
+    "extract": ("eyas.extract", "ExtractConfig", "run", "run the target and write the hidden-state store"),
     "train": ("eyas.train.loop", "TrainConfig", "run", "train an EAGLE-3 draft (offline from a store, or online)"),
     "eval": ("eyas.decode.evaluate", "EvalConfig", "run", "native speculative decoding: tau, losslessness, speedup"),
     "export": ("eyas.export.commands", "ExportConfig", "run_export", "write a draft for vLLM or SGLang"),
@@ -39,18 +39,18 @@ EXAMPLES: dict[str, list[str]] = {
                    "eyas regenerate --backend openai --base-url http://127.0.0.1:8000/v1 --target my-model "
                    "--data chats.jsonl --out regen.jsonl"],
     "extract": ["eyas extract --target smollm2-135m --data prepared --out store",
-                "eyas extract --target ./my-hf-model --data prepared --out store --dtype fp8"],
+                "eyas extract --target ./my-hf-model --data prepared --out store --store-dtype fp8"],
     "train": ["eyas train --target smollm2-135m --store store --data prepared --out run --epochs 2",
               "eyas train --target smollm2-135m --data prepared --online --out run --steps 1000",
               "eyas train --config run/train_config.yaml --resume"],
-    "eval": ["eyas eval --target smollm2-135m --draft run --limit 1 --max-new-tokens 64",
+    "eval": ["eyas eval --target smollm2-135m --draft run --per-category 1 --max-new-tokens 64",
              "eyas eval --target smollm2-135m --draft run --tree auto --json > eval.json"],
     "export": ["eyas export --draft run --format vllm --out export-vllm"],
     "import": ["eyas import --src ./published-eagle3 --out run"],
     "serve-check": ["eyas serve-check --draft export-vllm --engine vllm --python /path/to/vllm-venv/bin/python"],
     "doctor": ["eyas doctor --target smollm2-135m --data prepared --store store --draft export-vllm"],
-    "demo": ["eyas demo", "eyas demo --out /tmp/demo --samples 40 --eval-max-new-tokens 32",
-             "eyas demo --device cuda --samples 5000"],
+    "demo": ["eyas demo", "eyas demo --out /tmp/demo --max-samples 40 --eval-max-new-tokens 32",
+             "eyas demo --device cuda --max-samples 5000"],
 }
 
 

@@ -13,7 +13,7 @@ import types
 import warnings
 import typing
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -36,11 +36,14 @@ def _flag(name: str) -> str:
 
 
 def _unwrap_optional(tp: Any) -> Any:
+    """`X | None` -> X, and an Annotated type (a shared field type with a validator, eyas.flags) -> its base."""
+    if get_origin(tp) is Annotated:
+        return _unwrap_optional(get_args(tp)[0])
     origin = get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in get_args(tp) if a is not type(None)]
         if len(args) == 1:
-            return args[0]
+            return _unwrap_optional(args[0])
     return tp
 
 

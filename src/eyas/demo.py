@@ -3,7 +3,7 @@
 fetch -> regenerate (target's own answers) -> prepare -> extract -> train -> eval -> export -> doctor,
 then a summary table and a one-page Markdown report with the plots. Each stage is the same library call
 its own command makes, so the demo exercises exactly what users run. Defaults fit ~10 minutes on a
-2-core CPU; `--device cuda --samples 5000` scales the same flow up.
+2-core CPU; `--device cuda --max-samples 5000` scales the same flow up.
 """
 
 from __future__ import annotations
@@ -11,19 +11,31 @@ from __future__ import annotations
 import json
 import time
 from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
 
 from eyas.config import StageConfig, build_config
+from eyas.data.prepare import PrepareConfig, run as prepare
+from eyas.data.regenerate import RegenerateConfig, regenerate
+from eyas.data.sources import BUILTIN_DATASETS, iter_conversations, resolve_data
+from eyas.decode.bench import load_bench
+from eyas.decode.evaluate import EvalConfig, run as evaluate
+from eyas.devices import DEVICE_HELP, resolve_device
+from eyas.doctor import DoctorConfig, diagnose, render_table
+from eyas.export.commands import ExportConfig, run_export
+from eyas.extract import ExtractConfig, run as extract
+from eyas.target import BUILTIN_TARGETS, resolve
+from eyas.train.loop import TrainConfig, run as train
 
 
 class DemoConfig(StageConfig):
     target: str = Field("smollm2-135m", description="target model (HF dir, hub id, .gguf or built-in name)")
     data: str = Field("sharegpt", description="conversations (ShareGPT/messages JSONL or built-in 'sharegpt')")
     out: Path = Field(Path("eyas-demo"), description="output directory for every stage")
-    samples: int = Field(160, ge=8, description="conversations to use")
+    max_samples: int = Field(160, ge=8, description="conversations to use")
     regenerate: bool = Field(True, description="replace assistant turns with the target's own answers first")
     regen_max_new_tokens: int = Field(160, ge=8, description="max tokens per regenerated answer")
     regen_batch_size: int = Field(80, ge=1, description="conversations per generation batch")
@@ -34,9 +46,9 @@ class DemoConfig(StageConfig):
     lr: float = Field(2e-3, gt=0, description="peak learning rate")
     chain: int = Field(3, ge=1, description="chain length for evaluation and export")
     bench: str = Field("spec-bench", description="evaluation prompts: 'spec-bench' or a JSONL (question_id, category, turns)")
-    eval_limit: int = Field(1, ge=1, description="Spec-Bench questions per category")
+    eval_per_category: int = Field(1, ge=1, description="Spec-Bench questions per category")
     eval_max_new_tokens: int = Field(64, ge=8, description="new tokens per evaluated turn")
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="cpu, cuda or auto")
+    device: str = Field("auto", description=DEVICE_HELP)
     cache_dir: Path | None = Field(None, description="cache for built-in model/data (default $EYAS_CACHE or ~/.cache/eyas)")
     seed: int = Field(0, description="seed for data order and initialisation")
     json: bool = Field(False, description="print the summary as JSON instead of a table")
@@ -48,9 +60,9 @@ class DemoConfig(StageConfig):
 # The gpu profile: sizes for about 10 minutes on one H200 (regenerate ~2 min at >=30k tok/s, train ~5 min),
 # aiming at tree tau >= 3 (BENCHMARKS.md, issue #13). Only fields the user did not set are replaced.
 GPU_PROFILE: dict[str, Any] = {
-    "samples": 4000, "regen_backend": "native", "regen_max_new_tokens": 384, "regen_batch_size": 256,
+    "max_samples": 4000, "regen_backend": "native", "regen_max_new_tokens": 384, "regen_batch_size": 256,
     "max_length": 2048, "draft_vocab_size": 32000, "ttt_steps": 7, "epochs": 2.0, "lr": 3e-4,
-    "train_batch_size": 8, "eval_limit": 3, "eval_max_new_tokens": 128,
+    "train_batch_size": 8, "eval_per_category": 3, "eval_max_new_tokens": 128,
 }
 
 
@@ -70,18 +82,13 @@ def _stage(name: str, times: dict[str, float]):
     print(f"--- {name}: {times[name]} s", flush=True)
 
 
-def _call(module: str, cls: str, fn: str, **kw: Any):
-    import importlib
-
-    mod = importlib.import_module(module)
-    cfg = build_config(getattr(mod, cls), {k: v for k, v in kw.items() if v is not None})
-    return getattr(mod, fn)(cfg)
+def _call(fn, cls: type[StageConfig], **kw: Any):
+    """One stage, exactly as its command runs it: the flags validated by its config class, then its run."""
+    return fn(build_config(cls, {k: v for k, v in kw.items() if v is not None}))
 
 
 def run(cfg: DemoConfig) -> int | dict:
-    import torch
-
-    device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    device = str(resolve_device(cfg.device))
     cfg = with_profile(cfg, device)
     out = cfg.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -91,9 +98,6 @@ def run(cfg: DemoConfig) -> int | dict:
     preflight(cfg, out)
 
     with _stage("fetch", times):
-        from eyas.data.sources import resolve_data
-        from eyas.target import resolve
-
         src = resolve(cfg.target, cache=cache)
         data = resolve_data(cfg.data, cache=cache)
         print(f"target: {src.path}\ndata:   {data}")
@@ -101,46 +105,43 @@ def run(cfg: DemoConfig) -> int | dict:
     data_for_prepare = str(data)
     if cfg.regenerate:
         with _stage("regenerate", times):
-            openings = _opening_turns(data, paths["regenerated"] / "openings.jsonl", cfg.samples, cache)
-            regen = _call("eyas.data.regenerate", "RegenerateConfig", "regenerate", target=cfg.target, data=str(openings),
-                          out=paths["regenerated"] / "conversations.jsonl", backend=cfg.regen_backend, max_samples=cfg.samples,
+            openings = _opening_turns(data, paths["regenerated"] / "openings.jsonl", cfg.max_samples, cache)
+            regen = _call(regenerate, RegenerateConfig, target=cfg.target, data=str(openings),
+                          out=paths["regenerated"] / "conversations.jsonl", backend=cfg.regen_backend,
+                          max_samples=cfg.max_samples,
                           max_new_tokens=cfg.regen_max_new_tokens, batch_size=cfg.regen_batch_size, device=device,
                           max_prompt_tokens=cfg.max_length // 2, assistant_first="skip", cache_dir=cache, seed=cfg.seed,
-                          dtype="bfloat16" if _bf16_ok(device) else "auto", json=True)
+                          dtype="bf16" if _bf16_ok(device) else "auto", json=True)
             data_for_prepare = str(paths["regenerated"] / "conversations.jsonl")
             print(json.dumps(regen, default=str)[:400])
 
     with _stage("prepare", times):
-        prep = _call("eyas.data.prepare", "PrepareConfig", "run", target=cfg.target, data=data_for_prepare,
-                     out=paths["prepared"], max_samples=cfg.samples, max_length=cfg.max_length,
+        prep = _call(prepare, PrepareConfig, target=cfg.target, data=data_for_prepare,
+                     out=paths["prepared"], max_samples=cfg.max_samples, max_length=cfg.max_length,
                      draft_vocab_size=cfg.draft_vocab_size, overwrite=True, cache_dir=cache, json=True,
                      assistant_first="skip")
 
     with _stage("extract", times):
-        ext = _call("eyas.store.extract", "ExtractConfig", "run", target=cfg.target, data=paths["prepared"],
-                    out=paths["store"], dtype="bf16", device=device, overwrite=True, cache_dir=cache)
+        ext = _call(extract, ExtractConfig, target=cfg.target, data=paths["prepared"],
+                    out=paths["store"], store_dtype="bf16", device=device, overwrite=True, cache_dir=cache)
 
     with _stage("train", times):
-        tr = _call("eyas.train.loop", "TrainConfig", "run", target=cfg.target, store=paths["store"],
+        tr = _call(train, TrainConfig, target=cfg.target, store=paths["store"],
                    data=paths["prepared"], out=paths["run"], ttt_steps=cfg.ttt_steps, tau_chain=cfg.chain,
                    epochs=cfg.epochs, lr=cfg.lr, device=device, seed=cfg.seed, eval_every=50, save_every=10_000,
                    log_every=10, target_dtype="bf16" if _bf16_ok(device) else "auto", batch_size=cfg.train_batch_size,
                    init_head=False)
 
     with _stage("eval", times):
-        ev = _call("eyas.decode.evaluate", "EvalConfig", "run", target=cfg.target, draft=paths["run"], bench=cfg.bench,
-                   limit=cfg.eval_limit, max_new_tokens=cfg.eval_max_new_tokens, chain=cfg.chain, device=device,
-                   out=paths["eval"] / "eval.json", json=True, plots=paths["eval"], cache_dir=cache)
+        ev = _call(evaluate, EvalConfig, target=cfg.target, draft=paths["run"], bench=cfg.bench,
+                   per_category=cfg.eval_per_category, max_new_tokens=cfg.eval_max_new_tokens, chain=cfg.chain,
+                   device=device, out=paths["eval"] / "eval.json", json=True, plots=paths["eval"], cache_dir=cache)
 
     with _stage("export", times):
-        exp = _call("eyas.export.commands", "ExportConfig", "run_export", draft=paths["run"], format="vllm",
+        exp = _call(run_export, ExportConfig, draft=paths["run"], format="vllm",
                     out=paths["export"], chain=cfg.chain)
 
     with _stage("doctor", times):
-        from dataclasses import asdict
-
-        from eyas.doctor import DoctorConfig, diagnose, render_table
-
         checks = diagnose(build_config(DoctorConfig, dict(target=cfg.target, data=str(paths["prepared"]),
                                                          draft=paths["export"], store=paths["store"],
                                                          cache_dir=cfg.cache_dir)))
@@ -176,8 +177,6 @@ def _opening_turns(data: Path, out: Path, n: int, cache) -> Path:
     Regeneration answers turn by turn, so whole ShareGPT conversations (often 5+ turns) cost several
     sequential generate rounds each; the opening turn keeps the demo's regeneration to one round.
     """
-    from eyas.data.sources import iter_conversations
-
     out.parent.mkdir(parents=True, exist_ok=True)
     kept = 0
     with open(out, "w") as f:
@@ -207,10 +206,6 @@ def _chain_result(ev: dict) -> dict:
 def preflight(cfg: DemoConfig, out: Path) -> None:
     """Every input the demo will need, checked before its first stage: a missing benchmark file or a
     misspelt target must not surface after regenerate, extract and train have run."""
-    from eyas.data.sources import BUILTIN_DATASETS
-    from eyas.decode.bench import load_bench
-    from eyas.target.load import BUILTIN_TARGETS
-
     problems = []
     t = str(cfg.target)
     if t not in BUILTIN_TARGETS and not Path(t).exists() and not (t.count("/") == 1 and not t.startswith((".", "/"))):
@@ -219,7 +214,7 @@ def preflight(cfg: DemoConfig, out: Path) -> None:
     if str(cfg.data) not in BUILTIN_DATASETS and not Path(cfg.data).is_file():
         problems.append(f"--data {cfg.data}: no such file (or a built-in name: {', '.join(BUILTIN_DATASETS)})")
     try:
-        load_bench(cfg.bench, limit=cfg.eval_limit)
+        load_bench(cfg.bench, limit=cfg.eval_per_category)
     except (FileNotFoundError, ValueError) as e:
         problems.append(f"--bench {cfg.bench}: {e}")
     try:
@@ -249,7 +244,7 @@ def _failures(errors_file: Path) -> dict[str, int]:
 def _summary(cfg, device, paths, times, regen, prep, ext, tr, ev, exp, doc) -> dict:
     r = _chain_result(ev)
     held = tr.get("eval") or {}
-    rows = {"requested": cfg.samples}
+    rows = {"requested": cfg.max_samples}
     if regen is not None:
         rows.update(regenerated=regen.get("written"), regenerate_failed=regen.get("failed"),
                     regenerate_failed_by_reason=_failures(Path(regen.get("errors", ""))))
@@ -257,7 +252,7 @@ def _summary(cfg, device, paths, times, regen, prep, ext, tr, ev, exp, doc) -> d
                 prepare_rejected=prep.get("rows_rejected"), prepare_rejected_by_reason=prep.get("rejected_by_reason"),
                 packed_rows=prep.get("packed_rows"))
     return {
-        "target": cfg.target, "device": device, "samples": cfg.samples, "rows": rows,
+        "target": cfg.target, "device": device, "samples": cfg.max_samples, "rows": rows,
         "tokens": prep.get("tokens"), "masked_tokens": prep.get("masked_tokens"),
         "draft_vocab_coverage": prep.get("coverage"),
         "train": {k: v for k, v in tr.items() if isinstance(v, (int, float, str))},

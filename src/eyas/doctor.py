@@ -8,15 +8,35 @@ real run will use. Each check is pass / warn / fail / skip; every fail says how 
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
 from pydantic import Field
+from safetensors import safe_open
 
+from eyas.aux_layers import aux_layer_id_problems, default_aux_layer_ids
 from eyas.config import StageConfig
+from eyas.data import MaskError, PreparedDataset, iter_conversations, render_with_mask
+from eyas.data.dataset import MANIFEST as PREPARED_MANIFEST
+from eyas.data.masks import template_hash
+from eyas.devices import StoreDtype
+from eyas.draft.io import read_draft_meta
+from eyas.draft.model import DraftConfig, Eagle3Draft, draft_config_from_target
+from eyas.export import check_contract, detect_format, read_export
+from eyas.export.files import parse_config
+from eyas.flags import AuxLayerIds
+from eyas.store import bytes_per_token, config_hash, verify_store
+from eyas.store.extract import data_fingerprint
+from eyas.store.format import MANIFEST as STORE_MANIFEST, identity_mismatches, read_json
+from eyas.target import LayoutError, build_meta, find_layout, load_config, load_tokenizer
+from eyas.vocab import check_draft_vocab
 
 
 @dataclass
@@ -34,18 +54,18 @@ class DoctorConfig(StageConfig):
                                                   "against the target")
     engine: Literal["none", "vllm"] = Field("none", description="probe this engine's version and entry points")
     python: str | None = Field(None, description="the engine env's python (default $EYAS_VLLM_PYTHON)")
-    aux_layer_ids: list[int] | None = Field(None, description="planned aux layer ids (default: the draft's, "
-                                                              "else 2, N//2, N-3)")
+    aux_layer_ids: AuxLayerIds | None = Field(None, description="planned aux layer ids (default: the draft's, "
+                                                                "else 2, N//2, N-3)")
     layers_path: str | None = Field(None, description="where you expect the decoder layers (e.g. model.layers)")
     chat_template: Path | None = Field(None, description="Jinja chat template file overriding the tokenizer's")
     mask_rows: int = Field(16, description="conversations of --data rendered to validate the loss mask")
     store: Path | None = Field(None, description="an existing STORE to verify, or where the planned store goes")
-    store_dtype: Literal["bf16", "fp8"] = Field("bf16", description="planned store dtype")
-    samples: int | None = Field(None, description="planned number of samples (rows) to extract")
-    tokens: int | None = Field(None, description="planned number of tokens to extract (overrides --samples)")
+    store_dtype: StoreDtype = Field("bf16", description="planned store dtype")
+    max_samples: int | None = Field(None, ge=1, description="planned number of samples (rows) to extract")
+    tokens: int | None = Field(None, description="planned number of tokens to extract (overrides --max-samples)")
     max_length: int = Field(2048, description="planned tokens per row (for the disk and memory estimates)")
-    draft_vocab_size: int = Field(32000, description="planned draft vocabulary (when no data/draft gives it)")
-    batch_tokens: int = Field(16384, description="planned tokens per extraction batch")
+    draft_vocab_size: int = Field(32000, ge=1, description="planned draft vocabulary (when no data/draft gives it)")
+    token_budget: int = Field(16384, gt=0, description="planned tokens per extraction batch (extract's --token-budget)")
     ttt_steps: int = Field(7, description="planned training-time-test steps")
     gpu_memory_gib: float | None = Field(None, description="GPU memory per device to plan for (default: the "
                                                            "visible GPUs, if any)")
@@ -80,8 +100,6 @@ def _dtype_bytes(config) -> int:
 
 
 def check_target(cfg: DoctorConfig, out: list[Check]) -> TargetFacts | None:
-    from eyas.target import LayoutError, build_meta, find_layout, load_config
-
     try:
         config = load_config(cfg.target, cache=cfg.cache_dir, trust_remote_code=cfg.trust_remote_code)
     except Exception as e:  # noqa: BLE001 - any loader failure is this check's finding
@@ -129,15 +147,12 @@ def check_target(cfg: DoctorConfig, out: list[Check]) -> TargetFacts | None:
     return TargetFacts(config, n, H, V, params, _dtype_bytes(config), layout.paths)
 
 
-def check_aux(cfg: DoctorConfig, facts: TargetFacts, draft_ids: list[int] | None, out: list[Check]) -> list[int]:
-    from eyas.target import default_aux_layer_ids, validate_aux_layer_ids
-
-    ids = list(cfg.aux_layer_ids or draft_ids or default_aux_layer_ids(facts.num_layers))
-    source = "--aux-layer-ids" if cfg.aux_layer_ids else "the draft" if draft_ids else "default (2, N//2, N-3)"
-    try:
-        validate_aux_layer_ids(ids, facts.num_layers)
-    except ValueError as e:
-        out.append(Check("aux layer ids", "fail", f"{source}: {e}",
+def check_aux(cfg: DoctorConfig, facts: TargetFacts, draft_aux: list[int] | None, out: list[Check]) -> list[int]:
+    ids = list(cfg.aux_layer_ids or draft_aux or default_aux_layer_ids(facts.num_layers))
+    source = "--aux-layer-ids" if cfg.aux_layer_ids else "the draft" if draft_aux else "default (2, N//2, N-3)"
+    problems = aux_layer_id_problems(ids, facts.num_layers, key=source)
+    if problems:
+        out.append(Check("aux layer ids", "fail", "; ".join(problems),
                          f"pick ids in 0..{facts.num_layers - 1}, e.g. "
                          f"{default_aux_layer_ids(facts.num_layers)}"))
         return ids
@@ -161,8 +176,6 @@ class DraftFacts:
 
 def _header_shapes(path: Path, keys: tuple[str, ...]) -> dict[str, list[int]]:
     """Tensor shapes from safetensors headers only: a draft's embedding can be GBs; shapes are enough here."""
-    from safetensors import safe_open
-
     shapes: dict[str, list[int]] = {}
     for f in sorted(path.glob("*.safetensors")):
         with safe_open(str(f), framework="pt") as h:
@@ -173,17 +186,12 @@ def _header_shapes(path: Path, keys: tuple[str, ...]) -> dict[str, list[int]]:
 
 
 def read_draft(path: Path, out: list[Check]) -> DraftFacts | None:
-    import json
-
     cfg_file = Path(path) / "config.json"
     if not cfg_file.is_file():
         out.append(Check("draft", "fail", f"{path}: no config.json", "pass an eyas draft/run dir or an export dir"))
         return None
     doc = json.loads(cfg_file.read_text())
     if doc.get("format") == "eyas-draft":
-        from eyas.draft.io import read_draft_meta
-        from eyas.draft.model import DraftConfig
-
         try:
             dc, errors = DraftConfig.from_dict(read_draft_meta(path)["draft"]), []
         except (KeyError, TypeError, ValueError) as e:
@@ -191,9 +199,6 @@ def read_draft(path: Path, out: list[Check]) -> DraftFacts | None:
             return None
         shapes, kind = _header_shapes(Path(path), ("fc.weight", "t2d")), "eyas draft"
     else:
-        from eyas.export import check_contract, detect_format, read_export
-        from eyas.export.files import parse_config
-
         try:
             config, tensors = read_export(path)
             kind = detect_format(config, tensors)
@@ -222,14 +227,12 @@ def check_draft(d: DraftFacts, ids: list[int], facts: TargetFacts, out: list[Che
         bad.append(f"vocab mismatch: t2d covers {d.t2d_len} target tokens, the target has {V}")
     if d.target_hidden_size != H:
         bad.append(f"hidden size mismatch: draft expects target hidden {d.target_hidden_size}, target has {H}")
-    out_of_range = [i for i in d.aux_layer_ids or [] if not 0 <= i < N]
-    if out_of_range:
-        bad.append(f"the draft's aux layer ids {out_of_range} are out of range for {N} layers")
-    elif d.aux_layer_ids and list(ids) != d.aux_layer_ids:
+    aux_bad = aux_layer_id_problems(d.aux_layer_ids, N, key="the draft's aux layer ids")
+    bad += aux_bad
+    if not aux_bad and list(ids) != d.aux_layer_ids:
         bad.append(f"aux layer ids differ: planned {list(ids)}, the draft was trained on {d.aux_layer_ids}")
-    if d.fc_in is not None and d.fc_in != len(ids) * H:
-        bad.append(f"aux count != fc width: {len(ids)} aux layers x hidden {H} = {len(ids) * H}, "
-                   f"but fc.weight takes {d.fc_in} inputs ({d.fc_in / H:g} layers)")
+    if not aux_layer_id_problems(list(ids)):
+        bad += aux_layer_id_problems(list(ids), fc_in=d.fc_in, hidden_size=H, key="planned aux layer ids")
     bad += [f"contract: {e}" for e in d.errors]
     out.append(Check(f"draft vs target", "fail" if bad else "pass", "; ".join(bad) or
                      f"{d.kind} at {d.path}: hidden {H}, vocab {V} (draft vocab {d.draft_vocab_size}), "
@@ -246,9 +249,6 @@ PROBE_CHAT = [{"role": "system", "content": "You are a helpful assistant."},
 
 
 def check_template(cfg: DoctorConfig, facts: TargetFacts, out: list[Check]):
-    from eyas.data import MaskError, render_with_mask
-    from eyas.target import load_tokenizer
-
     try:
         tok = load_tokenizer(cfg.target, cache=cfg.cache_dir, trust_remote_code=cfg.trust_remote_code)
     except Exception as e:  # noqa: BLE001
@@ -276,12 +276,8 @@ def check_template(cfg: DoctorConfig, facts: TargetFacts, out: list[Check]):
 
 
 def check_data(cfg: DoctorConfig, facts: TargetFacts, tok, out: list[Check]) -> dict | None:
-    from collections import Counter
-
-    from eyas.data import MaskError, iter_conversations, render_with_mask
-
     path = Path(str(cfg.data)).expanduser()
-    if (path / "manifest.json").is_file():
+    if (path / PREPARED_MANIFEST).is_file():
         return check_prepared(path, facts, tok, out)
     try:
         records = list(iter_conversations(cfg.data, limit=cfg.mask_rows * 4, cache=cfg.cache_dir))
@@ -313,9 +309,6 @@ def check_data(cfg: DoctorConfig, facts: TargetFacts, tok, out: list[Check]) -> 
 
 
 def check_prepared(path: Path, facts: TargetFacts, tok, out: list[Check]) -> dict | None:
-    from eyas.data import PreparedDataset, check_draft_vocab
-    from eyas.data.masks import template_hash
-
     try:
         ds = PreparedDataset(path)
         m = ds.manifest
@@ -333,16 +326,13 @@ def check_prepared(path: Path, facts: TargetFacts, tok, out: list[Check]) -> dic
     out.append(Check("dataset schema", "fail" if bad else "pass", "; ".join(bad) or
                      f"PREPARED {path.name}: {len(ds)} rows, max_length {m['max_length']}",
                      "re-run `eyas prepare` with this target" if bad else ""))
-    problems = check_draft_vocab(d2t, t2d) + ([f"t2d covers {t2d.numel()} tokens, target vocab {facts.vocab_size}"]
-                                              if t2d.numel() != facts.vocab_size else [])
+    problems = check_draft_vocab(d2t, t2d, vocab_size=facts.vocab_size)
     total = int(freq.sum())
     coverage = float(freq[t2d].sum()) / total if total and freq.numel() == t2d.numel() else 0.0
     status = "fail" if problems else "warn" if coverage < 0.9 else "pass"
     out.append(Check("draft vocab coverage", status, "; ".join(problems) or
                      f"{d2t.numel()} draft tokens cover {coverage:.1%} of assistant tokens",
                      "re-run `eyas prepare`" if problems else "raise --draft-vocab-size in `eyas prepare`"))
-    from eyas.store.extract import data_fingerprint
-
     return {"draft_vocab_size": int(d2t.numel()), "tokens": int(m["summary"].get("tokens") or 0) or None,
             "fingerprint": data_fingerprint(ds)}
 
@@ -351,21 +341,17 @@ def check_prepared(path: Path, facts: TargetFacts, tok, out: list[Check]) -> dic
 def planned_tokens(cfg: DoctorConfig, prepared: dict | None) -> int | None:
     if cfg.tokens:
         return cfg.tokens
-    if cfg.samples:
-        return cfg.samples * cfg.max_length
+    if cfg.max_samples:
+        return cfg.max_samples * cfg.max_length
     return (prepared or {}).get("tokens")
 
 
 def check_store(cfg: DoctorConfig, facts: TargetFacts, ids: list[int], prepared: dict | None,
                 out: list[Check]) -> None:
-    from eyas.store import bytes_per_token, config_hash, verify_store
-
-    if cfg.store is not None and (Path(cfg.store) / "manifest.json").is_file():
+    if cfg.store is not None and (Path(cfg.store) / STORE_MANIFEST).is_file():
         problems = verify_store(cfg.store)
         if not problems:
-            import json
-
-            m = json.loads((Path(cfg.store) / "manifest.json").read_text())
+            m = read_json(Path(cfg.store) / STORE_MANIFEST, "store manifest")
             tgt = m.get("target", {})
             have, want_data = m.get("data", {}).get("manifest_sha256"), (prepared or {}).get("fingerprint", {})
             if have and want_data and have != want_data.get("manifest_sha256"):
@@ -374,8 +360,7 @@ def check_store(cfg: DoctorConfig, facts: TargetFacts, ids: list[int], prepared:
             want = {"hidden_size": facts.hidden_size, "num_layers": facts.num_layers,
                     "vocab_size": facts.vocab_size, "aux_layer_ids": list(ids),
                     "config_hash": config_hash(facts.config)}
-            problems = [f"store {k} is {tgt.get(k)!r}, target/plan has {v!r}" for k, v in want.items()
-                        if k in tgt and tgt[k] != v]
+            problems = identity_mismatches(tgt, {k: v for k, v in want.items() if k in tgt})
         out.append(Check("store", "fail" if problems else "pass", "; ".join(problems[:5]) +
                          (f" (+{len(problems) - 5} more)" if len(problems) > 5 else "") or
                          f"{cfg.store}: every shard verified (sha256, shapes, finite values)",
@@ -383,7 +368,7 @@ def check_store(cfg: DoctorConfig, facts: TargetFacts, ids: list[int], prepared:
         return
     tokens = planned_tokens(cfg, prepared)
     if not tokens:
-        out.append(Check("disk for store", "skip", "no --tokens / --samples / PREPARED dir to size the store"))
+        out.append(Check("disk for store", "skip", "no --tokens / --max-samples / PREPARED dir to size the store"))
         return
     bpt = bytes_per_token(facts.hidden_size, len(ids), cfg.store_dtype)
     need = bpt * tokens
@@ -400,10 +385,6 @@ def check_store(cfg: DoctorConfig, facts: TargetFacts, ids: list[int], prepared:
 
 def draft_parameters(facts: TargetFacts, ids: list[int], vd: int) -> tuple[int, int]:
     """(trainable, frozen) parameters of the draft this target gets, counted on the meta device."""
-    import torch
-
-    from eyas.draft.model import Eagle3Draft, draft_config_from_target
-
     with torch.device("meta"):
         d = Eagle3Draft(draft_config_from_target(facts.config, aux_layer_ids=ids, draft_vocab_size=vd))
     frozen = d.embed_tokens.weight.numel()
@@ -416,7 +397,7 @@ def check_memory(cfg: DoctorConfig, facts: TargetFacts, ids: list[int], vd: int,
     inter = max(int(getattr(t, "intermediate_size", 4 * H) or 4 * H), 4 * H)
     weights = facts.num_parameters * facts.dtype_bytes / max(cfg.gpus, 1)
     # Extraction: weights + captured states (k+1 bf16 vectors/token) + the widest transient (MLP) per batch.
-    extract = weights + cfg.batch_tokens * (k + 1) * H * 2 + cfg.batch_tokens * (inter + 4 * H) * 2 * 2
+    extract = weights + cfg.token_budget * (k + 1) * H * 2 + cfg.token_budget * (inter + 4 * H) * 2 * 2
     trainable, frozen = draft_parameters(facts, ids, vd)
     # Training: fp32 master + grad + 2 Adam moments (16 B) per trainable, bf16 frozen embedding, and per TTT step
     # the draft-vocab logits in fp32 (value + softmax + grad) and the layer activations of one row.
@@ -424,14 +405,12 @@ def check_memory(cfg: DoctorConfig, facts: TargetFacts, ids: list[int], vd: int,
     avail = cfg.gpu_memory_gib * gib if cfg.gpu_memory_gib else None
     if avail is None:
         try:
-            import torch
-
             if torch.cuda.is_available():
                 avail = float(torch.cuda.get_device_properties(0).total_memory)
         except Exception:  # noqa: BLE001 - no usable CUDA means nothing to compare against
             avail = None
     for name, need, fix in (("GPU memory: extraction", extract, "spread the target over more GPUs (--gpus), use a "
-                             "smaller --batch-tokens, or a quantized target"),
+                             "smaller --token-budget, or a quantized target"),
                             ("GPU memory: training (offline)", train, "shorten --max-length or the draft vocabulary"),
                             ("GPU memory: training (online)", train + weights, "train offline from a store, or "
                              "spread the target over more GPUs")):
@@ -475,8 +454,6 @@ def diagnose(cfg: DoctorConfig) -> list[Check]:
     engine = None
     if cfg.engine != "none":
         # The probe waits on another process (importing vLLM takes tens of seconds): start it first.
-        from concurrent.futures import ThreadPoolExecutor
-
         pool = ThreadPoolExecutor(max_workers=1)
         engine = pool.submit(check_engine, cfg)
         pool.shutdown(wait=False)
@@ -517,7 +494,7 @@ def run(cfg: DoctorConfig):
     seconds = round(time.perf_counter() - t0, 2)
     failed = [c.name for c in checks if c.status == "fail"]
     if cfg.json:
-        print(__import__("json").dumps({"ok": not failed, "failed": failed, "seconds": seconds,
+        print(json.dumps({"ok": not failed, "failed": failed, "seconds": seconds,
                                         "checks": [asdict(c) for c in checks]}, indent=2))
     else:
         print(render_table(checks) + f" in {seconds:.1f}s")

@@ -91,7 +91,7 @@ def test_eval_cli_writes_json_and_plots(tiny_dirs, capsys):
 def test_eval_tree_auto(tiny_dirs, capsys):
     rc = main(["eval", "--target", str(tiny_dirs / "target"), "--draft", str(tiny_dirs / "draft"),
                "--bench", str(tiny_dirs / "bench.jsonl"), "--max-new-tokens", "6", "--tree", "auto",
-               "--device", "cpu", "--json", "--categories", "b", "--limit", "1"])
+               "--device", "cpu", "--json", "--categories", "b", "--per-category", "1"])
     assert rc == 0
     doc = json.loads(capsys.readouterr().out)
     auto = doc["cost_model"]["auto"]

@@ -102,7 +102,7 @@ def test_real_vllm_serves_export_with_matching_tau_and_greedy_outputs(tmp_path):
         run_dir = save_draft(d, tmp_path / "draft", {"target": "smollm2-135m"}, dtype=torch.bfloat16)
     export = export_vllm(run_dir, tmp_path / "export", chain=3)
     # One short prompt: on 2 shared cores the native side alone takes minutes; vLLM starts in ~2-4 min.
-    r = check(ServeCheckConfig(draft=export, python=VLLM_PY, limit=1, categories=["writing"],
+    r = check(ServeCheckConfig(draft=export, python=VLLM_PY, per_category=1, categories=["writing"],
                                max_new_tokens=32, out=tmp_path / "sc.json"))
     assert r["ok"], r.get("reason")
     assert r["served_identical_to_target_greedy"].split("/")[0] == r["served_identical_to_target_greedy"].split("/")[1]

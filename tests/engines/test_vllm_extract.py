@@ -14,7 +14,7 @@ from eyas.engines.base import EngineError
 from eyas.engines import vllm_extract
 from eyas.engines.vllm_extract import check_version, documents
 from eyas.store import HiddenStateStore, verify_store
-from eyas.store.extract import ExtractConfig, run
+from eyas.extract import ExtractConfig, run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "store"))
 from storekit import prepared, tiny_target  # noqa: E402,F401  (fixtures)
@@ -75,9 +75,9 @@ def test_vllm_path_with_stand_in_engine_matches_hf_backend(tiny_target, prepared
     py.chmod(0o755)
     monkeypatch.setattr(vllm_extract, "vllm_version", lambda python: "0.32.0")
     kw = dict(target=str(tiny_target), data=prepared, shard_mb=0.03, token_budget=96)
-    s = run(ExtractConfig(**kw, out=tmp_path / "v", backend="vllm", python=str(py), dtype="fp8"))
+    s = run(ExtractConfig(**kw, out=tmp_path / "v", backend="vllm", python=str(py), store_dtype="fp8"))
     assert s["merged"] and s["backend"] == "vllm"
-    run(ExtractConfig(**kw, out=tmp_path / "h", dtype="fp8"))
+    run(ExtractConfig(**kw, out=tmp_path / "h", store_dtype="fp8"))
     assert verify_store(tmp_path / "v") == []
     a, b = HiddenStateStore(tmp_path / "h"), HiddenStateStore(tmp_path / "v", expect=a_identity(tmp_path / "h"))
     for i in range(len(a)):
@@ -114,7 +114,7 @@ def _text_prepared(path, tokenizer):
     for row in (docs[:3], docs[3:]):
         w.add([(d, np.ones(len(d), bool)) for d in row])
     w.flush()
-    write_manifest(path, {"format": "eyas-prepared", "version": 1, "target": {"name": "smollm2-135m"},
+    write_manifest(path, {"format": "eyas-prepared", "format_version": 1, "target": {"name": "smollm2-135m"},
                           "max_length": 128, "shards": w.shards, "summary": {}})
     return path
 

@@ -32,7 +32,7 @@ def make_prepared(path, rows, vocab=96, max_length=40, shard_rows=5):
     for docs in rows:
         w.add([(rng.integers(0, vocab, n), np.arange(n) >= n // 2) for n in docs])
     w.flush()
-    write_manifest(path, {"format": "eyas-prepared", "version": 1, "target": {"name": "tiny", "vocab_size": vocab},
+    write_manifest(path, {"format": "eyas-prepared", "format_version": 1, "target": {"name": "tiny", "vocab_size": vocab},
                           "max_length": max_length, "shards": w.shards, "summary": {"rows": len(rows)}})
     return path
 

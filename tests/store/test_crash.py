@@ -15,7 +15,7 @@ import time
 import pytest
 
 from eyas.store import HiddenStateStore, verify_store
-from eyas.store.extract import ExtractConfig, run
+from eyas.extract import ExtractConfig, run
 
 FLAGS = ["--shard-mb", "0.03", "--token-budget", "96", "--writer-threads", "1"]
 

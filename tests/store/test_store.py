@@ -8,7 +8,8 @@ from safetensors.torch import load_file, save_file
 
 from eyas.data.dataset import PreparedDataset
 from eyas.store import HiddenStateStore, StoreError, bytes_per_token, fp8_decode, fp8_encode, verify_store
-from eyas.store.extract import ExtractConfig, extract_to_store, make_batches, run
+from eyas.extract import ExtractConfig, run
+from eyas.store.extract import extract_to_store, make_batches
 from eyas.store.format import sha256_file, target_identity
 from eyas.target import default_aux_layer_ids, load_target, target_states
 
@@ -85,7 +86,7 @@ def test_documents_in_one_row_do_not_see_each_other(bf16_store, prepared, target
 
 def test_fp8_store_close_to_bf16_and_half_the_bytes(bf16_store, tiny_target, prepared, tmp_path):
     out8 = tmp_path / "fp8"
-    s8 = run(ExtractConfig(target=str(tiny_target), data=prepared, out=out8, dtype="fp8", shard_mb=0.03,
+    s8 = run(ExtractConfig(target=str(tiny_target), data=prepared, out=out8, store_dtype="fp8", shard_mb=0.03,
                            token_budget=96))
     a, b = HiddenStateStore(bf16_store[0]), HiddenStateStore(out8)
     for i in range(len(a)):

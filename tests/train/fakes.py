@@ -10,7 +10,7 @@ import torch
 import transformers as tf
 
 from eyas.target import target_states, wrap_model
-from eyas.train.inputs import vocab_from_counts
+from eyas.vocab import build_draft_vocab
 
 VOCAB, HIDDEN, LAYERS = 96, 32, 4
 AUX = [0, 2, 3]
@@ -50,7 +50,7 @@ def vocab_for(rows: list[dict], size: int):
     freq = torch.zeros(VOCAB, dtype=torch.long)
     for r in rows:
         freq.index_add_(0, r["input_ids"], torch.ones_like(r["input_ids"]))
-    return vocab_from_counts(freq, size)
+    return build_draft_vocab(freq, size)[:2]
 
 
 class FakePrepared:

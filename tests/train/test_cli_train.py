@@ -30,11 +30,11 @@ def dirs(tmp_path_factory):
     t2d = torch.zeros(96, dtype=torch.bool)
     t2d[ids] = True
     write_vocab(prep, ids - torch.arange(48), t2d, freq)
-    write_manifest(prep, {"format": "eyas-prepared", "version": 1, "target": {"name": "tiny", "vocab_size": 96},
+    write_manifest(prep, {"format": "eyas-prepared", "format_version": 1, "target": {"name": "tiny", "vocab_size": 96},
                           "max_length": 32, "shards": w.shards, "summary": {"rows": 8}})
     for dt in ("bf16", "fp8"):
         assert main(["extract", "--target", str(target), "--data", str(prep), "--out", str(root / dt),
-                     "--dtype", dt, "--device", "cpu"]) == 0
+                     "--store-dtype", dt, "--device", "cpu"]) == 0
     return root, target, prep
 
 

@@ -13,6 +13,8 @@ import urllib.error
 import urllib.request
 from typing import Sequence
 
+from eyas.devices import resolve_device, resolve_dtype
+
 
 class GenerationError(RuntimeError):
     """A prompt the backend could not answer; the message says why (kept per row, never fatal to the run)."""
@@ -39,13 +41,11 @@ class HFBackend:
                  model=None, tokenizer=None):
         import torch
 
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = str(resolve_device(device))
         if model is None:
             from eyas.target.load import load_target
 
-            td = {"auto": torch.bfloat16 if self.device.startswith("cuda") else torch.float32,
-                  "bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[dtype]
-            t = load_target(target, dtype=td, device=self.device, cache=cache, trust_remote_code=trust_remote_code)
+            t = load_target(target, dtype=resolve_dtype(dtype, self.device), device=self.device, cache=cache, trust_remote_code=trust_remote_code)
             model, tokenizer = t.model, t.tokenizer
         self.model, self.tok = model, tokenizer
         self.batch_size, self.max_new_tokens, self.max_prompt_tokens = batch_size, max_new_tokens, max_prompt_tokens

@@ -128,8 +128,10 @@ def read_manifest(path: str | os.PathLike) -> dict:
         raise PreparedError(f"{mf}: invalid JSON: {e}") from None
     if manifest.get("format") != FORMAT:
         raise PreparedError(f"{mf}: key 'format' is {manifest.get('format')!r}, expected {FORMAT!r}")
-    if manifest.get("version") != VERSION:
-        raise PreparedError(f"{mf}: key 'version' is {manifest.get('version')!r}; this eyas reads {VERSION}")
+    # `format_version`, as in the store's manifest (PREPARED dirs written before the rename say `version`).
+    version = manifest.get("format_version", manifest.get("version"))
+    if version != VERSION:
+        raise PreparedError(f"{mf}: key 'format_version' is {version!r}; this eyas reads {VERSION}")
     for key in ("target", "max_length", "shards", "summary"):
         if key not in manifest:
             raise PreparedError(f"{mf}: missing key {key!r}")

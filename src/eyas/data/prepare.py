@@ -26,7 +26,7 @@ from eyas.data.dataset import (FORMAT, MANIFEST, REJECTS, VERSION, VOCAB, ShardW
                                write_vocab)
 from eyas.data.masks import ChatRenderer, MaskError, render_text, template_hash
 from eyas.data.sources import Record, iter_conversations, reason_category, resolve_data
-from eyas.data.vocab import build_draft_vocab
+from eyas.vocab import build_draft_vocab
 
 
 class PrepareConfig(StageConfig):
@@ -247,7 +247,7 @@ def prepare(cfg: PrepareConfig) -> dict:
     seconds = time.perf_counter() - t0
     summary = _summary(cfg, counts, writer, freq, d2t, coverage, seconds)
     write_manifest(out, {
-        "format": FORMAT, "version": VERSION, "config_key": key,
+        "format": FORMAT, "format_version": VERSION, "config_key": key,
         "target": {"name": cfg.target, "vocab_size": V, "tokenizer_len": len(tokenizer),
                    "tokenizer_class": type(tokenizer).__name__, "chat_template_sha256": tpl_hash},
         "data": {"spec": cfg.data, "path": str(data_path)},

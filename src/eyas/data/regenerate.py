@@ -21,7 +21,9 @@ from typing import Iterator, Literal
 from pydantic import Field
 
 from eyas.config import StageConfig
+from eyas.devices import DEVICE_HELP, DTYPE_HELP, TORCH_NAMES, Dtype
 from eyas.data.backends import GenerationError, HFBackend, OpenAIBackend
+from eyas.data.selfgen import done_rows, self_prompts
 from eyas.data.sources import Record, iter_conversations, self_source_size
 from eyas.progress import Progress
 
@@ -41,8 +43,8 @@ class RegenerateConfig(StageConfig):
     graph: Literal["auto", "cudagraph", "compile", "eager"] = Field("auto", description="native decode step: CUDA graph on cuda, eager on cpu (auto)")
     self_max_new_tokens: int = Field(128, ge=8, description="max tokens of a self-written user prompt (data self:N)")
     self_temperature: float = Field(1.0, gt=0.0, description="sampling temperature of self-written prompts (data self:N)")
-    device: str | None = Field(None, description="hf device (default: cuda if available, else cpu)")
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field("auto", description="hf weights dtype (auto: bf16 on GPU, fp32 on CPU)")
+    device: str = Field("auto", description="hf / native: " + DEVICE_HELP)
+    dtype: Dtype = Field("auto", description="hf / native weights: " + DTYPE_HELP)
     static_cache: bool | None = Field(None, description="static KV cache in generate (default: on for cuda)")
     base_url: str = Field("http://127.0.0.1:8000/v1", description="OpenAI-compatible server base URL (openai)")
     model: str | None = Field(None, description="served model name (openai; default: --target)")
@@ -95,24 +97,6 @@ class Conversation:
         return {"row": self.rec.row, "id": self.rec.id, "messages": self.history, "finish_reasons": self.finish}
 
 
-def _done_rows(out: Path) -> set[int]:
-    """Rows already written; a torn last line (killed mid-write) is cut off so appends stay valid JSONL."""
-    if not out.is_file():
-        return set()
-    done, good = set(), 0
-    with open(out, "rb") as f:
-        for line in f:
-            try:
-                done.add(int(json.loads(line)["row"]))
-            except (ValueError, KeyError, TypeError):
-                break
-            good += len(line)
-    if good != out.stat().st_size:
-        with open(out, "r+b") as f:
-            f.truncate(good)
-    return done
-
-
 def regenerate(cfg: RegenerateConfig, backend=None) -> dict:
     """Run the stage; `backend` may be passed in (tests, or callers holding a loaded model)."""
     t0 = time.perf_counter()
@@ -121,15 +105,13 @@ def regenerate(cfg: RegenerateConfig, backend=None) -> dict:
         out = out / "regenerated.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     errors_path = out.with_name(out.name + ".errors.jsonl")
-    done = _done_rows(out)
+    done = done_rows(out)
     backend = backend or _make_backend(cfg)
     data, limit = cfg.data, cfg.max_samples
     if (n := self_source_size(cfg.data)) is not None:  # the target writes its own prompts first (resumable)
         if not hasattr(backend, "model"):
             raise ValueError(f"--data {cfg.data}: self-written prompts need the target loaded here "
                              "(--backend native or hf), not a server")
-        from eyas.data.selfgen import self_prompts
-
         data = out.with_name(out.name + ".self-prompts.jsonl")
         self_prompts(backend, n, data, max_new_tokens=cfg.self_max_new_tokens, temperature=cfg.self_temperature,
                      seed=cfg.seed)
@@ -192,7 +174,7 @@ def _openai_backend(cfg: RegenerateConfig):
 def _vllm_backend(cfg: RegenerateConfig):
     from eyas.engines.vllm_generate import VllmBackend
 
-    return VllmBackend(cfg.target, python=cfg.python, dtype="bfloat16" if cfg.dtype == "auto" else cfg.dtype,
+    return VllmBackend(cfg.target, python=cfg.python, dtype=TORCH_NAMES.get(cfg.dtype, "bfloat16"),  # vLLM spells them out; auto = bf16
                        max_new_tokens=cfg.max_new_tokens, max_prompt_tokens=cfg.max_prompt_tokens,
                        temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed,
                        tensor_parallel_size=cfg.tensor_parallel_size,

@@ -20,6 +20,24 @@ import numpy as np
 _SENTINEL = "EYAS_SELF_PROMPT_SENTINEL"
 
 
+def done_rows(out: Path) -> set[int]:
+    """Rows already written; a torn last line (killed mid-write) is cut off so appends stay valid JSONL."""
+    if not out.is_file():
+        return set()
+    done, good = set(), 0
+    with open(out, "rb") as f:
+        for line in f:
+            try:
+                done.add(int(json.loads(line)["row"]))
+            except (ValueError, KeyError, TypeError):
+                break
+            good += len(line)
+    if good != out.stat().st_size:
+        with open(out, "r+b") as f:
+            f.truncate(good)
+    return done
+
+
 def user_header(tok) -> tuple[str, str]:
     """(text before the user's content, the end-of-user marker) from the tokenizer's own chat template."""
     text = tok.apply_chat_template([{"role": "user", "content": _SENTINEL}], tokenize=False,
@@ -101,9 +119,7 @@ def self_prompts(backend, n: int, path: Path, *, max_new_tokens: int = 128, temp
     ids = tok(head, add_special_tokens=False)["input_ids"]
     specials = list(getattr(tok, "all_special_tokens", []) or []) + [end, _SENTINEL]
     filt = PromptFilter(specials, seed=seed)
-    from eyas.data.regenerate import _done_rows
-
-    _done_rows(path)  # cuts a torn last line (killed mid-write) so appends stay valid JSONL
+    done_rows(path)  # cuts a torn last line (killed mid-write) so appends stay valid JSONL
     have = 0
     if path.is_file():  # resume: the accepted prompts so far seed the duplicate filter
         with open(path, encoding="utf-8") as f:

@@ -14,12 +14,14 @@ import platform
 import subprocess
 import zlib
 from pathlib import Path
-from typing import Literal
 
 import torch
 from pydantic import Field
 
 from eyas.config import StageConfig
+from eyas.aux_layers import check_aux_layer_ids
+from eyas.devices import DEVICE_HELP, DTYPE_HELP, Dtype, resolve_device, resolve_dtype
+from eyas.draft.io import load_draft, read_draft_config
 from eyas.decode.bench import SPEC_BENCH, load_bench
 from eyas.decode.costmodel import Costs, choose, covers, predict_from
 from eyas.decode.proposer import EagleProposer
@@ -27,6 +29,7 @@ from eyas.decode.speculative import GenStats, SpecDecoder, ar_generate
 from eyas.decode.target_step import TargetRunner
 from eyas.decode.tree import TreeSpec
 from eyas.progress import Progress
+from eyas.target import load_config, load_target, text_config
 
 TIE_ULPS = 2                                          # a logit tie: |gap| <= 2 ulp of the model dtype
 AUTO_PROBE = TreeSpec(total=80, depth=8, topk=10)   # recorded once; every smaller setting is replayed from it
@@ -37,13 +40,13 @@ class EvalConfig(StageConfig):
     draft: Path = Field(description="draft dir (eyas train run or eyas import output)")
     bench: str = Field(SPEC_BENCH, description="'spec-bench' or a JSONL file with question_id, category, turns")
     categories: list[str] | None = Field(None, description="only these categories")
-    limit: int | None = Field(None, ge=1, description="at most this many questions per category")
+    per_category: int | None = Field(None, ge=1, description="at most this many questions per category")
     max_new_tokens: int = Field(512, ge=1, description="new tokens per turn")
     temperature: float = Field(0.0, ge=0, description="0 = greedy (checked token-identical); >0 = rejection sampling")
     chain: int | None = Field(None, ge=1, description="chain of K drafted tokens (default 3 when --tree is not given)")
     tree: str | None = Field(None, description="'total=60,depth=7,topk=10' or 'auto' (cost model picks)")
-    device: str = Field("auto", description="cpu | cuda | auto")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="auto: bf16 on GPU, fp32 on CPU")
+    device: str = Field("auto", description=DEVICE_HELP)
+    dtype: Dtype = Field("auto", description=DTYPE_HELP)
     compile: bool | None = Field(None, description="torch.compile reduce-overhead (CUDA graphs); default on for cuda")
     json: bool = Field(False, description="print the full results as JSON instead of a table")
     out: Path | None = Field(None, description="also write the full results JSON to this file")
@@ -54,13 +57,7 @@ class EvalConfig(StageConfig):
     trust_remote_code: bool = Field(False, description="allow the target's own modelling code")
 
 
-def _dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return getattr(torch, name)
-
-
-def _prompts(tokenizer, question: dict, answers: list[list[int]]) -> list[int]:
+def turn_prompt(tokenizer, question: dict, answers: list[list[int]]) -> list[int]:
     """Token ids for the next turn: earlier turns with the baseline's answers, through the chat template."""
     msgs = []
     for i, ans in enumerate(answers):
@@ -151,7 +148,7 @@ class Session:
         self.eos = _eos_ids(target)
         # Prompt lengths are only known turn by turn; size the caches for the longest first turn plus
         # every turn's answer, and grow (rebuilding the runner) if a later turn needs more.
-        longest = max(len(_prompts(target.tokenizer, {"turns": q["turns"]}, [])) + sum(len(t) for t in q["turns"][1:])
+        longest = max(len(turn_prompt(target.tokenizer, {"turns": q["turns"]}, [])) + sum(len(t) for t in q["turns"][1:])
                       for q in questions)
         turns = max(len(q["turns"]) for q in questions)
         self.capacity = longest + turns * (max_new_tokens + 64) + 128
@@ -177,7 +174,7 @@ class Session:
             answers: list[list[int]] = []
             for t in range(len(q["turns"])):
                 key = (q["question_id"], t)
-                prompt = _prompts(self.target.tokenizer, q, answers)
+                prompt = turn_prompt(self.target.tokenizer, q, answers)
                 if key not in self.baseline:
                     self.baseline[key] = ar_generate(self.runner, prompt, self.max_new, temperature=self.temperature,
                                                      eos_ids=self.eos, generator=self._gen(key))
@@ -189,7 +186,7 @@ class Session:
     def warmup(self, spec: TreeSpec | None) -> None:
         """Compile/capture every static shape outside the timed region."""
         q = self.questions[0]
-        prompt = _prompts(self.target.tokenizer, q, [])
+        prompt = turn_prompt(self.target.tokenizer, q, [])
         for _ in range(2 if self.compile else 0):  # eager needs no warm-up
             ar_generate(self.runner, prompt, min(16, self.max_new), eos_ids=())
             if spec is not None:
@@ -264,20 +261,22 @@ def evaluate(target, draft, questions, *, chain=None, tree=None, max_new_tokens=
     spec = TreeSpec.chain(int(chain)) if chain is not None else (tree if isinstance(tree, TreeSpec)
                                                                   else TreeSpec.parse(str(tree)))
     if session is None:
-        target, draft = _load(target, draft, device, None)
+        target, draft = load_pair(target, draft, device, None)
         session = Session(target, draft, questions, max_new_tokens=max_new_tokens, temperature=temperature,
                           device=device, compile_graphs=compile_graphs, seed=seed)
     result, _ = session.run(spec)
     return result
 
 
-def _load(target, draft, device, dtype_name, cache=None, trust_remote_code=False):
-    from eyas.draft.io import load_draft
-    from eyas.target import load_target
-
-    dev = torch.device("cuda" if device in (None, "auto") and torch.cuda.is_available() else
-                       "cpu" if device in (None, "auto") else device)
-    dtype = _dtype(dtype_name or "auto", dev)
+def load_pair(target, draft, device, dtype_name, cache=None, trust_remote_code=False):
+    """(Target, Eagle3Draft) from specs or loaded objects; a draft dir is checked before any weight loads."""
+    dev = resolve_device(device)
+    dtype = resolve_dtype(dtype_name or "auto", dev)
+    if isinstance(draft, (str, os.PathLike)):   # the draft's config is checked before any weight loads
+        dc = read_draft_config(draft)
+        if isinstance(target, (str, os.PathLike)):
+            n = int(text_config(load_config(target, cache=cache, trust_remote_code=trust_remote_code)).num_hidden_layers)
+            check_aux_layer_ids(dc.aux_layer_ids, n, key=f"{draft}: aux_layer_ids")
     if isinstance(target, (str, os.PathLike)):
         target = load_target(target, dtype=dtype, device=dev, cache=cache, trust_remote_code=trust_remote_code,
                              attn_implementation="sdpa")
@@ -290,8 +289,8 @@ def run(cfg: EvalConfig) -> dict | int:
     if not (Path(cfg.draft) / "config.json").is_file():  # before the target loads (minutes on a busy CPU)
         raise FileNotFoundError(f"--draft {cfg.draft}: " + ("no such directory" if not Path(cfg.draft).exists() else
                                 "no config.json in it") + " (give an `eyas train --out` dir or an `eyas import` dir)")
-    target, draft = _load(cfg.target, cfg.draft, cfg.device, cfg.dtype, cfg.cache_dir, cfg.trust_remote_code)
-    questions = load_bench(cfg.bench, cfg.categories, cfg.limit)
+    target, draft = load_pair(cfg.target, cfg.draft, cfg.device, cfg.dtype, cfg.cache_dir, cfg.trust_remote_code)
+    questions = load_bench(cfg.bench, cfg.categories, cfg.per_category)
     s = Session(target, draft, questions, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                 compile_graphs=cfg.compile, seed=cfg.seed)
     specs = []

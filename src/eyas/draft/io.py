@@ -13,10 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from eyas import __version__
-from eyas.draft.model import DraftConfig, Eagle3Draft
+from eyas.draft.model import DraftConfig, Eagle3Draft, rope_inv_freq
+from eyas.vocab import require_draft_vocab
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -49,12 +51,29 @@ def read_draft_meta(path: str | os.PathLike) -> dict[str, Any]:
     return doc
 
 
+def read_draft_config(path: str | os.PathLike) -> DraftConfig:
+    """The draft's config and vocabulary map, checked by their owners (eyas.aux_layers, eyas.vocab), reading
+    no weight but d2t/t2d: callers check a draft before loading anything big."""
+    path = Path(path)
+    doc = read_draft_meta(path)
+    try:
+        cfg = DraftConfig.from_dict(doc["draft"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{path / CONFIG_NAME}: {e}") from None
+    if (path / WEIGHTS_NAME).is_file():
+        with safe_open(str(path / WEIGHTS_NAME), framework="pt") as f:
+            if {"d2t", "t2d"} <= set(f.keys()):
+                require_draft_vocab(f.get_tensor("d2t"), f.get_tensor("t2d"), vocab_size=cfg.vocab_size,
+                                    where=str(path / WEIGHTS_NAME))
+    return cfg
+
+
 def load_draft(path: str | os.PathLike, *, device: str | torch.device = "cpu",
                dtype: torch.dtype | None = None) -> tuple[Eagle3Draft, dict[str, Any]]:
     """Build on the meta device, then assign the mmap'd tensors (no double allocation)."""
     path = Path(path)
+    cfg = read_draft_config(path)
     doc = read_draft_meta(path)
-    cfg = DraftConfig.from_dict(doc["draft"])
     with torch.device("meta"):
         model = Eagle3Draft(cfg)
     sd = load_file(str(path / WEIGHTS_NAME), device=str(device))
@@ -69,7 +88,6 @@ def load_draft(path: str | os.PathLike, *, device: str | torch.device = "cpu",
         sd = {k: v.to(dtype) if v.is_floating_point() else v for k, v in sd.items()}
     model.load_state_dict(sd, assign=True)
     # Non-persistent buffers are not in the file: rebuild them on the real device.
-    from eyas.draft.model import rope_inv_freq
     model.inv_freq = rope_inv_freq(cfg).to(device)
     model.embed_tokens.weight.requires_grad_(False)
     return model.eval(), doc

@@ -21,6 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from eyas.aux_layers import check_aux_layer_ids
+from eyas.vocab import target_ids, vocab_from_target_ids
+
 try:  # FlexAttention: the GPU path for training masks; the dense bool-mask path works everywhere.
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
 except ImportError:  # pragma: no cover - torch < 2.5
@@ -63,6 +66,8 @@ class DraftConfig:
     extra: dict[str, Any] = field(default_factory=dict)  # provenance (target name, arch); not used by math
 
     def __post_init__(self):
+        # The owner's rules (sorted, unique, non-negative): a draft that engines would misread is never built.
+        self.aux_layer_ids = check_aux_layer_ids(self.aux_layer_ids, key="draft aux_layer_ids")
         if self.head_dim is None:
             self.head_dim = self.hidden_size // self.num_attention_heads
 
@@ -204,9 +209,10 @@ class Eagle3Draft(nn.Module):
         self.layers = nn.ModuleList([DecoderLayer(cfg)])
         self.norm = RMSNorm(H, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(H, cfg.draft_vocab_size, bias=False)
-        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
-        self.register_buffer("t2d", torch.ones(cfg.vocab_size, dtype=torch.bool) if cfg.draft_vocab_size == cfg.vocab_size
-                             else torch.zeros(cfg.vocab_size, dtype=torch.bool))
+        # Until set_vocab_map: the first draft_vocab_size target ids (a consistent map, the identity when full).
+        d2t, t2d = vocab_from_target_ids(torch.arange(cfg.draft_vocab_size), cfg.vocab_size)
+        self.register_buffer("d2t", d2t)
+        self.register_buffer("t2d", t2d)
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
 
     def combine(self, aux: torch.Tensor) -> torch.Tensor:
@@ -245,6 +251,7 @@ class Eagle3Draft(nn.Module):
         return self.lm_head(self.norm(pre))
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Draft-vocab token ids (e.g. sampled from `logits`) -> target-vocab ids."""
         return draft_ids + self.d2t[draft_ids]
 
     @torch.no_grad()
@@ -254,8 +261,7 @@ class Eagle3Draft(nn.Module):
         head restricted to the draft vocab, which speeds early training a lot (same hidden space)."""
         self.embed_tokens.weight.copy_(embed)
         if lm_head is not None:
-            ids = torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
-            self.lm_head.weight.copy_(lm_head[ids.to(lm_head.device)])
+            self.lm_head.weight.copy_(lm_head[target_ids(self.d2t).to(lm_head.device)])
         if final_norm is not None:
             self.norm.weight.copy_(final_norm)
 

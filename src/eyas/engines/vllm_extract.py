@@ -37,6 +37,10 @@ import torch
 from safetensors.torch import load_file
 
 from eyas.engines.base import EngineError, run_in_env
+from eyas.engines.vllm import VllmAdapter, tensor_parallel_problem
+from eyas.store.extract import begin_store, prepared_row
+from eyas.store.format import StoreError, encode_states, target_identity
+from eyas.target import resolve, text_config
 # The vLLM lock and env discovery are serve-check's (one real vLLM at a time on a machine).
 from eyas.engines.serve_check import vllm_lock, vllm_python
 
@@ -47,8 +51,6 @@ MIN_VLLM = (0, 18)
 
 
 def vllm_version(python: Path) -> str | None:
-    from eyas.engines.vllm import VllmAdapter
-
     return VllmAdapter(python).version()
 
 
@@ -99,33 +101,26 @@ def run_vllm(python: Path, model: str, layer_ids: list[int], docs: list[list[int
     return files
 
 
-def extract_with_vllm(cfg, dataset) -> dict[str, Any]:
-    from eyas.store.extract import _dist_env, _row, begin_store
-    from eyas.store.format import StoreError, encode_states, target_identity
-    from eyas.target import default_aux_layer_ids, load_config, resolve, validate_aux_layer_ids
-
+def extract_with_vllm(cfg, dataset, config, aux_ids: list[int], *, rank: int = 0, world: int = 1) -> dict[str, Any]:
+    """`eyas extract --backend vllm` (cfg: ExtractConfig) for `aux_ids` already checked against `config`."""
     python = vllm_python(cfg.python)              # no env -> a clear error before any work
     check_version(vllm_version(python))
     src = resolve(cfg.target, cache=cfg.cache_dir, trust_remote_code=cfg.trust_remote_code)
     if src.gguf_file:
         raise StoreError(f"--backend vllm needs an HF directory or hub id, not a GGUF file ({cfg.target}); "
                          "use --backend hf")
-    config = load_config(cfg.target, cache=cfg.cache_dir, trust_remote_code=cfg.trust_remote_code)
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    from eyas.engines.vllm import tensor_parallel_problem
-
+    text = text_config(config)
     if (why := tensor_parallel_problem(text, cfg.tensor_parallel_size)):
         raise EngineError(why)
     n_layers = int(text.num_hidden_layers)
-    aux_ids = validate_aux_layer_ids(cfg.aux_layers or default_aux_layer_ids(n_layers), n_layers)
-    identity = target_identity(cfg.target, config, aux_ids, cfg.dtype, hidden_size=int(text.hidden_size),
+    identity = target_identity(cfg.target, config, aux_ids, cfg.store_dtype, hidden_size=int(text.hidden_size),
                                num_layers=n_layers, vocab_size=int(text.vocab_size))
-    rank, world, _ = _dist_env()
-    job = begin_store(dataset, cfg.out, identity, shard_mb=cfg.shard_mb, limit=cfg.limit, rank=rank, world=world)
+    job = begin_store(dataset, cfg.out, identity, shard_mb=cfg.shard_mb, limit=cfg.max_samples, rank=rank,
+                      world=world)
     if isinstance(job, dict):
         return job
     k = len(aux_ids)
-    rows = {i: _row(dataset, i, identity["vocab_size"]) for j in job.todo for i in job.plan.rows(j)}
+    rows = {i: prepared_row(dataset, i, identity["vocab_size"]) for j in job.todo for i in job.plan.rows(j)}
     spans = {i: documents(r["position_ids"]) for i, r in rows.items()}
     order = [(i, a, b) for i in rows for a, b in spans[i]]
     t0 = time.perf_counter()
@@ -166,6 +161,6 @@ def extract_with_vllm(cfg, dataset) -> dict[str, Any]:
         writer.close()
     shutil.rmtree(storage, ignore_errors=True)
     elapsed = time.perf_counter() - t0
-    return job.finish({"backend": "vllm", "rank": rank, "world": world, "dtype": cfg.dtype, "aux_layer_ids": aux_ids,
+    return job.finish({"backend": "vllm", "rank": rank, "world": world, "dtype": cfg.store_dtype, "aux_layer_ids": aux_ids,
                        "tokens": tokens, "seconds": round(elapsed, 3), "vllm_seconds": round(t_vllm, 3),
                        "tokens_per_s": round(tokens / elapsed, 1) if elapsed else None})

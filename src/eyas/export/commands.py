@@ -7,7 +7,9 @@ from typing import Literal
 
 from pydantic import Field
 
+from eyas.flags import AuxLayerIds
 from eyas.config import StageConfig
+from eyas.devices import Dtype
 
 
 class ExportConfig(StageConfig):
@@ -21,7 +23,7 @@ class ExportConfig(StageConfig):
     embed: Literal["auto", "include", "omit"] = Field(
         "auto", description="embed_tokens in the export: auto omits it only when bit-identical to the target's "
                             "(the engine then shares the target's)")
-    dtype: Literal["keep", "bfloat16", "float16", "float32"] = Field("keep", description="weight dtype on disk")
+    dtype: Dtype = Field("auto", description="weight dtype on disk (auto: keep the draft's)")
 
 
 class ImportConfig(StageConfig):
@@ -29,7 +31,7 @@ class ImportConfig(StageConfig):
     out: Path = Field(description="eyas draft directory to write")
     target: str | None = Field(None, description="the target (for a missing embed_tokens or absent aux layer ids); "
                                                  "default: the verifier named in the checkpoint")
-    aux_layer_ids: list[int] | None = Field(None, description="override aux layer ids (eyas convention: residual "
+    aux_layer_ids: AuxLayerIds | None = Field(None, description="override aux layer ids (eyas convention: residual "
                                                               "entering layer k)")
 
 

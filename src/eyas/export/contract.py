@@ -13,11 +13,10 @@ or an aux-id list it silently replaces with its defaults goes through.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from eyas.draft.model import DraftConfig
+from eyas.vocab import check_draft_vocab
 
 SPECULATORS = "speculators"   # vLLM's zero-flag format (config has speculators_config)
 MIDLAYER = "midlayer"         # research EAGLE-3 / SpecForge / SGLang LlamaForCausalLMEagle3
@@ -123,33 +122,9 @@ def check_tensors(dc: DraftConfig, tensors: dict[str, torch.Tensor], fmt: str) -
 
 
 def _check_vocab_map(d2t, t2d, dc: DraftConfig) -> list[str]:
-    """target_id = draft_id + d2t[draft_id] must be a distinct in-range id, and t2d must mark exactly those."""
+    """The vocabulary owner's checks, once the shapes and dtypes above are right (else those errors suffice)."""
     if d2t is None or t2d is None or d2t.dtype != torch.int64 or t2d.dtype != torch.bool:
         return []
     if tuple(d2t.shape) != (dc.draft_vocab_size,) or tuple(t2d.shape) != (dc.vocab_size,):
         return []
-    tgt = torch.arange(dc.draft_vocab_size) + d2t.cpu()
-    if int(tgt.min()) < 0 or int(tgt.max()) >= dc.vocab_size:
-        return [f"d2t: maps draft ids to target ids outside [0, {dc.vocab_size}) "
-                f"(range {int(tgt.min())}..{int(tgt.max())}); d2t must hold offsets target_id - draft_id"]
-    if tgt.unique().numel() != tgt.numel():
-        return ["d2t: two draft ids map to the same target id"]
-    mark = torch.zeros(dc.vocab_size, dtype=torch.bool)
-    mark[tgt] = True
-    if not torch.equal(mark, t2d.cpu()):
-        return [f"t2d: marks {int(t2d.sum())} target ids but d2t maps to {dc.draft_vocab_size} others; "
-                f"t2d must be True exactly at draft_id + d2t[draft_id]"]
-    return []
-
-
-def check_aux_ids(ids: Any, key: str, num_target_layers: int | None = None) -> list[str]:
-    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-        return [f"{key}: must be an explicit non-empty list of ints, got {ids!r} "
-                f"(vLLM silently uses its default ids when it is absent)"]
-    errs = []
-    if sorted(set(ids)) != ids:
-        errs.append(f"{key}: {ids} must be strictly increasing: vLLM captures the layers in sorted order, so fc's "
-                    f"input blocks would be permuted")
-    if min(ids) < 0 or (num_target_layers is not None and max(ids) >= num_target_layers):
-        errs.append(f"{key}: {ids} out of range for a target with {num_target_layers} layers")
-    return errs
+    return check_draft_vocab(d2t, t2d)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from eyas.aux_layers import aux_layer_id_problems
 from eyas.draft.model import DraftConfig
-from eyas.export.contract import check_aux_ids
 
 # Aux-id conventions. eyas / vLLM: id k = the residual stream entering decoder layer k.
 # SGLang / SpecForge `eagle_config.eagle_aux_hidden_state_layer_ids`: id j = the OUTPUT of layer j, which
@@ -163,7 +163,7 @@ def from_speculators(cfg: dict[str, Any], *, strict: bool,
     aux = cfg.get("eagle_aux_hidden_state_layer_ids")
     if aux is None and not strict and default_aux is not None:
         aux = list(default_aux)
-    errs += check_aux_ids(aux, "eagle_aux_hidden_state_layer_ids")
+    errs += aux_layer_id_problems(aux, key="eagle_aux_hidden_state_layer_ids")
     dc = _llama_to_dc(_sub := _Reader(tlc, "transformer_layer_config."), vd=vd, target_hidden=th,
                       aux=aux if not errs else None, nbr=nbr, nbfc=nbfc)
     errs = errs + top.errors + _sub.errors
@@ -178,7 +178,7 @@ def from_midlayer(cfg: dict[str, Any], *, default_aux: list[int] | None = None) 
     ec = cfg.get("eagle_config") or {}
     ids = ec.get("eagle_aux_hidden_state_layer_ids")
     if ids is not None:
-        errs += check_aux_ids(ids, "eagle_config.eagle_aux_hidden_state_layer_ids")
+        errs += aux_layer_id_problems(ids, key="eagle_config.eagle_aux_hidden_state_layer_ids")
         aux = [i + SGLANG_AUX_OFFSET for i in ids] if not errs else None
     elif default_aux is not None:
         aux = list(default_aux)

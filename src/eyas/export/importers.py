@@ -17,18 +17,19 @@ from typing import Any
 
 import torch
 
+from eyas.aux_layers import aux_layer_id_problems, default_aux_layer_ids
 from eyas.draft.io import save_draft
 from eyas.draft.model import Eagle3Draft
 from eyas.export.contract import IGNORABLE_SUFFIXES, SPECULATORS, check_tensors, rename, to_eyas_key
 from eyas.export.files import ContractError, detect_format, parse_config, read_export
-from eyas.export.writers import _target_embedding
+from eyas.export.writers import target_embedding
+from eyas.target import load_config, resolve, text_config
 
 
 def _target_dir(spec: str | None) -> Path | None:
     if not spec:
         return None
     try:
-        from eyas.target.load import resolve
         p = Path(resolve(spec).path)
     except FileNotFoundError:
         return None
@@ -38,10 +39,7 @@ def _target_dir(spec: str | None) -> Path | None:
 def _target_layers(tdir: Path | None) -> int | None:
     if tdir is None:
         return None
-    from eyas.target.load import load_config
-    cfg = load_config(str(tdir))
-    cfg = getattr(cfg, "text_config", None) or cfg
-    return int(cfg.num_hidden_layers)
+    return int(text_config(load_config(str(tdir))).num_hidden_layers)
 
 
 def import_draft(src: str | os.PathLike, out: str | os.PathLike, *, target: str | None = None,
@@ -53,13 +51,15 @@ def import_draft(src: str | os.PathLike, out: str | os.PathLike, *, target: str 
     spec = target or (config.get("eyas") or {}).get("target") or verifier
     tdir = _target_dir(spec) or _target_dir(verifier)
 
+    n_layers = _target_layers(tdir)
     default_aux = list(aux_layer_ids) if aux_layer_ids else None
-    if default_aux is None and tdir is not None:
-        from eyas.target import default_aux_layer_ids
-        default_aux = default_aux_layer_ids(_target_layers(tdir))
+    if default_aux is None and n_layers is not None:
+        default_aux = default_aux_layer_ids(n_layers)
     dc, errors = parse_config(config, fmt, strict=False, default_aux=default_aux)
     if aux_layer_ids and dc is not None:
         dc.aux_layer_ids = list(aux_layer_ids)  # explicit override wins over the file
+    if dc is not None and n_layers is not None:
+        errors += aux_layer_id_problems(dc.aux_layer_ids, n_layers, key="aux_layer_ids")
     if errors or dc is None:
         raise ContractError(f"cannot import {src}", errors)
 
@@ -67,7 +67,7 @@ def import_draft(src: str | os.PathLike, out: str | os.PathLike, *, target: str 
     tensors = {k: v for k, v in tensors.items() if not k.endswith(IGNORABLE_SUFFIXES)}
     emb_key = rename("embed_tokens.weight", fmt)
     if emb_key not in tensors:
-        emb = _target_embedding(str(tdir)) if tdir is not None else None
+        emb = target_embedding(str(tdir)) if tdir is not None else None
         if emb is None:
             raise ContractError(f"cannot import {src}", [
                 f"{emb_key}: not in the checkpoint (engines share the target's); pass --target so eyas can copy "

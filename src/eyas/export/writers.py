@@ -23,7 +23,8 @@ from eyas.export.contract import MIDLAYER, SPECULATORS, rename
 from eyas.export.files import ContractError, check_contract
 from eyas.export.formats import to_midlayer, to_speculators
 
-DTYPES = {"keep": None, "bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+# --dtype of `eyas export` (eyas.devices vocabulary); auto keeps the draft's own dtype.
+DTYPES = {"auto": None, "bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def target_spec(meta: dict[str, Any]) -> str | None:
@@ -66,7 +67,7 @@ def resolve_verifier(meta: dict[str, Any], dc: DraftConfig, verifier: str | None
     return name, archs
 
 
-def _target_embedding(verifier: str) -> torch.Tensor | None:
+def target_embedding(verifier: str) -> torch.Tensor | None:
     """Only the target's token-embedding tensor, read lazily from its safetensors (no model load)."""
     root = Path(verifier)
     if not root.is_dir():
@@ -87,7 +88,7 @@ def decide_embed(sd: dict[str, torch.Tensor], verifier: str, mode: str) -> tuple
         return True, "included (--embed include)"
     if mode == "omit":
         return False, "omitted (--embed omit): the engine shares the target's embedding"
-    tgt = _target_embedding(verifier)
+    tgt = target_embedding(verifier)
     mine = sd["embed_tokens.weight"]
     if tgt is None:
         return True, "included: the target's embedding could not be read to prove the draft's copy identical"
@@ -190,7 +191,7 @@ def _check_and_write(fmt: str, config: dict, sd: dict[str, torch.Tensor], draft_
 
 
 def export_vllm(draft_dir: str | os.PathLike, out: str | os.PathLike, *, chain: int = 3, verifier: str | None = None,
-                embed: str = "auto", dtype: str = "keep") -> Path:
+                embed: str = "auto", dtype: str = "auto") -> Path:
     """Speculators-format dir that `vllm serve OUT` (or `LLM(model=OUT)`) serves with no other flag."""
     if chain < 1:
         raise ValueError(f"chain (speculative tokens) must be >= 1, got {chain}")
@@ -200,7 +201,7 @@ def export_vllm(draft_dir: str | os.PathLike, out: str | os.PathLike, *, chain: 
 
 
 def export_sglang(draft_dir: str | os.PathLike, out: str | os.PathLike, *, chain: int = 3, verifier: str | None = None,
-                  embed: str = "auto", dtype: str = "keep") -> Path:
+                  embed: str = "auto", dtype: str = "auto") -> Path:
     """SGLang `LlamaForCausalLMEagle3` dir (keys midlayer.*, eagle_config aux ids in SGLang's convention)."""
     _, meta, dc, sd, ver, archs, note, fdtype = _prepare(draft_dir, dtype, verifier, embed)
     problems = []

@@ -1,4 +1,7 @@
-"""`eyas extract`: run the target over a PREPARED dataset and write the hidden-state STORE.
+"""The hf extraction backend: run the target in this process over a PREPARED dataset into the STORE.
+
+The command (`eyas extract`, eyas/extract.py) picks this backend or vLLM's (eyas/engines/vllm_extract.py);
+both plan and resume through `begin_store` here, so their stores are interchangeable.
 
 The compute loop only launches work: rows of consecutive shards (at least a batch's worth) are
 sorted by length and grouped into batches of at most `token_budget` tokens (rows padded to the
@@ -16,49 +19,18 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import Field
 
-from eyas.config import StageConfig
 from eyas.progress import Progress
-from eyas.target.capture import _backbone, capture
-from eyas.store.format import (DTYPES, MANIFEST, StoreError, bytes_per_token, encode_states, read_json,
-                               target_identity)
+from eyas.target.capture import backbone_of, capture
+from eyas.store.format import DTYPES, MANIFEST, StoreError, bytes_per_token, encode_states, read_json
 from eyas.store.writer import (Plan, ShardWriter, clean_temp_files, completed_shards, crash_point, merge,
                                samples_per_shard)
-
-
-class ExtractConfig(StageConfig):
-    target: str = Field(description="HF dir, hub id, .gguf file or built-in name (smollm2-135m)")
-    data: Path = Field(description="PREPARED dataset directory written by `eyas prepare`")
-    out: Path = Field(description="STORE directory to write (resumes when it holds a partial store)")
-    dtype: Literal["bf16", "fp8"] = Field("bf16", description="storage dtype of the hidden states "
-                                          "(fp8 = e4m3 with one scale per token and layer; half the disk)")
-    aux_layers: list[int] | None = Field(None, description="aux layer ids (default 2, N//2, N-3)")
-    backend: Literal["hf", "vllm"] = Field("hf", description="hf: transformers in this process; vllm: vLLM in "
-                                           "its own environment (see --python)")
-    python: str | None = Field(None, description="vLLM environment's python for --backend vllm "
-                               "(default $EYAS_VLLM_PYTHON)")
-    tensor_parallel_size: int = Field(1, ge=1, description="--backend vllm: GPUs vLLM shards the target over")
-    device: str | None = Field(None, description="torch device (default cuda[:LOCAL_RANK] if available, else cpu)")
-    attn_implementation: str = Field("sdpa", description="transformers attention: sdpa | flash_attention_2 "
-                                     "(packs each batch into one row) | flex_attention | eager")
-    token_budget: int = Field(16384, gt=0, description="tokens per forward batch (padding included)")
-    shard_mb: float = Field(256.0, gt=0, description="target size of one shard file in MiB")
-    writer_threads: int = Field(4, ge=1, description="threads hashing and writing shards (each ~0.4 GB/s "
-                                "on an H200 host; the store needs bytes/token x tokens/s)")
-    compile: bool = Field(False, description="torch.compile the target's decoder layers (faster forward on GPUs; "
-                          "the first batches pay the compile)")
-    limit: int | None = Field(None, gt=0, description="extract only the first N prepared rows")
-    overwrite: bool = Field(False, description="delete an existing store in --out first (single process only)")
-    cache_dir: Path | None = Field(None, description="cache for built-in targets (default $EYAS_CACHE or ~/.cache/eyas)")
-    trust_remote_code: bool = Field(False, description="allow the target's own modelling code")
 
 
 # ---------------------------------------------------------------- data
@@ -76,7 +48,7 @@ def data_fingerprint(dataset) -> dict[str, Any]:
     return {"rows": len(dataset), "manifest_sha256": digest}
 
 
-def _row(dataset, i: int, vocab_size: int) -> dict[str, torch.Tensor]:
+def prepared_row(dataset, i: int, vocab_size: int) -> dict[str, torch.Tensor]:
     r = dataset[i]
     ids, mask, pos = r["input_ids"], r["loss_mask"], r["position_ids"]
     if ids.dim() != 1 or ids.shape != mask.shape or ids.shape != pos.shape or ids.numel() == 0:
@@ -119,7 +91,7 @@ def _pad(rows: list[dict[str, torch.Tensor]], packed: bool) -> dict[str, torch.T
 
 
 # ---------------------------------------------------------------- the loop
-class _HostCopier:
+class HostCopier:
     """Device -> pinned host copies on a side stream; the writer waits on the returned event."""
 
     def __init__(self, device: torch.device):
@@ -215,8 +187,8 @@ def extract_to_store(model: torch.nn.Module, layout, dataset, out: str | os.Path
     device = torch.device(device) if device is not None else next(model.parameters()).device
     aux_ids, dtype = identity["aux_layer_ids"], identity["dtype"]
     plan = job.plan
-    backbone = _backbone(model, layout)
-    copier = _HostCopier(device)
+    backbone = backbone_of(model, layout)
+    copier = HostCopier(device)
     writer = job.writer(rank, writer_threads, max_pending)
 
     t_start = time.perf_counter()
@@ -227,7 +199,7 @@ def extract_to_store(model: torch.nn.Module, layout, dataset, out: str | os.Path
         # Batches span a group of shards (small shards keep the final write short, big batches keep the
         # device busy); a group's shards are closed together once all its batches are handed over.
         for group in job.groups(rank, world):
-            rows = {i: _row(dataset, i, identity["vocab_size"]) for j in group for i in plan.rows(j)}
+            rows = {i: prepared_row(dataset, i, identity["vocab_size"]) for j in group for i in plan.rows(j)}
             lengths = {i: r["input_ids"].numel() for i, r in rows.items()}
             for batch in make_batches(lengths, token_budget):
                 x = _pad([rows[i] for i in batch], packed)
@@ -256,46 +228,3 @@ def extract_to_store(model: torch.nn.Module, layout, dataset, out: str | os.Path
                        "padding_fraction": round(1 - tokens / padded, 4) if padded else 0.0,
                        "seconds": round(elapsed, 3), "tokens_per_s": round(tokens / elapsed, 1) if elapsed else None,
                        "writer_stall_s": round(writer.stall_s, 3), "writer_busy_s": round(writer.write_s, 3)})
-
-
-# ---------------------------------------------------------------- CLI entry
-def _dist_env() -> tuple[int, int, int]:
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
-
-
-def _default_device(local_rank: int) -> str:
-    return f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
-
-
-def run(cfg: ExtractConfig) -> dict[str, Any]:
-    rank, world, local_rank = _dist_env()
-    if not 0 <= rank < world:
-        raise StoreError(f"RANK={rank} is outside WORLD_SIZE={world}")
-    if cfg.overwrite:
-        if world > 1:
-            raise StoreError("--overwrite with several ranks would race; delete the --out directory first")
-        if cfg.out.exists():
-            shutil.rmtree(cfg.out)
-    if not Path(cfg.data).is_dir():
-        raise FileNotFoundError(f"prepared dataset directory not found: {cfg.data}")
-    dataset = open_prepared(cfg.data)
-    if cfg.backend == "vllm":
-        from eyas.engines.vllm_extract import extract_with_vllm
-        return extract_with_vllm(cfg, dataset)
-    from eyas.target import default_aux_layer_ids, load_target, validate_aux_layer_ids
-
-    device = cfg.device or _default_device(local_rank)
-    packed = cfg.attn_implementation == "flash_attention_2"
-    t = load_target(cfg.target, dtype=torch.bfloat16, device=device, cache=cfg.cache_dir,
-                    trust_remote_code=cfg.trust_remote_code, attn_implementation=cfg.attn_implementation)
-    aux_ids = validate_aux_layer_ids(cfg.aux_layers or default_aux_layer_ids(t.layout.num_layers),
-                                     t.layout.num_layers)
-    if cfg.compile:
-        from eyas.target.compiled import compile_layers
-        compile_layers(t.layout)
-    identity = target_identity(cfg.target, t.config, aux_ids, cfg.dtype, hidden_size=t.layout.hidden_size,
-                               num_layers=t.layout.num_layers, vocab_size=t.layout.vocab_size)
-    summary = extract_to_store(t.model, t.layout, dataset, cfg.out, identity=identity, token_budget=cfg.token_budget,
-                               shard_mb=cfg.shard_mb, writer_threads=cfg.writer_threads, limit=cfg.limit,
-                               rank=rank, world=world, packed=packed, device=device)
-    return {"data": str(cfg.data), **summary}

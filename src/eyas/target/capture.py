@@ -14,7 +14,8 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from eyas.target.layers import Layout, validate_aux_layer_ids
+from eyas.aux_layers import check_aux_layer_ids
+from eyas.target.layers import Layout
 
 
 def _hidden_from(args: tuple, kwargs: dict) -> torch.Tensor:
@@ -43,7 +44,7 @@ class Captured:
 @contextmanager
 def capture(layout: Layout, aux_ids: list[int], *, last: bool = True) -> Iterator[Captured]:
     """Hooks live only inside the `with` block. Tensors are detached views (no copies)."""
-    ids = validate_aux_layer_ids(aux_ids, layout.num_layers)
+    ids = check_aux_layer_ids(list(aux_ids), layout.num_layers)
     out = Captured(aux_ids=ids)
     handles = []
 
@@ -110,7 +111,7 @@ def target_states(model: nn.Module, layout: Layout, input_ids: torch.Tensor, aux
             raise ValueError("packed rows (position ids restarting inside a row) cannot be combined with a "
                              "padding attention_mask: pass no attention_mask and pad a packed row with one more "
                              "document of pad tokens whose positions restart at 0")
-    backbone = _backbone(model, layout)
+    backbone = backbone_of(model, layout)
     if position_ids is not None and attention_mask is None and _uses_mrope(getattr(backbone, "config", None)):
         position_ids = _mrope_packed_positions(position_ids)
     kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
@@ -124,7 +125,7 @@ def target_states(model: nn.Module, layout: Layout, input_ids: torch.Tensor, aux
     return cap.aux, cap.last, out
 
 
-def _backbone(model: nn.Module, layout: Layout) -> nn.Module:
+def backbone_of(model: nn.Module, layout: Layout) -> nn.Module:
     path = layout.paths["layers"].rsplit(".", 1)
     return model.get_submodule(path[0]) if len(path) == 2 else model
 

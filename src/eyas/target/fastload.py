@@ -23,6 +23,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from eyas.target.layers import model_class_for
+
 
 class FastLoadUnsupported(RuntimeError):
     """The fast path cannot load this checkpoint exactly; use from_pretrained."""
@@ -120,8 +122,6 @@ def fast_load_model(model_dir: str | os.PathLike, config, *, dtype: torch.dtype 
                     device: str | torch.device = "cpu", attn_implementation: str | None = None,
                     gguf_file: str | None = None, workers: int = 8) -> nn.Module:
     """Weights of an HF dir (single or sharded safetensors) or a GGUF file on `device`, in eval mode."""
-    from eyas.target.load import model_class_for
-
     if getattr(config, "quantization_config", None):
         raise FastLoadUnsupported(f"{model_dir}: quantized checkpoint ({type(config.quantization_config).__name__}); "
                                   "from_pretrained runs its quantizer")

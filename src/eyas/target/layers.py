@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from torch import nn
 
 
+
 class LayoutError(LookupError):
     """The text decoder could not be found; the message lists what was searched."""
 
@@ -39,27 +40,20 @@ class Layout:
         return int(self.lm_head.weight.shape[0])
 
 
-def default_aux_layer_ids(num_layers: int) -> list[int]:
-    """vLLM's default: (2, N//2, N-3); aux id k is the residual stream entering layer k."""
-    if num_layers < 1:
-        raise ValueError(f"a target needs at least one decoder layer, got {num_layers}")
-    ids = [2, num_layers // 2, num_layers - 3]
-    if ids[0] < ids[1] < ids[2] < num_layers:
-        return ids
-    # Too shallow for the standard triple (N < 7 repeats, reorders or leaves the range): spread up to three
-    # distinct ids evenly over the stack instead (first layer, middle, last).
-    return sorted({round(j * (num_layers - 1) / 2) for j in range(3)})
+def model_class_for(config):
+    """The class named in config.architectures when transformers has it, else AutoModelForCausalLM."""
+    import transformers
+
+    for arch in getattr(config, "architectures", None) or []:
+        cls = getattr(transformers, arch, None)
+        if cls is not None:
+            return cls
+    return transformers.AutoModelForCausalLM
 
 
-def validate_aux_layer_ids(ids: list[int], num_layers: int) -> list[int]:
-    ids = [int(i) for i in ids]
-    bad = [i for i in ids if not 0 <= i < num_layers]
-    if bad:
-        raise ValueError(f"aux layer ids {bad} out of range: the target has {num_layers} decoder layers "
-                         f"(valid ids 0..{num_layers - 1}; id k = the residual stream entering layer k)")
-    if len(set(ids)) != len(ids):
-        raise ValueError(f"aux layer ids {ids} repeat an id")
-    return ids
+def text_config(config):
+    """The language model's config: multimodal wrappers keep its numbers in a text sub-config."""
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
 def _is_norm(mod: nn.Module) -> bool:

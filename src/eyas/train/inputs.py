@@ -11,8 +11,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file
 
+from eyas.aux_layers import KEY as AUX_KEY, check_aux_layer_ids, resolve_aux_layer_ids
+from eyas.data import PreparedDataset
+from eyas.data.dataset import VOCAB
+from eyas.devices import resolve_dtype
+from eyas.store import HiddenStateStore, StoreError, config_hash
+from eyas.store.format import MANIFEST
+from eyas.target import load_config, load_target, text_config
 from eyas.train.data import OfflineSource, OnlineSource
+from eyas.vocab import build_draft_vocab, require_draft_vocab
 
 
 @dataclass
@@ -38,27 +47,7 @@ class Inputs:
                 "vocab_from": self.vocab_from, "draft_vocab_size": int(self.d2t.numel())}
 
 
-def _find(manifest: dict, *keys):
-    """First value of any key, at the top level or under 'target' (the store's target identity)."""
-    for where in (manifest, manifest.get("target") if isinstance(manifest.get("target"), dict) else {}):
-        for k in keys:
-            if where.get(k) is not None:
-                return where[k]
-    return None
-
-
-def vocab_from_counts(freq: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The `size` most frequent target ids as a draft vocab (ids ascending, as d2t offsets require)."""
-    if size > freq.numel():
-        raise ValueError(f"draft vocab size {size} exceeds the target vocab ({freq.numel()})")
-    ids = torch.sort(torch.topk(freq.double(), size).indices).values
-    t2d = torch.zeros(freq.numel(), dtype=torch.bool)
-    t2d[ids] = True
-    return ids - torch.arange(size), t2d
-
-
 def load_vocab_file(path: Path, size: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-    from safetensors.torch import load_file
     v = load_file(str(path))
     for k in ("d2t", "t2d"):
         if k not in v:
@@ -67,12 +56,12 @@ def load_vocab_file(path: Path, size: int | None) -> tuple[torch.Tensor, torch.T
         return v["d2t"].long(), v["t2d"].bool()
     if "freq" not in v:
         raise KeyError(f"{path}: --draft-vocab-size {size} needs token counts ('freq'), which this file lacks")
-    return vocab_from_counts(v["freq"], size)
+    return build_draft_vocab(v["freq"], size)[:2]
 
 
-def _vocab(cfg, dataset, store_manifest: dict, store_dir: Path | None):
-    """d2t/t2d: from the PREPARED dataset (--data), else a vocab file next to the store or named in its
-    manifest. --draft-vocab-size rebuilds it from that file's token counts."""
+def _vocab(cfg, dataset, store_dir: Path | None):
+    """d2t/t2d: from the PREPARED dataset (--data), else a vocab file next to the store.
+    --draft-vocab-size rebuilds it from that file's token counts."""
     size = cfg.draft_vocab_size
     if dataset is not None:
         d2t, t2d = dataset.vocab()
@@ -80,12 +69,9 @@ def _vocab(cfg, dataset, store_manifest: dict, store_dir: Path | None):
             return d2t.long(), t2d.bool(), "prepared"
     candidates = []
     if cfg.data:
-        candidates.append(Path(cfg.data) / "vocab.safetensors")
+        candidates.append(Path(cfg.data) / VOCAB)
     if store_dir is not None:
-        candidates.append(store_dir / "vocab.safetensors")
-        named = _find(store_manifest, "prepared", "prepared_dir", "data")
-        if isinstance(named, str):
-            candidates.append(Path(named) / "vocab.safetensors")
+        candidates.append(store_dir / VOCAB)
     for c in candidates:
         if c.is_file():
             d2t, t2d = load_vocab_file(c, size)
@@ -96,28 +82,28 @@ def _vocab(cfg, dataset, store_manifest: dict, store_dir: Path | None):
 
 
 def open_inputs(cfg, device: torch.device, *, target=None, store=None, dataset=None) -> Inputs:
-    from eyas.target import default_aux_layer_ids, load_target, validate_aux_layer_ids
-
     if cfg.online and cfg.data is None and dataset is None:
         raise ValueError("--online needs --data PREPARED (the rows the target runs over)")
     if not cfg.online and cfg.store is None and store is None:
         raise ValueError("pass --store STORE (offline) or --data PREPARED --online")
     if dataset is None and cfg.data is not None:
-        from eyas.data import PreparedDataset
         dataset = PreparedDataset(cfg.data)
+    # The flags and the draft vocab are checked against the target's config before any weight loads.
     loaded = target is None
+    tcfg = text_config(load_config(cfg.target)) if loaded else None
+    if cfg.aux_layer_ids:
+        check_aux_layer_ids(cfg.aux_layer_ids, int(tcfg.num_hidden_layers) if loaded else target.layout.num_layers,
+                            key="--aux-layer-ids")
+    d2t, t2d, vocab_from = _vocab(cfg, dataset, Path(cfg.store) if cfg.store else None)
+    require_draft_vocab(d2t, t2d, vocab_size=int(tcfg.vocab_size) if loaded else target.layout.vocab_size,
+                        where=f"draft vocab ({vocab_from})")
     if loaded:
-        gpu = device.type == "cuda"
-        # Online the target runs every step (bf16 on GPU); offline only its head is used.
-        bf16 = cfg.target_dtype == "bf16" or (cfg.target_dtype == "auto" and gpu)
-        target = load_target(cfg.target, dtype=torch.bfloat16 if bf16 else torch.float32,
+        # Online the target runs every step (auto: bf16 on GPU); offline only its head is used.
+        target = load_target(cfg.target, dtype=resolve_dtype(cfg.target_dtype, device),
                              device=device if cfg.online else "cpu")
     layout = target.layout
     if not cfg.online and store is None:
-        from eyas.store import HiddenStateStore
-        from eyas.store.format import config_hash
         # The store must come from this very network (config hash), not just the same shapes.
-        from eyas.store.format import StoreError
         try:
             store = HiddenStateStore(cfg.store, expect={"config_hash": config_hash(target.config)})
         except StoreError as e:  # one clear CLI line, like every other input error
@@ -126,17 +112,10 @@ def open_inputs(cfg, device: torch.device, *, target=None, store=None, dataset=N
         raise ValueError(f"store {cfg.store} has {len(store)} rows but the prepared data {cfg.data} has "
                          f"{len(dataset)}; store row i must be prepared row i")
     manifest = dict(getattr(store, "manifest", None) or {}) if store is not None else {}
-    store_aux = _find(manifest, "aux_layer_ids", "aux_ids")
-    aux = cfg.aux_layer_ids or store_aux or default_aux_layer_ids(layout.num_layers)
-    aux = validate_aux_layer_ids(list(aux), layout.num_layers)
-    if store is not None and not cfg.online and store_aux is not None and list(store_aux) != aux:
-        raise ValueError(f"--aux-layer-ids {aux} differ from the store's aux ids {list(store_aux)} "
-                         f"({cfg.store}/manifest.json)")
-    d2t, t2d, vocab_from = _vocab(cfg, dataset, manifest, Path(cfg.store) if cfg.store else None)
-    if t2d.numel() != layout.vocab_size:
-        raise ValueError(f"draft vocab ({vocab_from}) covers {t2d.numel()} target ids; the target has {layout.vocab_size}")
-    if int(t2d.sum()) != d2t.numel():
-        raise ValueError(f"draft vocab ({vocab_from}): t2d marks {int(t2d.sum())} ids but d2t has {d2t.numel()}")
+    offline = store is not None and not cfg.online
+    aux = resolve_aux_layer_ids(cfg.aux_layer_ids, layout.num_layers,
+                                recorded=manifest.get("target", {}).get(AUX_KEY) if offline else None,
+                                recorded_where=f"the store's {cfg.store}/{MANIFEST}")
 
     pad_to = None
     if cfg.pad_to is not None:

@@ -18,7 +18,9 @@ from typing import Any, Literal
 import torch
 from pydantic import Field
 
+from eyas.flags import AuxLayerIds
 from eyas.config import ConfigError, StageConfig, config_to_yaml
+from eyas.devices import DEVICE_HELP, Dtype, resolve_device, resolve_dtype
 from eyas.draft.io import save_draft
 from eyas.draft.model import Eagle3Draft, draft_config_from_target
 from eyas.train import dist as D
@@ -37,8 +39,8 @@ class TrainConfig(StageConfig):
     store: Path | None = Field(None, description="STORE dir (offline training from extracted hidden states)")
     data: Path | None = Field(None, description="PREPARED dir: rows for --online, and the draft vocab (d2t/t2d)")
     online: bool = Field(False, description="run the target on the fly over --data instead of reading a store")
-    aux_layer_ids: list[int] | None = Field(None, description="target aux layers (default: the store's, else (2, N//2, N-3))")
-    draft_vocab_size: int | None = Field(None, description="rebuild the draft vocab at this size from the PREPARED token counts")
+    aux_layer_ids: AuxLayerIds | None = Field(None, description="target aux layers (default: the store's, else (2, N//2, N-3))")
+    draft_vocab_size: int | None = Field(None, ge=1, description="rebuild the draft vocab at this size from the PREPARED token counts")
     ttt_steps: int = Field(7, ge=1, description="training-time-test steps unrolled per position")
     step_decay: float = Field(0.8, gt=0, description="loss weight of TTT step k is step_decay**k")
     tau_chain: int | None = Field(None, description="chain length K for the simulated tau (default: --ttt-steps)")
@@ -55,8 +57,8 @@ class TrainConfig(StageConfig):
     grad_clip: float = Field(0.5, gt=0, description="gradient-norm clip")
     init_head: bool = Field(True, description="seed lm_head + final norm from the target's head rows for the draft vocab")
     dtype: Literal["auto", "bf16", "fp32"] = Field("auto", description="autocast dtype (auto: bf16 on GPU, fp32 on CPU); master weights stay fp32")
-    target_dtype: Literal["auto", "bf16", "fp32"] = Field("auto", description="target weights (auto: bf16 on GPU, fp32 on CPU; bf16 uses AMX on recent Xeons)")
-    device: str = Field("auto", description="cpu, cuda, cuda:N or auto")
+    target_dtype: Dtype = Field("auto", description="target weights (auto: bf16 on GPU, fp32 on CPU; bf16 uses AMX on recent Xeons)")
+    device: str = Field("auto", description=DEVICE_HELP)
     attention: Literal["auto", "dense", "flex"] = Field("auto", description="TTT mask kind (auto: flex on GPU, dense on CPU)")
     compile: bool | None = Field(None, description="torch.compile flex attention (default: on for GPU)")
     parallel: Literal["ddp", "fsdp"] = Field("ddp", description="multi-process strategy under torchrun")
@@ -71,16 +73,6 @@ class TrainConfig(StageConfig):
     seed: int = Field(0, description="seed for init, split and data order")
     progress: bool = Field(True, description="show a progress bar with ETA")
     tensorboard: bool = Field(True, description="write TensorBoard scalars to --out/tb")
-
-
-def _device(cfg: TrainConfig, d: D.Dist) -> torch.device:
-    name = cfg.device
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(name)
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", d.local_rank)
-    return dev
 
 
 def cosine_lambda(total: int, warmup: int, min_ratio: float):
@@ -115,8 +107,8 @@ def latest_checkpoint(out: Path) -> Path | None:
 class Trainer:
     def __init__(self, cfg: TrainConfig, *, target=None, store=None, dataset=None):
         self.cfg = cfg
-        self.d = D.init("cuda" if cfg.device.startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu")
-        self.device = _device(cfg, self.d)
+        self.device = resolve_device(cfg.device)     # cuda -> cuda:LOCAL_RANK; no GPU -> one clear line
+        self.d = D.init(self.device.type)
         gpu = self.device.type == "cuda"
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
@@ -141,7 +133,8 @@ class Trainer:
             compile_flex_attention()
         self.unroll = TTTUnroll(self.draft, cfg.ttt_steps, cfg.step_decay, attention)
         self.model = D.wrap(self.unroll, self.d, cfg.parallel, self.device)
-        self.amp = torch.bfloat16 if (cfg.dtype == "bf16" or (cfg.dtype == "auto" and gpu)) else None
+        amp = resolve_dtype(cfg.dtype, self.device)
+        self.amp = amp if amp != torch.float32 else None
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
         self.plan = Plan(len(self.inp.source), cfg.batch_size, self.d.world, cfg.grad_accum, cfg.eval_fraction, cfg.seed)

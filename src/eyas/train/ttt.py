@@ -19,6 +19,7 @@ from torch import nn
 
 from eyas.draft.model import Eagle3Draft
 from eyas.train.loss import chunked_soft_ce
+from eyas.vocab import target_ids
 
 try:
     from torch.nn.attention.flex_attention import BlockMask, create_block_mask
@@ -86,7 +87,8 @@ class TargetHead(nn.Module):
         super().__init__()
         self.norm = norm.requires_grad_(False)
         self.register_buffer("weight", lm_head_weight.detach(), persistent=False)
-        self.register_buffer("draft_ids", torch.arange(d2t.numel(), device=d2t.device) + d2t, persistent=False)
+        # The target id of every draft id: the columns of the target's logits the draft vocabulary keeps.
+        self.register_buffer("kept_ids", target_ids(d2t), persistent=False)
         self.register_buffer("t2d", t2d.bool(), persistent=False)
         self.chunk = chunk
 
@@ -100,10 +102,10 @@ class TargetHead(nn.Module):
             x = self.norm(flat[i:i + self.chunk].to(self.weight.dtype))
             logits = F.linear(x.to(self.weight.dtype), self.weight).float()      # [c, V]: one chunk only
             ok.append(self.t2d[logits.argmax(-1)])
-            d = logits.index_select(1, self.draft_ids)
+            d = logits.index_select(1, self.kept_ids)
             probs.append(torch.softmax(d, dim=-1))
             arg.append(d.argmax(-1))
-        Vd = self.draft_ids.numel()
+        Vd = self.kept_ids.numel()
         return torch.cat(probs).view(B, T, Vd), torch.cat(ok).view(B, T), torch.cat(arg).view(B, T)
 
 

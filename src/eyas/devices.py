@@ -1,0 +1,78 @@
+"""Device and dtype: one vocabulary for every command's flags, one rule for resolving them.
+
+dtype values, across all commands: auto | bf16 | fp16 | fp32 | fp8 (a command takes the subset that means
+something for it: fp8 only for the hidden-state store, export has no fp8). `auto` = bf16 on a GPU, fp32 on
+a CPU. Device values: auto | cpu | cuda | cuda:N (auto = cuda[:LOCAL_RANK] when this torch has CUDA, else
+cpu). A device this torch cannot use fails in one line naming the fix, before anything loads.
+torch is imported inside the resolvers so that configs (and `eyas --help`) stay light.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    import torch
+
+DTYPES = ("auto", "bf16", "fp16", "fp32", "fp8")          # the whole vocabulary
+Dtype = Literal["auto", "bf16", "fp16", "fp32"]           # weights / compute of a model
+StoreDtype = Literal["bf16", "fp8"]                       # hidden states on disk (see eyas.store.format)
+TORCH_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}   # engines (vLLM) spell them so
+DEVICE_HELP = "auto, cpu, cuda or cuda:N (auto: cuda[:LOCAL_RANK] when available, else cpu)"
+DTYPE_HELP = "auto (bf16 on GPU, fp32 on CPU), bf16, fp16 or fp32"
+
+
+class DeviceError(ValueError):
+    """A --device this torch cannot use (one line, with the fix)."""
+
+
+def local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", 0))
+
+
+def dist_env() -> tuple[int, int, int]:
+    """(RANK, WORLD_SIZE, LOCAL_RANK) as torchrun sets them; (0, 1, 0) in a plain process."""
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), local_rank()
+
+
+def resolve_device(spec: str | None = "auto", rank: int | None = None) -> "torch.device":
+    """`--device` -> torch.device. "cuda" without an index means this process's GPU (LOCAL_RANK under torchrun)."""
+    import torch
+
+    spec = (spec or "auto").strip()
+    rank = local_rank() if rank is None else rank
+    if spec == "auto":
+        spec = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(spec)
+    except (RuntimeError, ValueError):
+        raise DeviceError(f"--device {spec!r}: not a device; use {DEVICE_HELP}") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            build = f"torch {torch.__version__}" + (" (a CPU-only build)" if torch.version.cuda is None else "")
+            raise DeviceError(f"--device {spec}: {build} sees no CUDA GPU; use --device cpu (or auto), or "
+                              f"install a CUDA build of torch on a machine with a GPU")
+        if dev.index is None:
+            dev = torch.device("cuda", rank)
+        if dev.index >= torch.cuda.device_count():
+            raise DeviceError(f"--device {spec}: only {torch.cuda.device_count()} CUDA device(s) visible "
+                              f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
+    return dev
+
+
+def resolve_dtype(name: str, device: "torch.device | str") -> "torch.dtype":
+    """`--dtype` -> torch.dtype for a model on `device` (auto: bf16 on GPU, fp32 elsewhere)."""
+    import torch
+
+    if name == "auto":
+        kind = device.type if isinstance(device, torch.device) else str(device).split(":")[0]
+        return torch.bfloat16 if kind == "cuda" else torch.float32
+    if name not in TORCH_NAMES:
+        raise ValueError(f"dtype {name!r}: choose one of {', '.join(DTYPES[:-1])}")
+    return getattr(torch, TORCH_NAMES[name])
+
+
+def dtype_name(dtype: "torch.dtype") -> str:
+    """torch.dtype -> the vocabulary's spelling (bf16, fp16, fp32)."""
+    return {v: k for k, v in TORCH_NAMES.items()}[str(dtype).replace("torch.", "")]

@@ -1,0 +1,97 @@
+"""Structure: no import circles inside eyas, no private names imported across packages, the library never
+imports the commands that compose it, and `eyas --help` starts without torch. Read with ast, nothing imported."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "eyas"
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for f in SRC.rglob("*.py"):
+        parts = list(f.relative_to(SRC.parent).with_suffix("").parts)
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(path: Path):
+    """(imported module, names) for every `import` / `from ... import` anywhere in the file."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.module, [a.name for a in node.names]
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                yield a.name, []
+
+
+def _package(module: str) -> str:
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 2 or (MODULES.get(module) and MODULES[module].name == "__init__.py") \
+        else parts[0]
+
+
+def _graph() -> dict[str, set[str]]:
+    g: dict[str, set[str]] = {m: set() for m in MODULES}
+    for m, path in MODULES.items():
+        for mod, names in _imports(path):
+            for t in [mod] + [f"{mod}.{n}" for n in names]:
+                if t in MODULES and t != m and not t.startswith(m + "."):   # a package's __init__ re-exports
+                    g[m].add(t)
+    return g
+
+
+def test_no_import_circles():
+    g = _graph()
+    circles = []
+    for start in g:
+        stack, seen = [(start, [start])], set()
+        while stack:
+            node, path = stack.pop()
+            for nxt in g[node]:
+                if nxt == start:
+                    circles.append(" -> ".join(path + [start]))
+                elif nxt not in seen and not start.startswith(nxt + "."):
+                    seen.add(nxt)
+                    stack.append((nxt, path + [nxt]))
+    assert not circles, "import circles:\n" + "\n".join(sorted(set(circles)))
+
+
+def test_no_private_names_across_packages():
+    bad = []
+    files = {m: p for m, p in MODULES.items()}
+    files.update({f"bench.{p.stem}": p for p in (ROOT / "bench").glob("*.py")})
+    for m, path in files.items():
+        for mod, names in _imports(path):
+            if not mod.startswith("eyas"):
+                continue
+            for n in names:
+                private = n.startswith("_") and not (n.startswith("__") and n.endswith("__"))
+                if private and _package(mod) != _package(m):
+                    bad.append(f"{path.relative_to(ROOT)}: from {mod} import {n}")
+    assert not bad, "private names imported across packages (make them public or move the caller):\n" + "\n".join(bad)
+
+
+def test_the_library_never_imports_the_commands():
+    """cli, demo and the command modules compose the stages; no stage module reaches back into them."""
+    commands = {"eyas.cli", "eyas.demo"}
+    bad = [f"{m} imports {t}" for m, ts in _graph().items() for t in ts if t in commands and m not in commands]
+    assert not bad, bad
+
+
+def test_the_vllm_backend_and_the_store_do_not_import_each_other_at_module_level():
+    g = _graph()
+    assert "eyas.engines.vllm_extract" not in g["eyas.store.extract"]
+    assert "eyas.extract" not in g["eyas.engines.vllm_extract"] and "eyas.extract" not in g["eyas.store.extract"]
+
+
+def test_help_starts_without_torch():
+    code = "import sys; from eyas.cli import main; main(['--help']); assert 'torch' not in sys.modules, 'torch'"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
