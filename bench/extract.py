@@ -143,7 +143,7 @@ def first_batch_states(model, data, token_budget: int, device, aux_ids) -> tuple
     ids = torch.stack([data[i]["input_ids"] for i in rows]).to(device)
     pos = torch.stack([data[i]["position_ids"] for i in rows]).to(device)
     with capture(layout, aux_ids) as cap:
-        _backbone(model, layout)(input_ids=ids, position_ids=pos, use_cache=False)
+        backbone_of(model, layout)(input_ids=ids, position_ids=pos, use_cache=False)
     return rows, cap.aux.float().cpu(), cap.last.float().cpu()
 
 

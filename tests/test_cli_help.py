@@ -89,7 +89,7 @@ def test_command_typo_gets_did_you_mean(capsys):
     assert "did you mean 'train'?" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("bad", [["--max-new-tokens", "0"], ["--max-new-tokens", "-5"], ["--limit", "0"],
+@pytest.mark.parametrize("bad", [["--max-new-tokens", "0"], ["--max-new-tokens", "-5"], ["--per-category", "0"],
                                  ["--chain", "0"], ["--temperature", "-1"], ["--calib", "0"]])
 def test_eval_bad_values_exit_nonzero_before_loading(bad, tmp_path, capsys):
     assert main(["eval", "--target", "x", "--draft", str(tmp_path)] + bad) == 2
@@ -100,7 +100,7 @@ def test_eval_missing_draft_fails_before_the_target_loads(tmp_path, capsys, monk
     import importlib
 
     ev = importlib.import_module("eyas.decode.evaluate")
-    monkeypatch.setattr(ev, "_load", lambda *a, **k: pytest.fail("the target was loaded"))
+    monkeypatch.setattr(ev, "load_pair", lambda *a, **k: pytest.fail("the target was loaded"))
     assert main(["eval", "--target", "smollm2-135m", "--draft", str(tmp_path / "nope")]) == 1
     err = capsys.readouterr().err
     assert f"--draft {tmp_path / 'nope'}: no such directory" in err and len(err.strip().splitlines()) == 1

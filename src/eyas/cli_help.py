@@ -44,12 +44,33 @@ def _constant(module: str, name: str, depth: int = 0) -> Any:
             try:
                 return ast.literal_eval(node.value)
             except ValueError:
-                raise _Unresolved(f"{module}.{name}") from None
+                return _type_alias(node.value, f"{module}.{name}")
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             for a in node.names:
                 if (a.asname or a.name) == name:
                     return _constant(node.module, a.name, depth + 1)
     raise _Unresolved(f"{module}.{name}")
+
+
+def _type_alias(node: ast.expr, where: str) -> Any:
+    """A shared field type (eyas.devices.Dtype, eyas.flags.AuxLayerIds): Literal[...] as written, Annotated[T, ...]
+    as T (its validators do not change the flags), builtin scalars and list[...] of them."""
+    import typing
+
+    if isinstance(node, ast.Name) and node.id in ("int", "float", "str", "bool"):
+        return getattr(builtins, node.id)
+    if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name):
+        args = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        try:
+            if node.value.id == "Literal":
+                return typing.Literal[tuple(ast.literal_eval(a) for a in args)]
+        except ValueError:
+            raise _Unresolved(where) from None
+        if node.value.id == "Annotated":
+            return _type_alias(args[0], where)
+        if node.value.id == "list" and len(args) == 1:
+            return list[_type_alias(args[0], where)]
+    raise _Unresolved(where)
 
 
 def light_config(module: str, cls_name: str):
