@@ -71,8 +71,8 @@ def test_gpu_profile_fills_only_unset_fields():
     from eyas.config import build_config
     from eyas.demo import GPU_PROFILE, DemoConfig, with_profile
 
-    cfg = build_config(DemoConfig, {"samples": 50})
+    cfg = build_config(DemoConfig, {"max_samples": 50})
     assert with_profile(cfg, "cpu") == cfg  # the CPU demo is unchanged
     gpu = with_profile(cfg, "cuda")
-    assert gpu.samples == 50 and gpu.regen_backend == "native" and gpu.epochs == GPU_PROFILE["epochs"]
+    assert gpu.max_samples == 50 and gpu.regen_backend == "native" and gpu.epochs == GPU_PROFILE["epochs"]
     assert with_profile(build_config(DemoConfig, {"profile": "cpu"}), "cuda").regen_backend == "hf"
