@@ -135,3 +135,28 @@ def test_graph_flag_is_harmless_off_gpu(trained):
     ref, _ = ar_generate(runner, prompt, 20)
     dec = SpecDecoder(runner, EagleProposer(draft, SPECS[1], CAP), graphs=True)
     assert dec.generate(prompt, 20)[0] == ref
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_round_functions_trace_without_host_reads(trained, temperature):
+    """The CPU proxy for 'capturable in a CUDA graph': dynamo traces each whole round function as one
+    graph (fullgraph=True), which fails on any data-dependent host read (.item, 0-d tensor indexing,
+    python branching on values) that the patched-method count above cannot see from C++."""
+    torch._dynamo.reset()
+    model, draft, runner = trained
+    prompt = prompts(1, seed=4)[0]
+    dec = SpecDecoder(runner, EagleProposer(draft, SPECS[1], CAP), temperature=temperature)
+    ref, _ = dec.generate(prompt, 20, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        seq = dec._prefill(prompt, torch.Generator().manual_seed(0))
+    for fn in ("_verify", "_draft"):
+        setattr(dec, fn, torch.compile(getattr(dec, fn), fullgraph=True, backend="eager"))
+    for _ in range(3):
+        with torch.no_grad():
+            dec._verify()
+            dec._draft()
+        out = dec.out.tolist()
+        seq += out[1:out[0] + 2]
+    if temperature == 0:
+        assert seq[len(prompt):][:len(ref)] == ref[:len(seq) - len(prompt)]
+    torch._dynamo.reset()

@@ -221,12 +221,15 @@ class SpecDecoder:
         self.rec_host = torch.zeros(self.rec.shape, dtype=self.rec.dtype, pin_memory=self.cuda)
         self.aux_keep = self.noise = None                          # shapes known at the first prefill
         self._graphs = None
+        # With a compiled target step, fuse the tree-mask and acceptance ops too (dozens of tiny kernels)
+        fuse = (lambda f: torch.compile(f, dynamic=False)) if getattr(runner, "inner_compiled", False) else (lambda f: f)
+        self._masks, self._accept = fuse(tree_masks), fuse(accept_path)
         self._gen_dev = torch.Generator(device=dev) if self.cuda else None
 
     # ---- the two round functions: persistent tensors in, persistent tensors out ----
     def _verify(self) -> None:
         L, D = self.L, self.D
-        pv, anc, dep, valid_v = tree_masks(self.t_par, self.t_valid, D)
+        pv, anc, dep, valid_v = self._masks(self.t_par, self.t_valid, D)
         tok_v = torch.cat([self.seq[(L - 1).reshape(1)], self.t_tok])
         slots = L - 1 + self.ar_w
         logits, aux = self.runner.inner_step(tok_v, L - 1 + dep, slots, L - 1, anc)
@@ -235,7 +238,7 @@ class SpecDecoder:
         else:
             target = sample_rows(logits, self.temperature, self.noise[0])
             second = None if self.residual else sample_rows(logits, self.temperature, self.noise[1])
-        n_acc, keep, emitted = accept_path(tok_v, pv, anc, dep, valid_v, target, D, second)
+        n_acc, keep, emitted = self._accept(tok_v, pv, anc, dep, valid_v, target, D, second)
         self.runner.cache.compact(slots[keep], L - 1 + self.ar_d)
         self.aux_keep.copy_(aux[keep])
         self.emitted.copy_(emitted)

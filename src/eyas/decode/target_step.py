@@ -103,11 +103,13 @@ class TargetRunner:
         self._cap = self._hooks.enter_context(capture(layout, self.aux_ids, last=False))
         self._compiled = None
         self.inner_step = self._step  # what the speculative decoder's own CUDA graphs capture
+        self.inner_compiled = False
 
     def compile_inner(self) -> None:
         """torch.compile `_step` without CUDA graphs (fused kernels); the decoder captures it itself."""
         raise_recompile_limit()
         self.inner_step = torch.compile(self._step, dynamic=False)
+        self.inner_compiled = True
 
     def close(self) -> None:
         self._hooks.close()

@@ -169,15 +169,16 @@ def accept_path(tok_v: torch.Tensor, pv: torch.Tensor, anc: torch.Tensor, dep: t
     match = valid_v & (tok_v == target[pv])
     match[0] = True
     good = ~(anc & ~match[None, :]).any(-1)
-    best = torch.where(good, dep, -1).argmax()
-    n_acc = dep[best]
+    # [1]-shaped picks with index_select: indexing by a 0-d tensor may read it on the host (a sync)
+    best = torch.where(good, dep, -1).argmax(0, keepdim=True)
+    n_acc = dep.index_select(0, best)
     lvl = torch.arange(depth + 1, device=tok_v.device)
-    on = anc[best][None, :] & (dep[None, :] == lvl[:, None])              # [depth+1, W]
+    on = anc.index_select(0, best) & (dep[None, :] == lvl[:, None])        # [depth+1, W]
     keep = on.long().argmax(-1)                                            # row at each depth (0 past n_acc)
-    bonus = (target if bonus_from is None else bonus_from)[best]
-    nxt = torch.cat([tok_v[keep[1:]], tok_v[:1]])
+    bonus = (target if bonus_from is None else bonus_from).index_select(0, best)
+    nxt = torch.cat([tok_v.index_select(0, keep[1:]), tok_v[:1]])
     emitted = torch.where(lvl < n_acc, nxt, bonus)
-    return n_acc, keep, emitted
+    return n_acc.reshape(()), keep, emitted
 
 
 def sample_rows(logits: torch.Tensor, temperature: float, noise: torch.Tensor) -> torch.Tensor:
