@@ -1,8 +1,8 @@
 """Spec-Bench speculative-decoding benchmark: chain-3 and a tree vs the CUDA-graph AR baseline, at
 T=0 (greedy, checked token-identical / tie-aware identical) and T=1 (rejection sampling).
 
-GPU (one H200; the must-show), about 4 min with --limit 1:
-    PYTHONPATH=src python bench/decode.py --target /tmp/smol-hf --draft /tmp/draft --limit 1 \
+GPU (one H200; the must-show), about 4 min with --per-category 1:
+    PYTHONPATH=src python bench/decode.py --target /tmp/smol-hf --draft /tmp/draft --per-category 1 \
         --out bench/results/decode-h200.json
   = `eyas eval --chain 3 --tree total=60,depth=7,topk=10` at each temperature (bf16; the AR baseline is
   torch.compile reduce-overhead; each speculative round is two manually captured CUDA graphs around

@@ -74,7 +74,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
     target, draft = load_pair(a.target, a.draft, a.device, None)
-    qs = load_bench(a.bench, ["writing"], limit=1)
+    qs = load_bench(a.bench, ["writing"], 1)  # positional: the keyword differs across versions
     s = Session(target, draft, qs, max_new_tokens=a.tokens, device=a.device)
     specs = {"chain-3": TreeSpec.chain(3), "tree": TreeSpec.parse(a.tree)}
     for spec in specs.values():
