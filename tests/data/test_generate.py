@@ -183,9 +183,12 @@ def test_self_source_generates_filters_resumes_and_answers(tiny_target, tmp_path
     out = tmp_path / "self.jsonl"
     r = regenerate(RegenerateConfig(target="t", data="self:5", out=out, backend="native", self_max_new_tokens=24),
                    backend=backend)
-    assert r["input"] == 5 and r["written"] + r["failed"] == 5
+    assert r["input"] == 5 and r["written"] + r["failed"] == 5 and r["written"] >= 3
     got = [json.loads(x) for x in out.read_text().splitlines()]
-    assert all(g["messages"][0]["role"] == "user" and g["messages"][1]["role"] == "assistant" for g in got)
+    prompts = {json.loads(x)["messages"][0]["content"] for x in (tmp_path / "self.jsonl.self-prompts.jsonl").open()}
+    for g in got:
+        assert [m["role"] for m in g["messages"]][:2] == ["user", "assistant"]
+        assert g["messages"][0]["content"] in prompts and "not answered" not in g["messages"][1]["content"]
 
 
 def test_self_spec_parsing_and_prepare_error():

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 _SENTINEL = "EYAS_SELF_PROMPT_SENTINEL"
+PLACEHOLDER = "(not answered yet: `eyas regenerate` answers self-written prompts)"
 
 
 def done_rows(out: Path) -> set[int]:
@@ -157,8 +158,10 @@ def self_prompts(backend, n: int, path: Path, *, max_new_tokens: int = 128, temp
                 text, reason = text.split(end, 1)[0], "stop"
             why = "error" if reason.startswith("error") else filt.check(text, reason)
             if why is None and state["row"] < n:
+                # the placeholder answer makes the row a valid conversation; regenerate replaces it
                 f.write(json.dumps({"row": state["row"], "source": "self",
-                                    "messages": [{"role": "user", "content": text.strip()}]},
+                                    "messages": [{"role": "user", "content": text.strip()},
+                                                 {"role": "assistant", "content": PLACEHOLDER}]},
                                    ensure_ascii=False) + "\n")
                 f.flush()
                 state["row"] += 1
