@@ -235,7 +235,7 @@ def test_not_enough_disk(target, tmp_path, monkeypatch):
 def test_corrupted_store_shard(target, tmp_path):
     from transformers import LlamaForCausalLM
 
-    from eyas.data.dataset import PreparedDataset, ShardWriter, write_manifest, write_vocab
+    from eyas.data.dataset import PreparedDataset, PreparedWriter, write_manifest, write_vocab
     from eyas.vocab import build_draft_vocab
     from eyas.store import target_identity
     from eyas.store.extract import extract_to_store
@@ -243,7 +243,7 @@ def test_corrupted_store_shard(target, tmp_path):
 
     prep = tmp_path / "prep"
     prep.mkdir()
-    w = ShardWriter(prep, shard_rows=2)
+    w = PreparedWriter(prep, shard_rows=2)
     g = torch.Generator().manual_seed(0)
     for n in (12, 9, 16, 7):
         w.add([(torch.randint(0, VOCAB, (n,), generator=g).numpy(), (torch.arange(n) >= n // 2).numpy())])
@@ -298,12 +298,12 @@ def test_sglang_export_is_read_in_eyas_conventions(target, tmp_path):
 
 
 def test_prepared_dir_vocab_coverage(target, tmp_path):
-    from eyas.data.dataset import ShardWriter, write_manifest, write_vocab
+    from eyas.data.dataset import PreparedWriter, write_manifest, write_vocab
     from eyas.vocab import build_draft_vocab
 
     prep = tmp_path / "prep"
     prep.mkdir()
-    w = ShardWriter(prep, shard_rows=4)
+    w = PreparedWriter(prep, shard_rows=4)
     w.add([(torch.arange(10).numpy(), (torch.arange(10) >= 5).numpy())])
     w.flush()
     freq = torch.zeros(VOCAB, dtype=torch.int64)

@@ -95,3 +95,13 @@ def test_help_starts_without_torch():
     code = "import sys; from eyas.cli import main; main(['--help']); assert 'torch' not in sys.modules, 'torch'"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_each_class_name_means_one_thing():
+    """Two `Plan`s or two `ShardWriter`s in one code base make every reader check which one is meant."""
+    where: dict[str, list[str]] = {}
+    for m, path in MODULES.items():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                where.setdefault(node.name, []).append(m)
+    assert not {k: v for k, v in where.items() if len(v) > 1}

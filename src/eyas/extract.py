@@ -15,10 +15,11 @@ import torch
 from pydantic import Field
 
 from eyas.aux_layers import resolve_aux_layer_ids
-from eyas.flags import AuxLayerIds
 from eyas.config import StageConfig
+from eyas.data import PreparedDataset
 from eyas.devices import DEVICE_HELP, StoreDtype, dist_env, resolve_device
-from eyas.store.extract import extract_to_store, open_prepared
+from eyas.flags import AuxLayerIds
+from eyas.store.extract import extract_to_store
 from eyas.store.format import StoreError, target_identity
 from eyas.target import load_config, load_target, text_config
 from eyas.target.compiled import compile_layers
@@ -68,7 +69,7 @@ def run(cfg: ExtractConfig) -> dict[str, Any]:
             shutil.rmtree(cfg.out)
     if not Path(cfg.data).is_dir():
         raise FileNotFoundError(f"prepared dataset directory not found: {cfg.data}")
-    dataset = open_prepared(cfg.data)
+    dataset = PreparedDataset(cfg.data)
     if cfg.backend == "vllm":
         from eyas.engines.vllm_extract import extract_with_vllm
 

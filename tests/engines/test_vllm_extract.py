@@ -103,14 +103,14 @@ def a_identity(store):
 
 def _text_prepared(path, tokenizer):
     """Two packed rows of real text (several documents each) in the PREPARED format."""
-    from eyas.data.dataset import ShardWriter, write_manifest
+    from eyas.data.dataset import PreparedWriter, write_manifest
 
     texts = ["The quick brown fox jumps over the lazy dog. " * 3, "Speculative decoding drafts tokens cheaply.",
              "def add(a, b):\n    return a + b\n", "Paris is the capital of France, and Berlin is in Germany.",
              "Once upon a time there was a small robot who loved to read books about the sea."]
     docs = [np.asarray(tokenizer(t)["input_ids"]) for t in texts]
     path.mkdir()
-    w = ShardWriter(path, shard_rows=8)
+    w = PreparedWriter(path, shard_rows=8)
     for row in (docs[:3], docs[3:]):
         w.add([(d, np.ones(len(d), bool)) for d in row])
     w.flush()

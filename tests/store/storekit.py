@@ -24,11 +24,11 @@ def make_tiny_target(path, layers=6, hidden=32, vocab=96):
 
 def make_prepared(path, rows, vocab=96, max_length=40, shard_rows=5):
     """rows: list of rows, each a list of document lengths. Random ids; loss on the second half of each doc."""
-    from eyas.data.dataset import ShardWriter, write_manifest
+    from eyas.data.dataset import PreparedWriter, write_manifest
 
     path.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(len(rows))
-    w = ShardWriter(path, shard_rows=shard_rows)
+    w = PreparedWriter(path, shard_rows=shard_rows)
     for docs in rows:
         w.add([(rng.integers(0, vocab, n), np.arange(n) >= n // 2) for n in docs])
     w.flush()

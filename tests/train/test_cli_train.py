@@ -13,7 +13,7 @@ from eyas.draft.io import load_draft
 
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
-    from eyas.data.dataset import ShardWriter, write_manifest, write_vocab
+    from eyas.data.dataset import PreparedWriter, write_manifest, write_vocab
     from tests.train.fakes import save_tiny_target
 
     root = tmp_path_factory.mktemp("e2e")
@@ -21,7 +21,7 @@ def dirs(tmp_path_factory):
     prep = root / "prep"
     prep.mkdir()
     rng = np.random.default_rng(0)
-    w = ShardWriter(prep, shard_rows=4)
+    w = PreparedWriter(prep, shard_rows=4)
     for docs in [[20, 12], [32], [9, 9, 9], [30], [16, 16], [25], [31], [12, 20]]:
         w.add([(rng.integers(0, 96, n), np.arange(n) >= n // 2) for n in docs])
     w.flush()

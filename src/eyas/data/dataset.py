@@ -52,7 +52,7 @@ def positions_from_lengths(doc_lengths) -> torch.Tensor:
     return torch.arange(total, dtype=torch.int64) - starts
 
 
-class ShardWriter:
+class PreparedWriter:
     """Accumulates packed rows and writes a shard every `shard_rows` rows."""
 
     def __init__(self, out: Path, shard_rows: int = 4096):
@@ -189,13 +189,6 @@ class PreparedDataset:
         """Lengths of the documents packed into row i (they sum to the row's length)."""
         t, j = self._locate(i)
         return t["doc_lengths"][int(t["row_docs"][j]):int(t["row_docs"][j + 1])].tolist()
-
-    def row_lengths(self) -> list[int]:
-        """Token count of every row, from the shard indexes (for length-bucketed batching)."""
-        out: list[int] = []
-        for k in range(len(self.manifest["shards"])):
-            out.extend(torch.diff(self._shard(k)["row_offsets"]).tolist())
-        return out
 
     def vocab(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(d2t int64 [Vd], t2d bool [V]) as vLLM consumes them."""

@@ -26,6 +26,8 @@ from typing import Any, Callable, Hashable, Literal
 
 import torch
 
+from eyas.data.backends import GenerationError, HFBackend
+
 Request = tuple[Hashable, list[int], int]  # (key, prompt ids, max new tokens)
 
 
@@ -272,12 +274,7 @@ class Generator:
         return out
 
 
-def _hf_backend_class():
-    from eyas.data.backends import HFBackend
-    return HFBackend
-
-
-class NativeBackend(_hf_backend_class()):  # type: ignore[misc]
+class NativeBackend(HFBackend):
     """The target loaded here (as the hf backend loads it), answering through `Generator`."""
 
     def __init__(self, target: str, *, graph: str = "auto", seed: int = 0, **kw):
@@ -289,8 +286,6 @@ class NativeBackend(_hf_backend_class()):  # type: ignore[misc]
                              pad=self.pad, graph=graph, seed=seed)
 
     def generate(self, prompts):
-        from eyas.data.backends import GenerationError
-
         enc = [self.encode(p) for p in prompts]
         ok = [i for i, e in enumerate(enc) if not isinstance(e, GenerationError)]
         res = self.gen.generate([enc[i] for i in ok], self.max_new_tokens, temperature=self.temperature,

@@ -22,10 +22,11 @@ import torch
 from pydantic import Field
 
 from eyas.config import StageConfig
-from eyas.data.dataset import (FORMAT, MANIFEST, REJECTS, VERSION, VOCAB, ShardWriter, read_manifest, write_manifest,
-                               write_vocab)
+from eyas.data.dataset import (FORMAT, MANIFEST, REJECTS, VERSION, VOCAB, PreparedWriter, read_manifest,
+                               write_manifest, write_vocab)
 from eyas.data.masks import ChatRenderer, MaskError, render_text, template_hash
 from eyas.data.sources import Record, iter_conversations, reason_category, resolve_data
+from eyas.target.load import load_config, load_tokenizer
 from eyas.vocab import build_draft_vocab
 
 
@@ -55,8 +56,6 @@ _STATE: dict = {}
 
 
 def _init_worker(target: str, cache, trust_remote_code: bool, template: str | None) -> None:
-    from eyas.target.load import load_tokenizer
-
     tok = load_tokenizer(target, cache=cache, trust_remote_code=trust_remote_code)
     _STATE["renderer"] = ChatRenderer(tok, template)
 
@@ -174,8 +173,6 @@ def _reject(fh, counts: Counter, row: int, rid: str | None, reason: str) -> None
 
 def prepare(cfg: PrepareConfig) -> dict:
     """Run the data stage; returns the summary (also stored in the manifest)."""
-    from eyas.target.load import load_config, load_tokenizer
-
     t0 = time.perf_counter()
     data_path = resolve_data(cfg.data, cfg.cache_dir)
     template = cfg.chat_template.read_text() if cfg.chat_template else None
@@ -194,7 +191,7 @@ def prepare(cfg: PrepareConfig) -> dict:
 
     counts: Counter = Counter()
     freq = np.zeros(V, dtype=np.int64)
-    writer = ShardWriter(out, cfg.shard_rows)
+    writer = PreparedWriter(out, cfg.shard_rows)
     packer = Packer(cfg.max_length, cfg.pack)
     workers = cfg.workers or min(8, os.cpu_count() or 1)
     pool = None
@@ -285,7 +282,7 @@ def _apply_length(cfg: PrepareConfig, ids: np.ndarray, mask: np.ndarray, V: int,
     return None, ids, mask
 
 
-def _summary(cfg, counts: Counter, writer: ShardWriter, freq: np.ndarray, d2t, coverage: float, seconds: float) -> dict:
+def _summary(cfg, counts: Counter, writer: PreparedWriter, freq: np.ndarray, d2t, coverage: float, seconds: float) -> dict:
     by_reason = {k.split(":", 1)[1]: v for k, v in sorted(counts.items()) if k.startswith("reject:")}
     tokens = sum(s["tokens"] for s in writer.shards)
     rows = sum(s["rows"] for s in writer.shards)

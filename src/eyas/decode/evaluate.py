@@ -18,16 +18,16 @@ from pathlib import Path
 import torch
 from pydantic import Field
 
-from eyas.config import StageConfig
 from eyas.aux_layers import check_aux_layer_ids
-from eyas.devices import DEVICE_HELP, DTYPE_HELP, Dtype, resolve_device, resolve_dtype
-from eyas.draft.io import load_draft, read_draft_config
+from eyas.config import StageConfig
 from eyas.decode.bench import SPEC_BENCH, load_bench
 from eyas.decode.costmodel import Costs, choose, covers, predict_from
 from eyas.decode.proposer import EagleProposer
 from eyas.decode.speculative import GenStats, SpecDecoder, ar_generate
 from eyas.decode.target_step import TargetRunner
 from eyas.decode.tree import TreeSpec
+from eyas.devices import DEVICE_HELP, DTYPE_HELP, Dtype, resolve_device, resolve_dtype
+from eyas.draft.io import load_draft, read_draft_config
 from eyas.progress import Progress
 from eyas.target import load_config, load_target, text_config
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import sys
 import os
 import tempfile
 import time
@@ -32,8 +33,16 @@ import torch
 from pydantic import Field
 
 from eyas.config import StageConfig
+from eyas.decode.bench import load_bench
+from eyas.decode.evaluate import Session, evaluate
 from eyas.devices import TORCH_NAMES, resolve_dtype
+from eyas.draft.io import load_draft
 from eyas.engines.base import EngineError, run_in_env
+from eyas.engines.vllm import VllmAdapter
+from eyas.export import ContractError, check_contract, import_draft, read_export
+from eyas.export.contract import SPECULATORS, rename
+from eyas.export.files import parse_config
+from eyas.target import load_target
 
 WORKER = Path(__file__).with_name("vllm_serve_worker.py")
 LOCK = "/tmp/eyas-vllm.lock"
@@ -73,17 +82,11 @@ def vllm_lock(path: str = LOCK):
 def vllm_python(python: str | None) -> Path:
     """The vLLM env's interpreter via the doctor's adapter (--python, else $EYAS_VLLM_PYTHON, else an
     EngineError that says how to create one)."""
-    from eyas.engines.vllm import VllmAdapter
-
     return Path(VllmAdapter(python=python).python)
 
 
 def compare_with_source(config: dict, tensors: dict[str, torch.Tensor], source: Path) -> list[str]:
     """Gate 2: what the engine will read from the export vs what eyas trained. Messages name the key."""
-    from eyas.draft.io import load_draft
-    from eyas.export.contract import SPECULATORS, rename
-    from eyas.export.files import parse_config
-
     model, _ = load_draft(source)
     dc = model.config
     exp, errs = parse_config(config, SPECULATORS, strict=False)
@@ -112,15 +115,6 @@ def compare_with_source(config: dict, tensors: dict[str, torch.Tensor], source: 
     return problems
 
 
-def chat_prompt(tokenizer, text: str) -> list[int]:
-    """The same first-turn prompt eyas eval builds: the chat template with the generation prompt."""
-    if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                            tokenize=True)
-        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-    return list(tokenizer(text)["input_ids"])
-
-
 def served_tau(metrics: dict) -> tuple[float, list[float], int]:
     drafts = int(metrics.get("vllm:spec_decode_num_drafts") or 0)
     acc = int(metrics.get("vllm:spec_decode_num_accepted_tokens") or 0)
@@ -132,8 +126,6 @@ def served_tau(metrics: dict) -> tuple[float, list[float], int]:
 
 def run(cfg: ServeCheckConfig) -> int:
     """CLI: print the result; exit 1 when the check fails (the reason is in the JSON and on stderr)."""
-    import sys
-
     result = check(cfg)
     print(json.dumps(result, indent=2))
     if not result["ok"]:
@@ -145,8 +137,6 @@ def run(cfg: ServeCheckConfig) -> int:
 
 
 def check(cfg: ServeCheckConfig) -> dict:
-    from eyas.export import ContractError, check_contract, import_draft, read_export
-
     t_start = time.perf_counter()
     config, tensors = read_export(cfg.draft)
     problems = check_contract(config, tensors)
@@ -164,11 +154,6 @@ def check(cfg: ServeCheckConfig) -> dict:
         result.update(ok=False, reason="the export is broken before any engine runs:\n  " + "\n  ".join(problems))
         return _finish(cfg, result)
     python = vllm_python(cfg.python)
-    from eyas.decode.bench import load_bench
-    from eyas.decode.evaluate import Session, evaluate
-    from eyas.draft.io import load_draft
-    from eyas.target import load_target
-
     verifier = config["speculators_config"]["verifier"]["name_or_path"]
     dtype = resolve_dtype(cfg.dtype, "cpu")
     target = load_target(verifier, dtype=dtype, attn_implementation="sdpa")

@@ -18,6 +18,7 @@ from typing import Sequence
 from eyas.data.backends import GenerationError, answer, prompt_ids
 from eyas.engines.base import EngineError, engine_python
 from eyas.engines.vllm import ENV_VAR, HOW_TO_CREATE, tensor_parallel_problem
+from eyas.target.load import load_tokenizer
 
 WORKER = Path(__file__).with_name("vllm_generate_worker.py")
 PREFIX = "EYAS> "
@@ -31,8 +32,6 @@ class VllmBackend:
                  top_p: float = 1.0, seed: int = 0, max_model_len: int = 4096, tensor_parallel_size: int = 1,
                  log: Path | None = None, tokenizer=None):
         if tokenizer is None:
-            from eyas.target.load import load_tokenizer
-
             tokenizer = load_tokenizer(target)
         self.tok, self.name = tokenizer, target
         eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()

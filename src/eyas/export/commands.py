@@ -7,9 +7,12 @@ from typing import Literal
 
 from pydantic import Field
 
-from eyas.flags import AuxLayerIds
 from eyas.config import StageConfig
 from eyas.devices import Dtype
+from eyas.draft.io import read_draft_meta
+from eyas.export import export_sglang, export_vllm, read_export
+from eyas.export import import_draft
+from eyas.flags import AuxLayerIds
 
 
 class ExportConfig(StageConfig):
@@ -36,8 +39,6 @@ class ImportConfig(StageConfig):
 
 
 def run_export(cfg: ExportConfig) -> dict:
-    from eyas.export import export_sglang, export_vllm, read_export
-
     fn = export_vllm if cfg.format == "vllm" else export_sglang
     out = fn(cfg.draft, cfg.out, chain=cfg.chain, verifier=cfg.verifier, embed=cfg.embed, dtype=cfg.dtype)
     config, tensors = read_export(out)
@@ -47,9 +48,6 @@ def run_export(cfg: ExportConfig) -> dict:
 
 
 def run_import(cfg: ImportConfig) -> dict:
-    from eyas.draft.io import read_draft_meta
-    from eyas.export import import_draft
-
     out = import_draft(cfg.src, cfg.out, target=cfg.target, aux_layer_ids=cfg.aux_layer_ids)
     meta = read_draft_meta(out)
     return {"out": str(out), "format": meta["imported_from"]["format"], "target": meta.get("target"),

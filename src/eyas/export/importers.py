@@ -19,6 +19,7 @@ import torch
 
 from eyas.aux_layers import aux_layer_id_problems, default_aux_layer_ids
 from eyas.draft.io import save_draft
+from eyas.draft.model import rope_inv_freq
 from eyas.draft.model import Eagle3Draft
 from eyas.export.contract import IGNORABLE_SUFFIXES, SPECULATORS, check_tensors, rename, to_eyas_key
 from eyas.export.files import ContractError, detect_format, parse_config, read_export
@@ -93,7 +94,6 @@ def import_draft(src: str | os.PathLike, out: str | os.PathLike, *, target: str 
     with torch.device("meta"):
         model = Eagle3Draft(dc)
     model.load_state_dict(sd, strict=True, assign=True)
-    from eyas.draft.model import rope_inv_freq
     model.inv_freq = rope_inv_freq(dc)
     meta = {"target": spec or (str(tdir) if tdir is not None else None),
             "imported_from": {"path": str(src.resolve()), "format": fmt, **notes}}

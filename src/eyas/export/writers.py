@@ -22,6 +22,7 @@ from eyas.draft.model import DraftConfig
 from eyas.export.contract import MIDLAYER, SPECULATORS, rename
 from eyas.export.files import ContractError, check_contract
 from eyas.export.formats import to_midlayer, to_speculators
+from eyas.target.load import resolve
 
 # --dtype of `eyas export` (eyas.devices vocabulary); auto keeps the draft's own dtype.
 DTYPES = {"auto": None, "bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -48,7 +49,6 @@ def resolve_verifier(meta: dict[str, Any], dc: DraftConfig, verifier: str | None
     if not candidates:
         raise ValueError("the draft's config.json names no target (meta key 'target'); pass --verifier NAME_OR_PATH "
                          "(the model vLLM should serve as the verifier)")
-    from eyas.target.load import resolve
     name, errors = None, []
     for spec in candidates:
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from eyas.store.reader import HiddenStateStore
+from eyas.target import target_states
 
 
 def _rel(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -37,8 +38,6 @@ def compare_stores(a: HiddenStateStore, b: HiddenStateStore, reference=None) -> 
         per_state["last"].append(_rel(y["last"], x["last"]))
         pairs["b-vs-a"] += [_rel(y["aux"], x["aux"]), _rel(y["last"], x["last"])]
         if reference is not None:
-            from eyas.target import target_states
-
             dev = next(reference.model.parameters()).device
             with torch.no_grad():
                 aux, last, _ = target_states(reference.model, reference.layout, x["input_ids"][None].to(dev),

@@ -26,21 +26,15 @@ from typing import Any
 
 import torch
 
+from eyas.data import PreparedDataset
 from eyas.progress import Progress
-from eyas.target.capture import backbone_of, capture
 from eyas.store.format import DTYPES, MANIFEST, StoreError, bytes_per_token, encode_states, read_json
-from eyas.store.writer import (Plan, ShardWriter, clean_temp_files, completed_shards, crash_point, merge,
+from eyas.store.writer import (ShardPlan, ShardWriter, clean_temp_files, completed_shards, crash_point, merge,
                                samples_per_shard)
+from eyas.target.capture import backbone_of, capture
 
 
 # ---------------------------------------------------------------- data
-def open_prepared(path: str | os.PathLike):
-    """The PREPARED dataset reader of the data stage (imported late: `eyas extract --help` stays light)."""
-    from eyas.data import PreparedDataset
-
-    return PreparedDataset(path)
-
-
 def data_fingerprint(dataset) -> dict[str, Any]:
     """Identifies the prepared data a store was made from (rows + manifest hash), not where it lives."""
     manifest = getattr(dataset, "manifest", None) or {}
@@ -117,7 +111,7 @@ class HostCopier:
 class StoreJob:
     """One rank's share of a store: the plan, what is already done, and the shards left to write."""
     out: Path
-    plan: Plan
+    plan: ShardPlan
     header: dict[str, Any]
     done: dict[int, dict[str, Any]]
     todo: list[int]
@@ -128,7 +122,7 @@ class StoreJob:
                            max_pending=max_pending)
 
     def groups(self, rank: int, world: int) -> list[list[int]]:
-        """This rank's shard groups that still have a shard to write (whole groups: see Plan.groups)."""
+        """This rank's shard groups that still have a shard to write (whole groups: see ShardPlan.groups)."""
         todo = set(self.todo)
         return [g for g in self.plan.groups(rank, world) if any(j in todo for j in g)]
 
@@ -158,7 +152,7 @@ def begin_store(dataset, out: str | os.PathLike, identity: dict[str, Any], *, sh
     max_len = int((getattr(dataset, "manifest", None) or {}).get("max_length") or 0) or \
         max(int(dataset[i]["input_ids"].numel()) for i in range(n))
     per_shard = samples_per_shard(shard_mb, max_len, token_bytes)
-    plan = Plan(n, per_shard, max(1, -(-token_budget // (per_shard * max_len))))
+    plan = ShardPlan(n, per_shard, max(1, -(-token_budget // (per_shard * max_len))))
     header = {"target": identity, "data": data_fingerprint(dataset), "num_samples": n,
               "samples_per_shard": plan.samples_per_shard}
     if (out / MANIFEST).is_file():

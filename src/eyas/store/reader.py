@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from eyas.data import PreparedDataset
 from eyas.store.format import (FORMAT, FORMAT_VERSION, ID_DTYPE, MANIFEST, StoreError, decode_states,
                                expected_dtypes, identity_mismatches, read_json, sha256_file)
 
@@ -63,8 +64,7 @@ class HiddenStateStore:
                              f"0..{self.manifest['num_samples'] - 1} exactly once")
         self._open: dict[int, tuple[Any, torch.Tensor, torch.Tensor]] = {}
         if isinstance(prepared, (str, os.PathLike)):
-            from eyas.store.extract import open_prepared
-            prepared = open_prepared(prepared)
+            prepared = PreparedDataset(prepared)
         self.prepared = prepared
 
     def __len__(self) -> int:

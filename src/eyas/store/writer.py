@@ -44,7 +44,7 @@ def crash_point(name: str) -> None:
 
 # ---------------------------------------------------------------- plan
 @dataclass(frozen=True)
-class Plan:
+class ShardPlan:
     num_samples: int
     samples_per_shard: int
     shards_per_group: int = 1           # shards batched together (one batch's worth of tokens)
@@ -103,7 +103,7 @@ def completed_shards(out: Path, header: dict[str, Any]) -> dict[int, dict[str, A
     return done
 
 
-def merge(out: Path, header: dict[str, Any], plan: Plan) -> dict[str, Any] | None:
+def merge(out: Path, header: dict[str, Any], plan: ShardPlan) -> dict[str, Any] | None:
     """Write manifest.json when every planned shard is done; return it, or None while some are missing."""
     done = completed_shards(out, header)
     if any(j not in done for j in range(plan.num_shards)):
@@ -134,7 +134,7 @@ class ShardWriter:
     `close`.
     """
 
-    def __init__(self, out: Path, rank: int, header: dict[str, Any], plan: Plan, *, threads: int = 2,
+    def __init__(self, out: Path, rank: int, header: dict[str, Any], plan: ShardPlan, *, threads: int = 2,
                  max_pending: int = 4, skip: set[int] = frozenset()):
         self.out, self.rank, self.header, self.plan, self.skip = out, rank, header, plan, set(skip)
         self._shards: dict[int, _Shard] = {}

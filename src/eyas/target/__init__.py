@@ -1,7 +1,7 @@
 """Targets: load (HF dir, hub id, GGUF, built-in names), find layers through wrappers, capture."""
 
-from eyas.target.capture import capture, document_causal_mask, packed_position_ids, target_states
 from eyas.aux_layers import default_aux_layer_ids
+from eyas.target.capture import capture, document_causal_mask, packed_position_ids, target_states
 from eyas.target.layers import Layout, LayoutError, find_layout, text_config
 from eyas.target.load import (BUILTIN_TARGETS, Target, build_meta, load_config, load_target, load_tokenizer,
                               resolve, wrap_model)

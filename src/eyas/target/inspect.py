@@ -7,8 +7,8 @@ from pathlib import Path
 import torch
 from pydantic import Field
 
-from eyas.config import StageConfig
 from eyas.aux_layers import default_aux_layer_ids
+from eyas.config import StageConfig
 from eyas.target.layers import find_layout
 from eyas.target.load import build_meta, load_config
 

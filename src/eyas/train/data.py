@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from eyas.target import target_states
 
 ROW_KEYS = ("input_ids", "loss_mask", "position_ids")
 
@@ -140,8 +141,6 @@ class OnlineSource:
         return len(self.dataset)
 
     def batch(self, ids: list[int], device) -> dict[str, torch.Tensor]:
-        from eyas.target import target_states
-
         rows = checked_rows(self.dataset, ids, "prepared")
         b = {k: v.to(device) for k, v in collate(rows, self.max_length, pad_to=self.pad_to).items()}
         aux, last, _ = target_states(self.model, self.layout, b["input_ids"], self.aux_ids,
