@@ -120,3 +120,16 @@ def test_yaml_keys_are_flag_names_and_cli_overrides(tmp_path):
     y.write_text("target: t\nout: o\nttt_stepz: 3\n")
     with pytest.raises(ConfigError, match="ttt_stepz"):
         build_config(TrainConfig, {}, yaml_path=y)
+
+
+@pytest.mark.parametrize("batch, accum, says, never", [(1, 1, "add data", "--batch-size"),
+                                                        (4, 1, "lower --batch-size (now 4)", "--grad-accum"),
+                                                        (1, 3, "lower --grad-accum (now 3)", "--batch-size")])
+def test_too_few_rows_suggests_only_fixes_that_apply(batch, accum, says, never):
+    """"lower --batch-size" is no advice when it is already 1 (issue 18)."""
+    from eyas.train.data import Plan
+
+    with pytest.raises(ValueError) as e:
+        Plan(n_rows=2, batch_size=batch, grad_accum=accum, eval_fraction=0.9)   # both rows held out
+    msg = str(e.value)
+    assert says in msg and never not in msg and "lower --eval-fraction (now 0.9, 2 rows held out)" in msg

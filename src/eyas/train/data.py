@@ -32,9 +32,14 @@ class Plan:
         self.eval_rows = sorted(perm[:n_eval])
         self.train_rows = sorted(perm[n_eval:])
         if len(self.train_rows) < self.rows_per_step:
+            fixes = ([f"lower --batch-size (now {self.batch_size})"] if self.batch_size > 1 else []) + \
+                    ([f"lower --grad-accum (now {self.grad_accum})"] if self.grad_accum > 1 else []) + \
+                    ([f"use fewer processes (now {self.world})"] if self.world > 1 else []) + \
+                    ([f"lower --eval-fraction (now {self.eval_fraction}, {n_eval} rows held out)"] if n_eval else []) + \
+                    ["add data"]
             raise ValueError(f"{len(self.train_rows)} training rows cannot fill one optimizer step of "
                              f"{self.rows_per_step} rows (batch_size {self.batch_size} x world {self.world} x "
-                             f"grad_accum {self.grad_accum}); lower --batch-size or add data")
+                             f"grad_accum {self.grad_accum}); " + ", or ".join(fixes))
 
     @property
     def rows_per_step(self) -> int:
