@@ -30,11 +30,12 @@ class Progress:
     """`update(n)` as work finishes, `note(text)` for a short status, `close()` at the end (or use `with`)."""
 
     def __init__(self, desc: str, total: int | None, unit: str = "it", *, enabled: bool = True,
-                 stream: TextIO | None = None, interval: float | None = None):
+                 stream: TextIO | None = None, interval: float | None = None, initial: int = 0):
         self.desc, self.total, self.unit = desc, total, unit
         self.stream = stream or sys.stderr
         self.interval = _interval() if interval is None else interval
-        self.n, self.t0, self.last, self.postfix, self.closed = 0, time.perf_counter(), 0.0, "", False
+        # `initial`: work done before this process started (a resumed run); the rate counts only this run's
+        self.n, self.start, self.t0, self.last, self.postfix, self.closed = initial, initial, time.perf_counter(), 0.0, "", False
         self.enabled = enabled
         self.bar = None
         if not enabled:
@@ -42,7 +43,8 @@ class Progress:
         if getattr(self.stream, "isatty", lambda: False)():
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, desc=desc, unit=f" {unit}", file=self.stream, dynamic_ncols=True)
+            self.bar = tqdm(total=total, initial=initial, desc=desc, unit=f" {unit}", file=self.stream,
+                            dynamic_ncols=True)
         else:
             self._line()
 
@@ -77,7 +79,7 @@ class Progress:
     def _line(self, final: bool = False) -> None:
         now = time.perf_counter()
         self.last, elapsed = now, now - self.t0
-        rate = self.n / elapsed if elapsed > 0 else 0.0
+        rate = (self.n - self.start) / elapsed if elapsed > 0 else 0.0
         of = f"/{self.total}" if self.total else ""
         pct = f" ({100 * self.n / self.total:.0f}%)" if self.total else ""
         if final:

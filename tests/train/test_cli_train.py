@@ -47,9 +47,13 @@ def test_train_offline_from_store(dirs, dtype, capsys):
     root, target, prep = dirs
     out = root / f"run-{dtype}"
     assert main(["train", "--target", str(target), "--store", str(root / dtype), "--data", str(prep),
-                 "--out", str(out), *COMMON]) == 0
-    summary = json.loads(capsys.readouterr().out)
+                 "--out", str(out), *[a for a in COMMON if a != "--no-progress"]]) == 0
+    printed = capsys.readouterr()
+    summary = json.loads(printed.out)
     assert summary["mode"] == "offline" and summary["steps"] == 4 and summary["best_tau"] >= 1.0
+    # progress into a log (not a terminal): plain lines with count and ETA, the loss beside them
+    assert "train: 0/4 steps (0%)" in printed.err and "train: 4/4 steps (100%)" in printed.err
+    assert ", done, loss " in printed.err
     model, meta = load_draft(out)
     assert model.config.draft_vocab_size == 48 and meta["aux_layer_ids"] == [0, 2, 3]
     assert (out / "checkpoints" / "step-4" / "state.pt").is_file()

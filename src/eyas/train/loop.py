@@ -283,8 +283,7 @@ class Trainer:
             toks += n
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix(loss=f"{token_loss(st):.3f}",
-                                acc0=f"{float(st[0, 1] / st[0, 2].clamp(min=1)):.2f}")
+                bar.note(f"loss {token_loss(st):.3f}, acc0 {float(st[0, 1] / st[0, 2].clamp(min=1)):.2f}")
             if self.step % cfg.log_every == 0 or self.step == self.total:
                 dt = time.perf_counter() - t0
                 acc = step_accuracy(window.cpu())
@@ -344,8 +343,8 @@ def _tensorboard(path: Path):
 def _progress(total: int, initial: int, enabled: bool):
     if not enabled:
         return None
-    from tqdm.auto import tqdm
-    return tqdm(total=total, initial=initial, desc="train", unit="step", dynamic_ncols=True)
+    from eyas.progress import Progress
+    return Progress("train", total, "steps", initial=initial)
 
 
 def train(cfg: TrainConfig, *, target=None, store=None, dataset=None) -> dict:
