@@ -78,7 +78,8 @@ def test_unsorted_aux_ids_are_refused_by_every_stage(world, capsys, tmp_path):
         "train": ["train", "--target", t, "--store", out, "--out", out, "--device", "cpu", *flag],
         "doctor": ["doctor", "--target", t, *flag],
         "import": ["import", "--src", str(world["export"]), "--out", out, *flag],
-        # export and eval read the ids from the draft's config.json
+        # doctor --draft, export and eval read the ids from the draft's config.json
+        "doctor --draft": ["doctor", "--target", t, "--draft", str(world["unsorted"])],
         "export": ["export", "--draft", str(world["unsorted"]), "--out", out],
         "eval": ["eval", "--target", t, "--draft", str(world["unsorted"]), "--device", "cpu"],
     }
@@ -110,6 +111,7 @@ def test_an_inconsistent_draft_vocab_is_refused_by_every_stage(world, capsys, tm
     runs = {
         "train": ["train", "--target", t, "--data", str(world["prep"]), "--online", "--out", out, "--device", "cpu"],
         "doctor": ["doctor", "--target", t, "--data", str(world["prep"])],
+        "doctor --draft": ["doctor", "--target", t, "--draft", str(world["bad_vocab"])],
         "export": ["export", "--draft", str(world["bad_vocab"]), "--out", out],
         "eval": ["eval", "--target", t, "--draft", str(world["bad_vocab"]), "--device", "cpu"],
         "import": ["import", "--src", str(world["bad_export"]), "--out", out, "--target", t],

@@ -27,8 +27,8 @@ from eyas.data import MaskError, PreparedDataset, iter_conversations, render_wit
 from eyas.data.dataset import MANIFEST as PREPARED_MANIFEST
 from eyas.data.masks import template_hash
 from eyas.devices import StoreDtype
-from eyas.draft.io import read_draft_meta
-from eyas.draft.model import DraftConfig, Eagle3Draft, draft_config_from_target
+from eyas.draft.io import read_draft_config
+from eyas.draft.model import Eagle3Draft, draft_config_from_target
 from eyas.export import check_contract, detect_format, read_export
 from eyas.export.files import parse_config
 from eyas.flags import AuxLayerIds
@@ -192,10 +192,10 @@ def read_draft(path: Path, out: list[Check]) -> DraftFacts | None:
         return None
     doc = json.loads(cfg_file.read_text())
     if doc.get("format") == "eyas-draft":
-        try:
-            dc, errors = DraftConfig.from_dict(read_draft_meta(path)["draft"]), []
+        try:  # the owners' checks (aux ids, vocab map), reading no weight but d2t/t2d
+            dc, errors = read_draft_config(path), []
         except (KeyError, TypeError, ValueError) as e:
-            out.append(Check("draft", "fail", f"{cfg_file}: {e}", "re-save the draft with this eyas"))
+            out.append(Check("draft", "fail", str(e), "re-train or re-import the draft with this eyas"))
             return None
         shapes, kind = _header_shapes(Path(path), ("fc.weight", "t2d")), "eyas draft"
     else:
