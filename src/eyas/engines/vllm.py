@@ -10,8 +10,10 @@ When a caller starts using another vLLM parameter, add it here (and re-record) i
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -265,3 +267,24 @@ class VllmAdapter:
     def timings(self) -> dict[str, float]:
         rep = self._probe_report()
         return {"import_s": rep.get("import_s"), "probe_s": rep.get("probe_s")}
+
+
+# ---------------------------------------------------------------- the vLLM env and its lock (every engine caller)
+LOCK = "/tmp/eyas-vllm.lock"
+
+
+@contextmanager
+def vllm_lock(path: str = LOCK):
+    """One real vLLM at a time on a shared machine (the same lock `flock /tmp/eyas-vllm.lock` takes)."""
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def vllm_python(python: str | None) -> Path:
+    """The vLLM env's interpreter via the doctor's adapter (--python, else $EYAS_VLLM_PYTHON, else an
+    EngineError that says how to create one)."""
+    return Path(VllmAdapter(python=python).python)

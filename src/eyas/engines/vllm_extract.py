@@ -37,12 +37,10 @@ import torch
 from safetensors.torch import load_file
 
 from eyas.engines.base import EngineError, run_in_env
-from eyas.engines.vllm import VllmAdapter, tensor_parallel_problem
+from eyas.engines.vllm import VllmAdapter, tensor_parallel_problem, vllm_lock, vllm_python
 from eyas.store.extract import begin_store, prepared_row
 from eyas.store.format import StoreError, encode_states, target_identity
 from eyas.target import resolve, text_config
-# The vLLM lock and env discovery are serve-check's (one real vLLM at a time on a machine).
-from eyas.engines.serve_check import vllm_lock, vllm_python
 
 WORKER = Path(__file__).with_name("vllm_extract_worker.py")
 CONNECTOR = Path(__file__).with_name("eyas_connector.py")
