@@ -83,3 +83,16 @@ def test_regenerate_bar_moves_per_row_inside_one_batch(tmp_path, capsys, monkeyp
         i = err.index(f"step {r + 1}")
         assert err[i + 1].startswith(f"regenerate (hf): {r + 1}/4 rows"), err[i:i + 2]
     assert err[-1].startswith("regenerate (hf): 4/4 rows (100%)") and "done" in err[-1]
+
+
+def test_heartbeat_line_while_one_long_item_runs():
+    """No update for a while (one long generate batch): the log still gets a line per interval."""
+    import time
+
+    log = io.StringIO()
+    p = Progress("slow", 2, "rows", stream=log, interval=0.1)
+    time.sleep(0.45)
+    p.close()
+    lines = log.getvalue().splitlines()
+    assert len(lines) >= 4 and all(line.startswith("slow: 0/2 rows") for line in lines)
+    assert re.search(r"elapsed 0:00, ETA \?$", lines[2]) and lines[-1].endswith("done")

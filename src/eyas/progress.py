@@ -1,8 +1,9 @@
 """Progress with ETA for every long stage: a live tqdm bar on a terminal, plain lines in a log.
 
 A stage that writes to a file or a pipe (the demo under `tee`, a job scheduler's log) still says what
-it is doing: one line per interval (`$EYAS_PROGRESS_INTERVAL` seconds, default 15) plus a first and a
-last line, each with done/total, rate, elapsed and ETA. Lines go to stderr, like tqdm's bar, so a
+it is doing: one line per interval (`$EYAS_PROGRESS_INTERVAL` seconds, default 15; a heartbeat thread
+writes it even while one long item is in flight) plus a first and a last line, each with done/total,
+rate, elapsed and ETA. Lines go to stderr, like tqdm's bar, so a
 command's JSON on stdout stays parseable.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from typing import TextIO
 
@@ -47,6 +49,16 @@ class Progress:
                             dynamic_ncols=True)
         else:
             self._line()
+            # A heartbeat: a long item (one generate batch, one 512-token turn) still gets its line per interval.
+            # (interval 0 means a line per update: nothing to add.)
+            self._stop = threading.Event()
+            if self.interval > 0:
+                threading.Thread(target=self._beat, daemon=True, name=f"progress-{desc}").start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.interval):
+            if time.perf_counter() - self.last >= self.interval:
+                self._line()
 
     def update(self, n: int = 1) -> None:
         self.n += n
@@ -68,6 +80,7 @@ class Progress:
         if self.bar is not None:
             self.bar.close()
         elif self.enabled:
+            self._stop.set()
             self._line(final=True)
 
     def __enter__(self) -> "Progress":
