@@ -9,7 +9,9 @@ The run function takes the validated config and returns an exit code (int) or a 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import os
 import sys
 from typing import Any
 
@@ -134,16 +136,48 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import importlib
 
-    from eyas.engines.base import EngineError
-
     module = importlib.import_module(module_name)
     try:
         return _print_result(getattr(module, fn_name)(cfg))
-    except (ConfigError, FileNotFoundError, ValueError, EngineError) as e:
-        # Expected user-facing failures: one clear line, no traceback.
-        print(f"eyas {cmd}: error: {e}", file=sys.stderr)
+    except KeyboardInterrupt as e:  # Ctrl-C: what was done is kept; the message says how to continue
+        print(f"eyas {cmd}: {e or 'interrupted'}", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - sorted below: user-causable -> one line, bugs -> traceback
+        line = explain(e)
+        if line is None or os.environ.get("EYAS_DEBUG"):
+            raise
+        print(f"eyas {cmd}: error: {line}", file=sys.stderr)
         return 1
 
+
+def explain(e: BaseException) -> str | None:
+    """One line for a failure the user can cause (bad input, missing or damaged file, full disk, ...);
+    None for anything else, which is a bug and keeps its traceback. EYAS_DEBUG=1 shows every traceback."""
+    from eyas.engines.base import EngineError
+
+    msg = " ".join(str(e).split())  # one line, whatever the message
+    if isinstance(e, (ValueError, EngineError)):  # ConfigError, StoreError, PreparedError, ContractError, ...
+        return msg
+    if isinstance(e, OSError):
+        name = f"{e.filename}: " if getattr(e, "filename", None) and str(e.filename) not in msg else ""
+        if e.errno == errno.ENOSPC:
+            return f"{name}disk full ({msg}); free space and rerun (finished work is kept and resumed)"
+        if isinstance(e, FileExistsError):
+            return f"{name}{msg}; remove it or choose another --out"
+        if isinstance(e, PermissionError):
+            return f"{name}{msg}; check the path's permissions or choose another location"
+        return f"{name}{msg}"
+    if isinstance(e, KeyError):  # a key missing from a file the user gave; the message names it
+        return f"missing key {msg}"
+    if isinstance(e, ImportError):
+        return f"{msg}; install the missing package (pip install {e.name or 'it'}) or pick another option"
+    if type(e).__name__ == "SafetensorError":
+        return f"a .safetensors file is damaged or not safetensors ({msg}); re-create it, or run `eyas doctor`"
+    if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError":
+        return f"out of memory ({msg[:200]}); lower --batch-size / --token-budget / --max-length"
+    if isinstance(e, RecursionError):
+        return f"input nested too deeply ({msg})"
+    return None
 
 if __name__ == "__main__":
     sys.exit(main())

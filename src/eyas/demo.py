@@ -130,7 +130,7 @@ def run(cfg: DemoConfig) -> int | dict:
                    data=paths["prepared"], out=paths["run"], ttt_steps=cfg.ttt_steps, tau_chain=cfg.chain,
                    epochs=cfg.epochs, lr=cfg.lr, device=device, seed=cfg.seed, eval_every=50, save_every=10_000,
                    log_every=10, target_dtype="bf16" if _bf16_ok(device) else "auto", batch_size=cfg.train_batch_size,
-                   init_head=False)
+                   init_head=False, overwrite=True)
 
     with _stage("eval", times):
         ev = _call(evaluate, EvalConfig, target=cfg.target, draft=paths["run"], bench=cfg.bench,

@@ -7,7 +7,6 @@ Under torchrun each rank extracts shards j % WORLD_SIZE == RANK (see eyas.store.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,7 +18,7 @@ from eyas.config import StageConfig
 from eyas.data import PreparedDataset
 from eyas.devices import DEVICE_HELP, StoreDtype, dist_env, resolve_device
 from eyas.flags import AuxLayerIds
-from eyas.store.extract import extract_to_store
+from eyas.store.extract import extract_to_store, remove_store
 from eyas.store.format import StoreError, target_identity
 from eyas.target import load_config, load_target, text_config
 from eyas.target.compiled import compile_layers
@@ -65,11 +64,10 @@ def run(cfg: ExtractConfig) -> dict[str, Any]:
     if cfg.overwrite:
         if world > 1:
             raise StoreError("--overwrite with several ranks would race; delete the --out directory first")
-        if cfg.out.exists():
-            shutil.rmtree(cfg.out)
+        remove_store(cfg.out)   # only a store's own files; anything else in --out is refused
     if not Path(cfg.data).is_dir():
         raise FileNotFoundError(f"prepared dataset directory not found: {cfg.data}")
-    dataset = PreparedDataset(cfg.data)
+    dataset = PreparedDataset(cfg.data, verify=True)  # a flipped token byte must not become a silent store
     if cfg.backend == "vllm":
         from eyas.engines.vllm_extract import extract_with_vllm
 

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from eyas.data import iter_conversations
+from eyas.data.dataset import PreparedError
 from eyas.data.masks import ChatRenderer
 from eyas.data.prepare import PrepareConfig, prepare
 from tests.data.templates import STYLES, make_target_dir, make_tokenizer
@@ -107,7 +108,12 @@ def test_prepare_accounts_for_every_row(tmp_path_factory, target, rows, extra):
     d = tmp_path_factory.mktemp("prop")
     p = d / "rows.jsonl"
     p.write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in rows) + extra.replace(b"\n", b" ") + b"\n")
-    s = prepare(PrepareConfig(target=str(target), data=str(p), out=d / "out", max_length=64, draft_vocab_size=50))
+    try:
+        s = prepare(PrepareConfig(target=str(target), data=str(p), out=d / "out", max_length=64, draft_vocab_size=50))
+    except PreparedError as e:  # nothing kept: a one-line error, and every row is in rejects.jsonl
+        assert "rejected" in str(e)
+        s = {"rows_in": len(rows) + bool(extra.strip()), "rows_out": 0}
+        s["rows_rejected"] = s["rows_in"]
     assert s["rows_in"] == s["rows_out"] + s["rows_rejected"]
     rejects = [json.loads(line) for line in (d / "out" / "rejects.jsonl").read_text().splitlines()]
     assert len(rejects) == s["rows_rejected"] and all(r["reason"] for r in rejects)

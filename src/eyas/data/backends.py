@@ -6,12 +6,15 @@ finish_reason is "stop" (the model ended its turn) or "length" (max_new_tokens r
 
 from __future__ import annotations
 
+import email.utils
+import http.client
 import json
 import random
+import socket
+import threading
 import time
-import urllib.error
-import urllib.request
-from typing import Sequence
+import urllib.parse
+from typing import Any, Sequence
 
 from eyas.devices import resolve_device, resolve_dtype
 
@@ -134,18 +137,75 @@ class HFBackend:
 
 
 class OpenAIBackend:
-    """POST /chat/completions with retries: connection errors, timeouts, 429 and 5xx back off and retry."""
+    """POST /chat/completions with retries: connection errors, timeouts, 429 and 5xx back off and retry.
+
+    Rules from fault injection (issue #17): redirects are never followed (the API key would travel to
+    the new host, and a POST would become a GET); --request-timeout is a deadline for the whole answer,
+    not per read (a server dribbling a byte at a time cannot hold a row forever); Retry-After is
+    honoured; a bad body (not UTF-8, not JSON, content not a string) fails its row, never the run; server
+    error bodies are never copied into errors.jsonl (they may echo the key)."""
 
     RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
+    MAX_BODY = 64 << 20          # an answer is text; more than this is a misbehaving server
+    MAX_RETRY_AFTER = 60.0       # seconds; a server asking for more is retried after this anyway
 
     def __init__(self, base_url: str, model: str, *, api_key: str | None = None, max_new_tokens: int = 512,
                  temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None, max_retries: int = 5,
                  backoff: float = 0.5, timeout: float = 120.0):
         self.url = base_url.rstrip("/") + "/chat/completions"
+        u = urllib.parse.urlsplit(self.url)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ValueError(f"--base-url {base_url!r}: expected http(s)://HOST[:PORT]/PATH")
+        self._split = u
         self.model, self.api_key = model, api_key
         self.max_new_tokens, self.temperature, self.top_p, self.seed = max_new_tokens, temperature, top_p, seed
         self.max_retries, self.backoff, self.timeout = max_retries, backoff, timeout
         self.name = model
+
+    def _post(self, data: bytes, headers: dict) -> tuple[int, str, Any, bytes]:
+        """(status, reason, headers, body) of one POST, all of it within self.timeout seconds."""
+        u = self._split
+        cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
+        conn = cls(u.hostname, u.port, timeout=self.timeout)
+        fired = threading.Event()
+
+        def abort() -> None:  # the deadline: unblock whatever read is waiting
+            fired.set()
+            sock = conn.sock
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+        timer = threading.Timer(self.timeout, abort)
+        timer.daemon = True
+        timer.start()
+        try:
+            conn.request("POST", u.path + (f"?{u.query}" if u.query else ""), body=data, headers=headers)
+            resp = conn.getresponse()
+            body = resp.read(self.MAX_BODY + 1)
+            return resp.status, resp.reason, resp.headers, body
+        except (OSError, http.client.HTTPException) as e:
+            if fired.is_set():
+                raise TimeoutError(f"no complete answer within --request-timeout {self.timeout:g}s") from None
+            raise ConnectionError(f"{type(e).__name__}: {e}") from None
+        finally:
+            timer.cancel()
+            conn.close()
+
+    def _retry_after(self, headers) -> float:
+        value = headers.get("Retry-After") if headers is not None else None
+        if not value:
+            return 0.0
+        try:
+            delay = float(value)
+        except ValueError:
+            try:
+                delay = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
+            except (TypeError, ValueError, IndexError, OverflowError):
+                return 0.0
+        return min(max(0.0, delay), self.MAX_RETRY_AFTER)
 
     def chat(self, messages: Sequence[dict]) -> tuple[str, str]:
         body = {"model": self.model, "messages": list(messages), "max_tokens": self.max_new_tokens,
@@ -153,35 +213,56 @@ class OpenAIBackend:
         if self.seed is not None:
             body["seed"] = self.seed
         data = json.dumps(body).encode()
-        headers = {"Content-Type": "application/json"}
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
-        last = ""
+        last, wait = "", 0.0
         for attempt in range(self.max_retries + 1):
             if attempt:
-                # exponential backoff with jitter, so concurrent workers do not retry in lockstep
-                time.sleep(min(30.0, self.backoff * 2 ** (attempt - 1)) * (0.5 + random.random()))
-            req = urllib.request.Request(self.url, data=data, headers=headers, method="POST")
+                # exponential backoff with jitter (so workers do not retry in lockstep), or what the server asked
+                time.sleep(max(wait, min(30.0, self.backoff * 2 ** (attempt - 1)) * (0.5 + random.random())))
+            wait = 0.0
             try:
-                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                    payload = json.loads(resp.read().decode("utf-8"))
-            except urllib.error.HTTPError as e:
-                detail = e.read()[:200].decode("utf-8", "replace")
-                last = f"HTTP {e.code}: {detail}"
-                if e.code in self.RETRY_STATUS:
-                    continue
-                raise GenerationError(f"http_{e.code}: {detail}") from None
-            except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as e:
-                last = f"{type(e).__name__}: {getattr(e, 'reason', e)}"
+                status, reason, resp_headers, raw = self._post(data, headers)
+            except (TimeoutError, ConnectionError) as e:
+                last = str(e)
                 continue
-            except json.JSONDecodeError as e:
-                last = f"invalid JSON from server: {e}"
+            if 300 <= status < 400:
+                where = urllib.parse.urlsplit(resp_headers.get("Location") or "").netloc or "elsewhere"
+                raise GenerationError(f"http_{status}: the server redirects to {where}; redirects are not followed "
+                                      f"(the API key would go with them): point --base-url at the final URL")
+            if status in self.RETRY_STATUS:
+                last, wait = f"HTTP {status} {reason}", self._retry_after(resp_headers)
                 continue
+            if status != 200:
+                hint = {401: "check the key in --api-key-env", 403: "check the key in --api-key-env",
+                        404: "check --base-url and --model"}.get(status, "see the server's log")
+                raise GenerationError(f"http_{status}: {reason} ({hint})")
+            if len(raw) > self.MAX_BODY:
+                raise GenerationError(f"bad_response: body larger than {self.MAX_BODY >> 20} MiB")
             try:
-                choice = payload["choices"][0]
-                text = choice["message"]["content"] or ""
-                finish = choice.get("finish_reason") or "stop"
-            except (KeyError, IndexError, TypeError):
-                raise GenerationError(f"bad_response: no choices[0].message.content in {str(payload)[:200]}") from None
-            return text.strip(), "length" if finish == "length" else "stop"
+                payload = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                last = "response body is not UTF-8"
+                continue
+            except (ValueError, RecursionError) as e:
+                last = f"invalid JSON from server: {str(e)[:100]}"
+                continue
+            return _parse_choice(payload)
         raise GenerationError(f"retries_exhausted: {self.max_retries + 1} attempts, last error {last}")
+
+
+def _parse_choice(payload: Any) -> tuple[str, str]:
+    try:
+        choice = payload["choices"][0]
+        text = choice["message"]["content"]
+        finish = choice.get("finish_reason") or "stop"
+    except (KeyError, IndexError, TypeError, AttributeError):
+        raise GenerationError(f"bad_response: no choices[0].message.content in the answer "
+                              f"(keys: {sorted(payload)[:8] if isinstance(payload, dict) else type(payload).__name__})"
+                              ) from None
+    if text is None:
+        text = ""
+    if not isinstance(text, str):
+        raise GenerationError(f"bad_response: choices[0].message.content is a {type(text).__name__}, not a string")
+    return text.strip(), "length" if finish == "length" else "stop"

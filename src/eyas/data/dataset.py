@@ -146,7 +146,11 @@ class PreparedDataset:
         self.manifest = read_manifest(self.dir)
         self._starts = [0]
         for k, sh in enumerate(self.manifest["shards"]):
-            f = self.dir / sh.get("file", "")
+            name = sh.get("file", "") if isinstance(sh, dict) else ""
+            if not isinstance(name, str) or not name or Path(name).name != name or name in (".", ".."):
+                raise PreparedError(f"{self.dir / MANIFEST}: shards[{k}] file {name!r} is not a file name inside "
+                                    f"the dataset (no paths); the manifest is damaged, re-run `eyas prepare`")
+            f = self.dir / name
             if not f.is_file():
                 raise PreparedError(f"{self.dir / MANIFEST}: shards[{k}] file {sh.get('file')!r} is missing")
             if verify and sha256_file(f) != sh.get("sha256"):
@@ -160,7 +164,11 @@ class PreparedDataset:
     def _shard(self, k: int) -> dict[str, torch.Tensor]:
         if self._cache is None or self._cache[0] != k:
             f = self.dir / self.manifest["shards"][k]["file"]
-            t = load_file(str(f))
+            try:
+                t = load_file(str(f))
+            except Exception as e:  # noqa: BLE001 - safetensors raises its own types for a damaged file
+                raise PreparedError(f"{f}: unreadable shard ({type(e).__name__}: {e}); the file is damaged, "
+                                    f"re-run `eyas prepare --overwrite`") from None
             rows = int(self.manifest["shards"][k]["rows"])
             missing = {"input_ids", "loss_mask", "doc_lengths", "row_offsets", "row_docs"} - set(t)
             if missing:

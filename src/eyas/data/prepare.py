@@ -22,8 +22,8 @@ import torch
 from pydantic import Field
 
 from eyas.config import StageConfig
-from eyas.data.dataset import (FORMAT, MANIFEST, REJECTS, VERSION, VOCAB, PreparedWriter, read_manifest,
-                               write_manifest, write_vocab)
+from eyas.data.dataset import (FORMAT, MANIFEST, REJECTS, VERSION, VOCAB, PreparedError, PreparedWriter,
+                               read_manifest, write_manifest, write_vocab)
 from eyas.data.masks import ChatRenderer, MaskError, render_text, template_hash
 from eyas.data.sources import Record, iter_conversations, reason_category, resolve_data
 from eyas.target.load import load_config, load_tokenizer
@@ -167,7 +167,8 @@ def _batches(records: Iterator[Record], size: int, rejects, counts: Counter):
 
 
 def _reject(fh, counts: Counter, row: int, rid: str | None, reason: str) -> None:
-    fh.write(json.dumps({"row": row, "id": rid, "reason": reason}, ensure_ascii=False) + "\n")
+    # ensure_ascii: a reason quoting undecodable source bytes (surrogate escapes) must still be writable
+    fh.write(json.dumps({"row": row, "id": rid, "reason": reason}) + "\n")
     counts["reject:" + reason_category(reason)] += 1
 
 
@@ -237,6 +238,8 @@ def prepare(cfg: PrepareConfig) -> dict:
         writer.add(packed)
     writer.flush()
     os.replace(out / (REJECTS + ".tmp"), out / REJECTS)
+    if counts["rows_out"] == 0:
+        raise PreparedError(_nothing_kept(cfg, counts, out))
 
     freq_t = torch.from_numpy(freq)
     d2t, t2d, coverage = build_draft_vocab(freq_t, cfg.draft_vocab_size)
@@ -253,6 +256,15 @@ def prepare(cfg: PrepareConfig) -> dict:
         "config": cfg.model_dump(mode="json"),
     })
     return summary
+
+
+def _nothing_kept(cfg: PrepareConfig, counts: Counter, out: Path) -> str:
+    """Why a run kept no row, in one line (an empty file, a non-JSON file, a wrong schema all end here)."""
+    if counts["rows_in"] == 0:
+        return f"--data {cfg.data}: no rows (the file is empty or holds only blank lines)"
+    top = Counter({k.split(":", 1)[1]: v for k, v in counts.items() if k.startswith("reject:")}).most_common(3)
+    return (f"--data {cfg.data}: all {counts['rows_in']} rows rejected ({', '.join(f'{k}: {v}' for k, v in top)}); "
+            f"the reasons per row are in {out / REJECTS}. Is it ShareGPT JSON, messages or text JSONL?")
 
 
 def _pool_results(pool, batches, depth: int):

@@ -282,8 +282,8 @@ def _run_openai(backend: OpenAIBackend, convs: Iterator[Conversation], concurren
         while (p := c.prompt()) is not None:
             try:
                 c.accept(*backend.chat(p))
-            except GenerationError as e:
-                c.stop(str(e))
+            except Exception as e:  # noqa: BLE001 - whatever one answer does, it fails its row, not the run
+                c.stop(str(e) if isinstance(e, GenerationError) else f"backend_error: {type(e).__name__}: {e}")
                 c.history = [m for m in c.history if m["role"] == "system"]  # a failed row is not half-written
         return c
 

@@ -15,6 +15,7 @@ import codecs
 import gzip
 import json
 import os
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -103,20 +104,38 @@ def iter_conversations(spec: str | os.PathLike, limit: int | None = None, cache:
         yield Record(row=row, reason=err) if err else normalise(row, obj, skip_leading_assistant)
 
 
+_GZIP_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile)
+
+
 def _open(path: Path):
-    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+    """gzip by content (magic bytes), not by name: a plain file called .gz, or gzip data without the
+    suffix, both read."""
+    with open(path, "rb") as f:
+        gz = f.read(2) == b"\x1f\x8b"
+    return gzip.open(path, "rb") if gz else open(path, "rb")
 
 
 def _iter_raw(path: Path) -> Iterator[tuple[int, Any, str | None]]:
-    """(row, parsed object, None) or (row, None, reason). Sniffs JSON array vs JSON lines."""
-    with _open(path) as f:
-        head = f.read(4096).lstrip()
+    """(row, parsed object, None) or (row, None, reason). Sniffs JSON array vs JSON lines.
+
+    A damaged gzip stream (truncated, corrupt) ends the file with one reject saying so: the rows read
+    before it are kept, and the run goes on."""
+    try:
+        with _open(path) as f:
+            head = f.read(4096).lstrip()
+    except _GZIP_ERRORS:
+        head = b""
     if head.startswith(b"\xef\xbb\xbf"):
         head = head[3:].lstrip()
-    if head.startswith(b"["):
-        yield from _iter_json_array(path)
-    else:
-        yield from _iter_jsonl(path)
+    rows = _iter_json_array(path) if head.startswith(b"[") else _iter_jsonl(path)
+    row = 0
+    try:
+        for item in rows:
+            row = item[0] + 1
+            yield item
+    except _GZIP_ERRORS as e:
+        yield row, None, (f"bad_gzip: {path.name} is damaged after row {row - 1} ({type(e).__name__}: {e}); "
+                          f"the rest of the file is unreadable")
 
 
 def _iter_jsonl(path: Path) -> Iterator[tuple[int, Any, str | None]]:
@@ -127,10 +146,15 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[int, Any, str | None]]:
                 continue  # blank lines are not rows
             row += 1
             text = raw.decode("utf-8", errors="surrogateescape")
+            if lineno == 1:
+                text = text.removeprefix("\ufeff")  # a UTF-8 byte-order mark is not part of the first row
             try:
                 obj = json.loads(text)
             except json.JSONDecodeError as e:
                 yield row, None, f"malformed_json: line {lineno}: {e.msg} at column {e.colno}"
+                continue
+            except RecursionError:
+                yield row, None, f"too_deep: line {lineno} is nested too deeply to parse"
                 continue
             yield row, obj, None
 
@@ -185,6 +209,17 @@ def _iter_json_array(path: Path) -> Iterator[tuple[int, Any, str | None]]:
                 return
             try:
                 obj, end = dec.raw_decode(buf, pos)
+            except RecursionError:
+                end = _value_end(buf, pos)
+                if end is None:  # the deep element runs past the buffer: read on, then skip it whole
+                    if not eof and fill():
+                        continue
+                    yield row, None, f"too_deep: array element {row} is nested too deeply and never ends"
+                    return
+                yield row, None, f"too_deep: array element {row} is nested too deeply to parse"
+                row += 1
+                pos = end
+                continue
             except json.JSONDecodeError as e:
                 if not eof and fill():
                     continue  # most likely the element continues past the buffer
@@ -200,6 +235,28 @@ def _iter_json_array(path: Path) -> Iterator[tuple[int, Any, str | None]]:
             pos = end
 
 
+def _value_end(buf: str, pos: int) -> int | None:
+    """End of the JSON array/object starting at buf[pos] by bracket counting (strings skipped), or None
+    when it does not end inside buf. Used to step over an element too deep for the recursive decoder."""
+    depth, i, n = 0, pos, len(buf)
+    while i < n:
+        c = buf[i]
+        if c == '"':
+            i += 1
+            while i < n and buf[i] != '"':
+                i += 2 if buf[i] == "\\" else 1
+        elif c in "[{":
+            depth += 1
+        elif c in "]}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        elif depth == 0:  # not a container: the decoder's own error is what to report
+            return None
+        i += 1
+    return None
+
+
 def _bad_text(s: str) -> bool:
     """True when a string cannot be encoded as UTF-8 (undecodable source bytes or lone surrogate escapes)."""
     try:
@@ -213,8 +270,9 @@ def _content(value: Any) -> str | None:
     """A message's text: a string, or OpenAI content parts of type text (joined)."""
     if isinstance(value, str):
         return value
-    if isinstance(value, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in value):
-        return "".join(str(p.get("text", "")) for p in value)
+    if isinstance(value, list) and all(isinstance(p, dict) and p.get("type") == "text" and
+                                       isinstance(p.get("text"), str) for p in value):
+        return "".join(p["text"] for p in value)  # a null or numeric part is a bad row, never the text "None"
     return None
 
 
@@ -223,7 +281,7 @@ def normalise(row: int, obj: Any, skip_leading_assistant: bool = False) -> Recor
     if not isinstance(obj, dict):
         return Record(row=row, reason=f"bad_schema: row is a {type(obj).__name__}, expected an object")
     rid = obj.get("id")
-    rid = str(rid) if rid is not None else None
+    rid = str(rid) if isinstance(rid, (str, int, float)) and not isinstance(rid, bool) else None
     if "conversations" in obj or "messages" in obj:
         key = "conversations" if "conversations" in obj else "messages"
         turns = obj[key]

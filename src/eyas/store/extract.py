@@ -19,6 +19,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,11 +32,31 @@ from eyas.data import PreparedDataset
 from eyas.progress import Progress
 from eyas.store.format import DTYPES, MANIFEST, StoreError, bytes_per_token, encode_states, read_json
 from eyas.store.writer import (ShardPlan, ShardWriter, clean_temp_files, completed_shards, crash_point, merge,
-                               samples_per_shard)
+                               samples_per_shard, store_lock)
 from eyas.target.capture import backbone_of, capture
 
 
 # ---------------------------------------------------------------- data
+
+
+def remove_store(out: Path) -> None:
+    """--overwrite: delete a store's own files, and refuse when --out holds anything else (a typo in
+    --out must not delete a user's directory)."""
+    out = Path(out)
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise StoreError(f"--out {out} is a file, not a store directory; choose another --out")
+    ours = re.compile(r"(manifest\.json|rank-\d+\.json|shard-\d+\.safetensors)(\..*\.?tmp|\.tmp)?|\.lock-.*|"
+                      r"\.vllm-states|vllm-extract\.log")
+    other = sorted(p.name for p in out.iterdir() if not ours.fullmatch(p.name))
+    if other:
+        raise StoreError(f"--overwrite: {out} is not only a store (it also holds {', '.join(other[:5])}"
+                         f"{' ...' if len(other) > 5 else ''}); nothing was deleted. Choose another --out or "
+                         f"remove those files yourself")
+    shutil.rmtree(out)
+
+
 def data_fingerprint(dataset) -> dict[str, Any]:
     """Identifies the prepared data a store was made from (rows + manifest hash), not where it lives."""
     manifest = getattr(dataset, "manifest", None) or {}
@@ -129,6 +151,7 @@ class StoreJob:
     def finish(self, summary: dict[str, Any]) -> dict[str, Any]:
         crash_point("before-merge")
         manifest = merge(self.out, self.header, self.plan)
+        release_rank(self.out, summary.get("rank", 0))
         return {"out": str(self.out), **summary, "samples": self.plan.num_samples, "shards": self.plan.num_shards,
                 "shards_written": len(self.todo), "shards_resumed": len(self.done),
                 "bytes_per_token": self.token_bytes, "merged": manifest is not None}
@@ -155,17 +178,51 @@ def begin_store(dataset, out: str | os.PathLike, identity: dict[str, Any], *, sh
     plan = ShardPlan(n, per_shard, max(1, -(-token_budget // (per_shard * max_len))))
     header = {"target": identity, "data": data_fingerprint(dataset), "num_samples": n,
               "samples_per_shard": plan.samples_per_shard}
+    hold_rank(out, rank)
     if (out / MANIFEST).is_file():
-        m = read_json(out / MANIFEST, "store manifest")
-        if all(m.get(k) == v for k, v in header.items()):
-            return {"out": str(out), "status": "complete (nothing to do)", "samples": n,
-                    "tokens": m.get("num_tokens"), "shards": m.get("num_shards"), "merged": True}
-        raise StoreError(f"{out / MANIFEST}: a finished store made with other settings is there; "
-                         f"use a new --out or --overwrite")
-    done = completed_shards(out, header)
+        try:
+            m = read_json(out / MANIFEST, "store manifest")
+        except StoreError:
+            m = None                        # torn or damaged: rebuilt from the rank manifests below
+        if m is not None and not all(m.get(k) == v for k, v in header.items()):
+            raise StoreError(f"{out / MANIFEST}: a finished store made with other settings is there; "
+                             f"use a new --out or --overwrite")
+    done = completed_shards(out, header)    # sha256-checked: a damaged shard is redone, not trusted
+    if len(done) == plan.num_shards and _manifest_is_whole(out, header, done):
+        release_rank(out, rank)
+        return {"out": str(out), "status": "complete (nothing to do)", "samples": n,
+                "tokens": sum(e["tokens"] for e in done.values()), "shards": plan.num_shards, "merged": True}
     todo = [j for j in plan.mine(rank, world) if j not in done]
     clean_temp_files(out, todo)
     return StoreJob(out, plan, header, done, todo, token_bytes)
+
+
+_HELD: dict[tuple[str, int], Any] = {}
+
+
+def hold_rank(out: Path, rank: int) -> None:
+    """One writer per (store, rank): a second `extract` on the same --out fails at once with a clear
+    line instead of racing (this process may re-enter: tests and the demo call extract repeatedly)."""
+    key = (str(Path(out).resolve()), rank)
+    if key not in _HELD:
+        _HELD[key] = store_lock(out, f"rank-{rank}", wait=False).__enter__()
+
+
+def release_rank(out: Path, rank: int) -> None:
+    lock = _HELD.pop((str(Path(out).resolve()), rank), None)
+    if lock is not None:
+        lock.__exit__(None, None, None)
+
+
+def _manifest_is_whole(out: Path, header: dict[str, Any], done: dict[int, dict[str, Any]]) -> bool:
+    """manifest.json is there, readable, and lists exactly the verified shards (else merge rewrites it)."""
+    try:
+        m = read_json(out / MANIFEST, "store manifest")
+    except StoreError:
+        return False
+    shards = m.get("shards")
+    return isinstance(shards, list) and len(shards) == len(done) and all(
+        isinstance(e, dict) and done.get(e.get("shard")) == e for e in shards)
 
 
 @torch.inference_mode()
@@ -178,6 +235,15 @@ def extract_to_store(model: torch.nn.Module, layout, dataset, out: str | os.Path
                       token_budget=token_budget)
     if isinstance(job, dict):
         return job
+    try:
+        return _extract(job, model, layout, dataset, identity, token_budget, writer_threads, rank, world, packed,
+                        device)
+    finally:
+        release_rank(job.out, rank)
+
+
+def _extract(job: StoreJob, model, layout, dataset, identity, token_budget, writer_threads, rank, world, packed,
+             device) -> dict[str, Any]:
     device = torch.device(device) if device is not None else next(model.parameters()).device
     aux_ids, dtype = identity["aux_layer_ids"], identity["dtype"]
     plan = job.plan

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -121,10 +122,19 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def open_new(path: Path) -> int:
+    """A fresh file at `path` for writing: whatever is there (a stale temp file, a planted symlink) is
+    removed first, and O_EXCL|O_NOFOLLOW make sure the bytes land in a new regular file, never through a link."""
+    if os.path.lexists(path):
+        os.unlink(path)
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+
+
 def atomic_write(path: Path, data: bytes) -> None:
-    """Write to a temp name, fsync, rename, fsync the directory: the file is whole or absent."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
+    """Write to a temp name, fsync, rename, fsync the directory: the file is whole or absent.
+    The temp name is per process and thread, so two writers (ranks merging at once) never share one."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
+    with os.fdopen(open_new(tmp), "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())

@@ -31,6 +31,11 @@ def load_manifest(root: Path) -> dict[str, Any]:
     for key in ("target", "shards", "num_samples"):
         if key not in m:
             raise StoreError(f"{root / MANIFEST}: missing key {key!r}")
+    if not isinstance(m["shards"], list):
+        raise StoreError(f"{root / MANIFEST}: 'shards' is not a list")
+    from eyas.store.writer import check_entry
+    for entry in m["shards"]:
+        check_entry(root, entry, MANIFEST)  # no '../' or absolute paths: a store reads only itself
     return m
 
 
@@ -43,7 +48,7 @@ class HiddenStateStore:
     """
 
     def __init__(self, root: str | os.PathLike, expect: dict[str, Any] | None = None, *, prepared=None,
-                 check_finite: bool = True):
+                 check_finite: bool = True, check_sha: bool = True):
         self.root = Path(root)
         self.manifest = load_manifest(self.root)
         self.target = self.manifest["target"]
@@ -53,7 +58,7 @@ class HiddenStateStore:
                 raise StoreError(f"{self.root / MANIFEST}: store was made for a different target:\n  " +
                                  "\n  ".join(bad))
         self.dtype = self.target["dtype"]
-        self.check_finite = check_finite
+        self.check_finite, self.check_sha = check_finite, check_sha
         shards = sorted(self.manifest["shards"], key=lambda s: s["first"])
         self._firsts = [s["first"] for s in shards]
         self._shards = shards
@@ -84,6 +89,14 @@ class HiddenStateStore:
         j = int(s["shard"])
         if j not in self._open:
             path = self.root / s["file"]
+            # Each shard is hashed once, when first opened: a same-size bit flip would otherwise train.
+            if self.check_sha and path.is_file():
+                if path.is_symlink() or path.stat().st_size != s["bytes"]:
+                    raise StoreError(f"{path}: {path.stat().st_size} bytes on disk, the manifest says {s['bytes']} "
+                                     f"(truncated or replaced); re-run `eyas extract` on this store to redo it")
+                if sha256_file(path) != s["sha256"]:
+                    raise StoreError(f"{path}: sha256 differs from the manifest (the file was altered); re-run "
+                                     f"`eyas extract` on this store to redo the shard")
             try:
                 h = safe_open(str(path), framework="pt")
                 offsets, ids = h.get_tensor("offsets"), h.get_tensor("sample_ids")
@@ -155,8 +168,8 @@ def verify_store(root: str | os.PathLike, *, check_values: bool = True) -> list[
         if s["first"] != expected_first:
             problems.append(f"{s['file']}: starts at sample {s['first']}, expected {expected_first}")
         expected_first = s["first"] + s["count"]
-        if not path.is_file():
-            problems.append(f"{s['file']}: shard file missing")
+        if path.is_symlink() or not path.is_file():
+            problems.append(f"{s['file']}: shard file missing (or a link)")
             continue
         size = path.stat().st_size
         if size != s["bytes"]:

@@ -27,7 +27,7 @@ import torch
 
 from eyas import __version__
 from eyas.store.format import (FORMAT, FORMAT_VERSION, ID_DTYPE, MANIFEST, StoreError, atomic_write_json, fsync_dir,
-                               read_json, shard_name, write_safetensors)
+                               open_new, read_json, sha256_file, shard_name, write_safetensors)
 
 
 # ---------------------------------------------------------------- crash hooks (tests)
@@ -82,38 +82,112 @@ def rank_manifest_path(out: Path, rank: int) -> Path:
 
 
 def read_rank_manifests(out: Path) -> list[dict[str, Any]]:
-    return [read_json(p, "rank manifest") for p in sorted(out.glob("rank-*.json"))]
+    """Every readable rank manifest. A damaged one (torn, edited) is skipped: its shards are redone,
+    which costs time but never a manual delete and never a shard nobody can vouch for."""
+    found = []
+    for p in sorted(out.glob("rank-*.json")):
+        try:
+            found.append(read_json(p, "rank manifest"))
+        except StoreError:
+            continue
+    return found
 
 
-def completed_shards(out: Path, header: dict[str, Any]) -> dict[int, dict[str, Any]]:
-    """Shards recorded by any rank whose file is still there at the recorded size.
+def check_entry(out: Path, entry: Any, where: str) -> None:
+    """A manifest's shard entry must name a shard file inside the store by its own name (no paths)."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("shard"), int) or \
+            entry.get("file") != shard_name(entry["shard"]):
+        raise StoreError(f"{out / where}: shard entry {str(entry)[:120]} must have an integer 'shard' and "
+                         f"'file' equal to its shard name (no paths outside the store); the manifest is damaged, "
+                         f"re-run `eyas extract` on this --out to rebuild it")
+    for key in ("first", "count", "tokens", "bytes"):
+        if not isinstance(entry.get(key), int) or entry[key] < 0:
+            raise StoreError(f"{out / where}: {entry['file']}: '{key}' is {entry.get(key)!r}, expected an integer >= 0")
+    if not isinstance(entry.get("sha256"), str):
+        raise StoreError(f"{out / where}: {entry['file']}: no sha256")
 
-    A rank manifest made with different settings is an error, not a silent mix of two stores."""
+
+def shard_ok(out: Path, entry: dict[str, Any], *, sha: bool) -> bool:
+    """The shard file is there, a regular file (not a link), at the recorded size (and sha256)."""
+    p = out / entry["file"]
+    if p.is_symlink() or not p.is_file() or p.stat().st_size != entry["bytes"]:
+        return False
+    return not sha or sha256_file(p) == entry["sha256"]
+
+
+def completed_shards(out: Path, header: dict[str, Any], *, sha: bool = True) -> dict[int, dict[str, Any]]:
+    """Shards recorded by any rank (or the merged manifest) whose file is still there, whole and unaltered.
+
+    sha=True re-hashes every such shard (resume: a same-size bit flip is redone, not kept); merge uses
+    sizes only, right after the shards were hashed. A rank manifest made with different settings is
+    an error, not a silent mix of two stores."""
     done: dict[int, dict[str, Any]] = {}
-    for m in read_rank_manifests(out):
-        for key, want in header.items():
-            if m.get(key) != want:
-                raise StoreError(f"{out}: rank manifest rank-{m.get('rank')}.json was written with different "
-                                 f"settings ({key}: {m.get(key)!r} there, {want!r} now); use a new --out or "
-                                 f"--overwrite")
-        for entry in m.get("shards", []):
-            p = out / entry["file"]
-            if p.is_file() and p.stat().st_size == entry["bytes"]:
-                done[int(entry["shard"])] = entry
+    merged = out / MANIFEST
+    sources = read_rank_manifests(out)
+    if merged.is_file():
+        try:
+            m = read_json(merged, "store manifest")
+            if all(m.get(k) == v for k, v in header.items()):
+                sources.append(m)
+        except StoreError:
+            pass                            # torn or damaged: it is rebuilt from the rank manifests
+    for m in sources:
+        if "rank" in m:
+            for key, want in header.items():
+                if m.get(key) != want:
+                    raise StoreError(f"{out}: rank manifest rank-{m.get('rank')}.json was written with different "
+                                     f"settings ({key}: {m.get(key)!r} there, {want!r} now); use a new --out or "
+                                     f"--overwrite")
+        for entry in m.get("shards", []) if isinstance(m.get("shards"), list) else []:
+            try:
+                check_entry(out, entry, f"rank-{m['rank']}.json" if "rank" in m else MANIFEST)
+            except StoreError:
+                continue                    # a damaged entry vouches for nothing: that shard is redone
+            j = entry["shard"]
+            if j not in done and shard_ok(out, entry, sha=sha):
+                done[j] = entry
     return done
 
 
 def merge(out: Path, header: dict[str, Any], plan: ShardPlan) -> dict[str, Any] | None:
-    """Write manifest.json when every planned shard is done; return it, or None while some are missing."""
-    done = completed_shards(out, header)
-    if any(j not in done for j in range(plan.num_shards)):
-        return None
-    shards = [done[j] for j in range(plan.num_shards)]
-    manifest = {**header, "format": FORMAT, "format_version": FORMAT_VERSION, "eyas_version": __version__,
-                "num_samples": plan.num_samples, "num_tokens": sum(s["tokens"] for s in shards),
-                "num_shards": plan.num_shards, "shards": shards}
-    atomic_write_json(out / MANIFEST, manifest)
-    return manifest
+    """Write manifest.json when every planned shard is done; return it, or None while some are missing.
+    Ranks finishing together take turns (a lock), so each merge sees the others' shards."""
+    with store_lock(out, "merge"):
+        done = completed_shards(out, header, sha=False)
+        if any(j not in done for j in range(plan.num_shards)):
+            return None
+        shards = [done[j] for j in range(plan.num_shards)]
+        manifest = {**header, "format": FORMAT, "format_version": FORMAT_VERSION, "eyas_version": __version__,
+                    "num_samples": plan.num_samples, "num_tokens": sum(s["tokens"] for s in shards),
+                    "num_shards": plan.num_shards, "shards": shards}
+        atomic_write_json(out / MANIFEST, manifest)
+        return manifest
+
+
+# ---------------------------------------------------------------- locks
+class store_lock:
+    """An exclusive flock on STORE/.lock-NAME: one writer per rank (two `extract` runs on one --out would
+    race), one merge at a time. The kernel drops it when the process dies: a kill never leaves a lock
+    that needs a manual delete."""
+
+    def __init__(self, out: Path, name: str, *, wait: bool = True):
+        self.path, self.wait, self.fd = Path(out) / f".lock-{name}", wait, None
+
+    def __enter__(self):
+        import fcntl
+
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | (0 if self.wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            os.close(self.fd)
+            raise StoreError(f"{self.path.parent}: another `eyas extract` is writing this store "
+                             f"({self.path.name} is locked); wait for it to finish, or use another --out") from None
+        return self
+
+    def __exit__(self, *exc):
+        os.close(self.fd)               # closing drops the flock
+        return False
 
 
 # ---------------------------------------------------------------- shard writer
@@ -151,9 +225,15 @@ class ShardWriter:
         self.stall_s = 0.0                  # compute loop time spent waiting for the writer
         self.write_s = 0.0                  # time the threads spent serialising, hashing and writing
         prev = rank_manifest_path(out, rank)
-        if prev.is_file():                  # keep what this rank finished before a crash
-            for e in read_json(prev, "rank manifest").get("shards", []):
-                self._entries[int(e["shard"])] = e
+        if prev.is_file():                  # keep what this rank finished before a crash (if still valid)
+            ok = completed_shards(out, header, sha=False)
+            try:
+                old = read_json(prev, "rank manifest").get("shards", [])
+            except StoreError:
+                old = []
+            for e in old if isinstance(old, list) else []:
+                if isinstance(e, dict) and ok.get(e.get("shard")) == e:
+                    self._entries[int(e["shard"])] = e
         self._thread = threading.Thread(target=self._assemble, name="eyas-assemble", daemon=True)
         self._thread.start()
 
@@ -234,7 +314,7 @@ class ShardWriter:
             path = self.out / shard_name(shard.j)
             tmp = path.with_name(path.name + ".tmp")
             # Streamed from the per-sample host tensors: no concatenated copy, no in-memory file.
-            with open(tmp, "wb") as f:
+            with os.fdopen(open_new(tmp), "wb") as f:    # never through a planted symlink
                 nbytes, sha = write_safetensors(f, cols, {"eyas": meta})
                 f.flush()
                 os.fsync(f.fileno())
@@ -267,10 +347,11 @@ class ShardWriter:
 
 
 def clean_temp_files(out: Path, shards: list[int]) -> None:
-    """Remove temp files a killed run left for the shards this rank is about to (re)write."""
-    for j in shards:
-        tmp = out / (shard_name(j) + ".tmp")
-        if tmp.exists():
+    """Remove temp files a killed run left for the shards this rank is about to (re)write, and torn
+    manifest temp files (a link counts: lexists, not exists)."""
+    stale = [out / (shard_name(j) + ".tmp") for j in shards] + list(out.glob("*.json.*.tmp"))
+    for tmp in stale:
+        if os.path.lexists(tmp):
             tmp.unlink()
-    if shards:
+    if stale:
         fsync_dir(out)

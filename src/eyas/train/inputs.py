@@ -81,6 +81,23 @@ def _vocab(cfg, dataset, store_dir: Path | None):
                             f"looked at {[str(c) for c in candidates] or 'nothing'}")
 
 
+def check_same_data(store, dataset, cfg) -> None:
+    """Store row i must be prepared row i: the store records which prepared data it was extracted
+    from (rows + manifest hash); --data must be that very dataset, not one that merely has as many rows."""
+    if len(store) != len(dataset):
+        raise ValueError(f"store {cfg.store} has {len(store)} rows but the prepared data {cfg.data} has "
+                         f"{len(dataset)}; store row i must be prepared row i")
+    recorded = (getattr(store, "manifest", None) or {}).get("data")
+    if isinstance(recorded, dict) and getattr(dataset, "manifest", None):
+        from eyas.store.extract import data_fingerprint
+        now = data_fingerprint(dataset)
+        if recorded.get("manifest_sha256") != now["manifest_sha256"]:
+            raise ValueError(f"store {cfg.store} was extracted from other prepared data than --data {cfg.data} "
+                             f"(manifest.json data.manifest_sha256 {str(recorded.get('manifest_sha256'))[:12]}..., "
+                             f"--data has {now['manifest_sha256'][:12]}...); pass the --data the store was made "
+                             f"from, or re-run `eyas extract` on this data")
+
+
 def open_inputs(cfg, device: torch.device, *, target=None, store=None, dataset=None) -> Inputs:
     if cfg.online and cfg.data is None and dataset is None:
         raise ValueError("--online needs --data PREPARED (the rows the target runs over)")
@@ -108,9 +125,8 @@ def open_inputs(cfg, device: torch.device, *, target=None, store=None, dataset=N
             store = HiddenStateStore(cfg.store, expect={"config_hash": config_hash(target.config)})
         except StoreError as e:  # one clear CLI line, like every other input error
             raise ValueError(str(e)) from None
-    if store is not None and dataset is not None and not cfg.online and len(store) != len(dataset):
-        raise ValueError(f"store {cfg.store} has {len(store)} rows but the prepared data {cfg.data} has "
-                         f"{len(dataset)}; store row i must be prepared row i")
+    if store is not None and dataset is not None and not cfg.online:
+        check_same_data(store, dataset, cfg)
     manifest = dict(getattr(store, "manifest", None) or {}) if store is not None else {}
     offline = store is not None and not cfg.online
     aux = resolve_aux_layer_ids(cfg.aux_layer_ids, layout.num_layers,

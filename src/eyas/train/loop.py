@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import shutil
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -23,6 +22,7 @@ from eyas.config import ConfigError, StageConfig, config_to_yaml
 from eyas.devices import DEVICE_HELP, Dtype, resolve_device, resolve_dtype
 from eyas.draft.io import save_draft
 from eyas.draft.model import Eagle3Draft, draft_config_from_target
+from eyas.train import checkpoint as C
 from eyas.train import dist as D
 from eyas.train.data import OfflineSource, OnlineSource, Plan
 from eyas.train.inputs import open_inputs
@@ -70,6 +70,7 @@ class TrainConfig(StageConfig):
     keep_checkpoints: int = Field(2, ge=1, description="checkpoints to keep")
     log_every: int = Field(10, ge=1, description="train metrics every N steps")
     resume: bool = Field(False, description="continue from the latest checkpoint in --out")
+    overwrite: bool = Field(False, description="--out holds an earlier run: delete its checkpoints and metrics and start over")
     seed: int = Field(0, description="seed for init, split and data order")
     progress: bool = Field(True, description="show a progress bar with ETA")
     tensorboard: bool = Field(True, description="write TensorBoard scalars to --out/tb")
@@ -84,24 +85,7 @@ def cosine_lambda(total: int, warmup: int, min_ratio: float):
     return f
 
 
-def _rng_state() -> dict:
-    s = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        s["cuda"] = torch.cuda.get_rng_state_all()
-    return s
-
-
-def _set_rng_state(s: dict) -> None:
-    random.setstate(s["python"])
-    torch.set_rng_state(s["torch"])
-    if "cuda" in s and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(s["cuda"])
-
-
-def latest_checkpoint(out: Path) -> Path | None:
-    cks = sorted((out / "checkpoints").glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
-    cks = [c for c in cks if (c / "state.pt").is_file()]
-    return cks[-1] if cks else None
+latest_checkpoint = C.latest_checkpoint  # the public name tests and tools use
 
 
 class Trainer:
@@ -209,26 +193,20 @@ class Trainer:
     def save_checkpoint(self, metrics: dict | None) -> None:
         msd, osd = D.full_state(self.model, self.opt, self.d)
         if self.d.main:
-            ck = self.cfg.out / "checkpoints" / f"step-{self.step}"
-            tmp = ck.with_name(ck.name + ".tmp")
-            shutil.rmtree(tmp, ignore_errors=True)
-            save_draft(self._draft_for_save(msd), tmp, self.meta(metrics))
-            torch.save({"optimizer": osd, "scheduler": self.sched.state_dict(), "rng": _rng_state(),
-                        "step": self.step, "data_position": {"step": self.step, "rows_per_step": self.plan.rows_per_step},
-                        "best_tau": self.best_tau, "history": self.history,
-                        "config": self.cfg.model_dump(mode="json")}, tmp / "state.pt")
-            shutil.rmtree(ck, ignore_errors=True)
-            tmp.rename(ck)  # a checkpoint is complete or absent
-            old = sorted((self.cfg.out / "checkpoints").glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
-            for p in old[:-self.cfg.keep_checkpoints]:
-                shutil.rmtree(p, ignore_errors=True)
+            state = {"optimizer": osd, "scheduler": self.sched.state_dict(), "rng": C.rng_state(),
+                     "step": self.step, "data_position": {"step": self.step, "rows_per_step": self.plan.rows_per_step},
+                     "best_tau": self.best_tau, "history": self.history, "config": self.cfg.model_dump(mode="json")}
+            C.save_checkpoint(self.cfg.out, self.step,
+                              lambda d: save_draft(self._draft_for_save(msd), d, self.meta(metrics)),
+                              state, self.cfg.keep_checkpoints)
         self.d.barrier()
 
     def resume(self) -> None:
-        ck = latest_checkpoint(self.cfg.out)
+        ck = C.latest_checkpoint(self.cfg.out)
         if ck is None:
-            raise FileNotFoundError(f"--resume: no checkpoint under {self.cfg.out / 'checkpoints'}")
-        st = torch.load(ck / "state.pt", map_location="cpu", weights_only=False)
+            raise FileNotFoundError(f"--resume: no checkpoint under {self.cfg.out / C.CHECKPOINTS}; "
+                                    f"drop --resume to start a fresh run")
+        st = C.load_state(ck)
         saved, now = st["config"], self.cfg.model_dump(mode="json")
         diff = [k for k in _RESUME_MUST_MATCH if saved.get(k) != now.get(k)]
         if diff:
@@ -238,7 +216,7 @@ class Trainer:
         msd = {"draft." + k: v for k, v in load_file(str(ck / "model.safetensors")).items()}
         D.load_full_state(self.model, self.opt, self.d, msd, st["optimizer"])
         self.sched.load_state_dict(st["scheduler"])
-        _set_rng_state(st["rng"])
+        C.set_rng_state(st["rng"])
         self.step, self.best_tau, self.history = st["step"], st["best_tau"], st["history"]
 
     # ---- the run ---------------------------------------------------------------------------------------
@@ -266,13 +244,27 @@ class Trainer:
     def run(self) -> dict:
         cfg = self.cfg
         if self.d.main:
+            C.claim_run_dir(cfg.out, resume=cfg.resume, overwrite=cfg.overwrite)
             cfg.out.mkdir(parents=True, exist_ok=True)
-            (cfg.out / "train_config.yaml").write_text(config_to_yaml(cfg))
+            C.clean_partial(cfg.out)
+        self.d.barrier()
         if cfg.resume:
             self.resume()
-        elif self.d.main and (cfg.out / "metrics.jsonl").exists():
-            (cfg.out / "metrics.jsonl").unlink()  # a fresh run owns the log
-        self.tb = _tensorboard(cfg.out / "tb") if (cfg.tensorboard and self.d.main) else None
+            if self.d.main:  # steps after the checkpoint are trained (and logged) again
+                C.truncate_metrics(cfg.out, self.step)
+        if self.d.main:
+            (cfg.out / "train_config.yaml").write_text(config_to_yaml(cfg))
+        self.tb = _tensorboard(cfg.out / "tb", self.step) if (cfg.tensorboard and self.d.main) else None
+        try:
+            return self._loop()
+        except KeyboardInterrupt:
+            last = C.latest_checkpoint(cfg.out)
+            raise C.Interrupted(f"interrupted at step {self.step}; "
+                                + (f"continue from {last.name} with the same command plus --resume" if last else
+                                   "no checkpoint was written yet: rerun with --overwrite to start over")) from None
+
+    def _loop(self) -> dict:
+        cfg = self.cfg
         bar = _progress(self.total, self.step, cfg.progress and self.d.main)
         self.model.train()
         window, t0, toks = None, time.perf_counter(), 0
@@ -332,12 +324,13 @@ class _null:
         return False
 
 
-def _tensorboard(path: Path):
+def _tensorboard(path: Path, step: int):
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:  # tensorboard not installed: metrics.jsonl still has everything
         return None
-    return SummaryWriter(str(path))
+    # purge_step: on resume, events logged after the checkpoint are dropped (they are logged again)
+    return SummaryWriter(str(path), purge_step=step or None)
 
 
 def _progress(total: int, initial: int, enabled: bool):

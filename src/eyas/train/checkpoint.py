@@ -1,0 +1,186 @@
+"""Trainer checkpoints: atomic save, rotation, safe load, RNG state, and who owns a RUN dir.
+
+RUN/checkpoints/step-N/ = a draft dir (config.json + model.safetensors, eyas.draft.io) + state.pt
+(optimizer, scheduler, RNG, step, best tau, metric history, config). Rules, each one a failure seen
+in fault injection (issue #17):
+  - a checkpoint is complete or absent: written to step-N.tmp, renamed into place; a killed save
+    leaves only step-N.tmp, which the next run deletes (never a dead end needing a manual delete);
+  - names that are not `step-<int>` (a .tmp, a user's copy) are never parsed as steps;
+  - state.pt is read with weights_only=True: a crafted pickle cannot run code on `--resume`;
+  - on resume metrics.jsonl is cut back to the checkpoint's step, so steps are never logged twice;
+  - a fresh run refuses a RUN dir that already holds a run (checkpoints or metrics) unless told
+    `--resume` (continue it) or `--overwrite` (delete that run's files first).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from eyas.config import ConfigError
+
+CHECKPOINTS = "checkpoints"
+STATE = "state.pt"
+METRICS = "metrics.jsonl"
+_STEP = re.compile(r"step-(\d+)")
+# What a RUN dir holds that `--overwrite` may delete (the best draft at the top level included).
+_RUN_FILES = (CHECKPOINTS, METRICS, "tb", "train_config.yaml", "config.json", "model.safetensors")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be written or read; the message names the file and the fix."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during training; the message says how to continue (the CLI prints it as one line, exit 130)."""
+
+
+# ---------------------------------------------------------------- RNG
+def rng_state() -> dict:
+    s = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        s["cuda"] = torch.cuda.get_rng_state_all()
+    return s
+
+
+def set_rng_state(s: dict) -> None:
+    random.setstate(_as_tuples(s["python"]))
+    torch.set_rng_state(s["torch"])
+    if "cuda" in s and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(s["cuda"])
+
+
+def _as_tuples(x):
+    """random.setstate needs tuples; a round trip through some loaders hands back lists."""
+    return tuple(_as_tuples(v) for v in x) if isinstance(x, (list, tuple)) else x
+
+
+# ---------------------------------------------------------------- finding checkpoints
+def checkpoints(out: Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints (state.pt present) as (step, dir), oldest first; other names are ignored."""
+    found = []
+    for p in (Path(out) / CHECKPOINTS).glob("step-*"):
+        m = _STEP.fullmatch(p.name)
+        if m and (p / STATE).is_file():
+            found.append((int(m.group(1)), p))
+    return sorted(found)
+
+
+def latest_checkpoint(out: Path) -> Path | None:
+    cks = checkpoints(out)
+    return cks[-1][1] if cks else None
+
+
+def clean_partial(out: Path) -> None:
+    """Delete what a killed save left behind (step-N.tmp): it was never a checkpoint."""
+    for p in (Path(out) / CHECKPOINTS).glob("step-*.tmp"):
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink()
+
+
+# ---------------------------------------------------------------- the RUN dir
+def claim_run_dir(out: Path, *, resume: bool, overwrite: bool) -> None:
+    """Refuse to start a fresh run over another one; `--overwrite` deletes that run's files (only those)."""
+    out = Path(out)
+    if resume and overwrite:
+        raise ConfigError("--resume and --overwrite contradict each other: pick one")
+    if resume:
+        return
+    held = [n for n in (CHECKPOINTS, METRICS) if (out / n).exists()]
+    if held and not overwrite:
+        last = latest_checkpoint(out)
+        raise ConfigError(f"{out} already holds a training run ({', '.join(held)}"
+                          f"{f'; last checkpoint {last.name}' if last else ''}): pass --resume to continue it, "
+                          f"or --overwrite to delete it and start over, or choose a new --out")
+    if overwrite:
+        for name in _RUN_FILES:
+            p = out / name
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            elif p.exists() or p.is_symlink():
+                p.unlink()
+
+
+def truncate_metrics(out: Path, step: int) -> None:
+    """Keep the log lines of steps <= `step` (the checkpoint resumed from); a torn last line goes too."""
+    path = Path(out) / METRICS
+    if not path.is_file():
+        return
+    keep = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] <= step:
+            keep.append(line + "\n")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(keep))
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------- save / load
+def save_checkpoint(out: Path, step: int, write_draft: Callable[[Path], Any], state: dict, keep: int) -> Path:
+    """Write checkpoints/step-`step` atomically and keep the newest `keep` (this one always among them).
+
+    `write_draft(dir)` writes the draft dir (config + weights); `state` goes to state.pt."""
+    root = Path(out) / CHECKPOINTS
+    root.mkdir(parents=True, exist_ok=True)
+    ck = root / f"step-{step}"
+    tmp = root / f"step-{step}.tmp"
+    clean_partial(out)
+    try:
+        write_draft(tmp)
+        _crash_point("checkpoint-draft-written")
+        torch.save(state, tmp / STATE)
+        _crash_point("checkpoint-state-written")
+    except (RuntimeError, OSError) as e:  # torch.save reports a full disk as a RuntimeError
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(f"{ck}: could not write the checkpoint ({type(e).__name__}: {str(e)[:200]}); "
+                              f"free disk space and continue with --resume (the last complete checkpoint "
+                              f"is kept)") from None
+    if ck.exists():
+        shutil.rmtree(ck)
+    tmp.rename(ck)  # a checkpoint is complete or absent
+    _crash_point("checkpoint-renamed")
+    older = [p for s, p in checkpoints(out) if s < step]
+    for p in older[:max(0, len(older) - (keep - 1))]:
+        shutil.rmtree(p, ignore_errors=True)
+    return ck
+
+
+def load_state(ck: Path) -> dict:
+    """state.pt of a checkpoint, loaded as plain tensors and containers (no code can run)."""
+    path = Path(ck) / STATE
+    try:
+        st = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, AttributeError) as e:
+        raise CheckpointError(f"{path}: not a loadable eyas checkpoint ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0][:200] if str(e) else ''}); delete {Path(ck).name} to resume "
+                              f"from the one before it, or start over with --overwrite") from None
+    missing = [k for k in ("optimizer", "scheduler", "rng", "step", "config") if not isinstance(st, dict) or k not in st]
+    if missing:
+        raise CheckpointError(f"{path}: missing keys {missing}; not an eyas checkpoint")
+    return st
+
+
+def _crash_point(name: str) -> None:
+    """Fault-injection hook (tests, bench/faults.py): EYAS_TRAIN_PAUSE_AT=name hangs here so the caller
+    can kill the process at exactly this moment; announced in $EYAS_TRAIN_PAUSE_MARK. A no-op otherwise."""
+    if os.environ.get("EYAS_TRAIN_PAUSE_AT") != name:
+        return
+    mark = os.environ.get("EYAS_TRAIN_PAUSE_MARK")
+    if mark:
+        Path(mark).write_text(name)
+    import time
+    time.sleep(3600)
