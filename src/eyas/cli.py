@@ -175,6 +175,8 @@ def explain(e: BaseException) -> str | None:
         return f"a .safetensors file is damaged or not safetensors ({msg}); re-create it, or run `eyas doctor`"
     if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError":
         return f"out of memory ({msg[:200]}); lower --batch-size / --token-budget / --max-length"
+    if type(e).__name__ == "UnpicklingError":
+        return f"a file is not what it claims to be (unpickling refused: {msg[:200]}); re-create it"
     if isinstance(e, RecursionError):
         return f"input nested too deeply ({msg})"
     return None

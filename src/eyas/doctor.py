@@ -310,7 +310,7 @@ def check_data(cfg: DoctorConfig, facts: TargetFacts, tok, out: list[Check]) -> 
 
 def check_prepared(path: Path, facts: TargetFacts, tok, out: list[Check]) -> dict | None:
     try:
-        ds = PreparedDataset(path)
+        ds = PreparedDataset(path, verify=True)  # a flipped byte in a rows shard must fail here, not train
         m = ds.manifest
         d2t, t2d = ds.vocab()
         freq = ds.freq()

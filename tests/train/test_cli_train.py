@@ -77,3 +77,51 @@ def test_store_from_another_target_is_refused(dirs, tmp_path, capsys):
     rc = main(["train", "--target", str(other), "--store", str(root / "bf16"), "--data", str(prep),
                "--out", str(tmp_path / "r"), *COMMON])
     assert rc == 1 and "different target" in capsys.readouterr().err
+
+
+def eyas_lines(err):
+    """eyas's own stderr lines (transformers' loading bars go to stderr too)."""
+    assert "Traceback" not in err, err
+    return [x for x in err.splitlines() if x.startswith("eyas ")]
+
+
+def test_store_from_other_prepared_data_is_refused(dirs, tmp_path, capsys):
+    # item 4: `train --data B` on a store extracted from A trained with rc 0 (same row count).
+    import shutil
+    root, target, prep = dirs
+    other = tmp_path / "prep-b"
+    shutil.copytree(prep, other)
+    m = json.loads((other / "manifest.json").read_text())
+    m["summary"]["note"] = "re-prepared"           # any change to the prepared set changes its fingerprint
+    (other / "manifest.json").write_text(json.dumps(m))
+    rc = main(["train", "--target", str(target), "--store", str(root / "bf16"), "--data", str(other),
+               "--out", str(tmp_path / "r"), *COMMON])
+    err = eyas_lines(capsys.readouterr().err)
+    assert rc == 1 and len(err) == 1 and "other prepared data" in err[0] and "manifest_sha256" in err[0]
+
+
+def test_second_train_into_the_same_out_refuses_and_ctrl_c_says_resume(dirs, tmp_path, capsys, monkeypatch):
+    root, target, prep = dirs
+    out = tmp_path / "run"
+    args = ["train", "--target", str(target), "--store", str(root / "bf16"), "--data", str(prep), "--out", str(out),
+            *COMMON]
+    from eyas.train.loop import Trainer
+    real = Trainer.train_step
+
+    def step(self):
+        if self.step == 3:
+            raise KeyboardInterrupt   # what Ctrl-C raises in the main thread
+        return real(self)
+
+    monkeypatch.setattr(Trainer, "train_step", step)
+    assert main(args) == 130
+    err = eyas_lines(capsys.readouterr().err)
+    assert len(err) == 1 and "--resume" in err[0] and "step-2" in err[0]
+    monkeypatch.setattr(Trainer, "train_step", real)
+    metrics = (out / "metrics.jsonl").read_text()
+    assert main(args) == 1                       # no silent restart over the interrupted run
+    err = eyas_lines(capsys.readouterr().err)
+    assert len(err) == 1 and "--resume" in err[0] and "--overwrite" in err[0]
+    assert (out / "metrics.jsonl").read_text() == metrics
+    assert main(args + ["--resume"]) == 0
+    assert json.loads(capsys.readouterr().out)["steps"] == 4

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import codecs
 import gzip
+import io
 import json
 import os
 import zlib
@@ -112,7 +113,49 @@ def _open(path: Path):
     suffix, both read."""
     with open(path, "rb") as f:
         gz = f.read(2) == b"\x1f\x8b"
-    return gzip.open(path, "rb") if gz else open(path, "rb")
+    return io.BufferedReader(_Gunzip(path), 1 << 16) if gz else open(path, "rb")
+
+
+class _Gunzip(io.RawIOBase):
+    """Streaming gunzip that hands out every byte it could decompress before raising on a damaged or
+    truncated stream (gzip.GzipFile drops the last decompressed chunk), so no readable row is lost.
+    Concatenated gzip members are read one after another, as gzip(1) does."""
+
+    def __init__(self, path: Path):
+        self.f = open(path, "rb")
+        self.z = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        self.pending = b""
+        self.error: Exception | None = None   # raised once everything before it was read
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        while not self.pending and self.error is None:
+            chunk = self.f.read(1 << 16)
+            if not chunk:
+                if self.z.eof:
+                    return 0
+                self.error = EOFError("compressed file ended before the end-of-stream marker")
+                break
+            try:
+                while chunk:
+                    self.pending += self.z.decompress(chunk)
+                    chunk = b""
+                    if self.z.eof and self.z.unused_data:   # the next gzip member
+                        chunk, self.z = self.z.unused_data, zlib.decompressobj(16 + zlib.MAX_WBITS)
+            except zlib.error as e:
+                self.error = e
+        if not self.pending:
+            raise self.error
+        n = min(len(b), len(self.pending))
+        b[:n] = self.pending[:n]
+        self.pending = self.pending[n:]
+        return n
+
+    def close(self) -> None:
+        self.f.close()
+        super().close()
 
 
 def _iter_raw(path: Path) -> Iterator[tuple[int, Any, str | None]]:

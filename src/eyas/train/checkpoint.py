@@ -176,7 +176,11 @@ def load_state(ck: Path) -> dict:
 
 def _crash_point(name: str) -> None:
     """Fault-injection hook (tests, bench/faults.py): EYAS_TRAIN_PAUSE_AT=name hangs here so the caller
-    can kill the process at exactly this moment; announced in $EYAS_TRAIN_PAUSE_MARK. A no-op otherwise."""
+    can kill the process at exactly this moment (announced in $EYAS_TRAIN_PAUSE_MARK);
+    EYAS_TRAIN_DISK_FULL_AT=name fails here the way torch.save does on a full disk. A no-op otherwise."""
+    if os.environ.get("EYAS_TRAIN_DISK_FULL_AT") == name:
+        raise RuntimeError("[enforce fail at inline_container.cc:626] . PytorchStreamWriter failed writing file "
+                           "data/0: file write failed (injected: no space left on device)")
     if os.environ.get("EYAS_TRAIN_PAUSE_AT") != name:
         return
     mark = os.environ.get("EYAS_TRAIN_PAUSE_MARK")

@@ -1,0 +1,795 @@
+"""Fault-injection harness (issue #17): kill, corrupt and misserve eyas, then check nothing is lost or wrong.
+
+Five families, each fault classified by what the user ends up with:
+  survived   the final result equals a clean run's, byte for byte (or the right rows were written)
+  detected   the tool refused or reported it (one line / a per-row error) and nothing wrong was kept
+  wrong      it finished and the result differs from a clean run with no word said   (must be 0)
+  lost       finished work or rows vanished without a report                          (must be 0)
+  manual     only a hand edit (delete a file, kill a lock) gets the user going again  (must be 0)
+
+  extract     SIGKILL/SIGTERM/SIGINT at random times and at the writer's named points; resume to the end
+  train       the same around and inside save_checkpoint, plus a disk full inside torch.save
+  regenerate  kills of an OpenAI-backend run against a loopback server; resume to the end
+  at-rest     shards truncated / flipped / deleted / renamed / linked, manifests torn / edited / pointing
+              outside, prepared shards flipped, checkpoints truncated or replaced by a code-running pickle
+  server      a loopback fake OpenAI server through 20 failure modes (redirects, 5xx, Retry-After, dribble,
+              hang, bad bodies, key echo, ...)
+
+  python bench/faults.py [--kills 20] [--quick] [--out bench/results/faults-cpu.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))                      # tests.* fixtures (tiny target, prepared dir)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _emit import emit  # noqa: E402
+
+OUTCOMES = ("survived", "detected", "wrong", "lost", "manual")
+PY: list[str] = []  # argv below is eyas's own (the Forker runs eyas.cli.main on it)
+
+
+class Tally:
+    def __init__(self):
+        self.rows: dict[str, dict[str, int]] = {}
+        self.notes: list[str] = []
+
+    def add(self, family: str, outcome: str, note: str = "") -> None:
+        row = self.rows.setdefault(family, {k: 0 for k in ("injected", *OUTCOMES, "pending")})
+        row["injected"] += 1
+        row[outcome] += 1
+        if outcome in ("wrong", "lost", "manual"):
+            self.notes.append(f"{family}: {outcome}: {note}")
+
+    def table(self) -> str:
+        head = f"{'family':<12}{'injected':>9}{'survived':>9}{'detected':>9}{'wrong':>7}{'lost':>6}{'manual':>7}"
+        lines = [head, "-" * len(head)]
+        tot = {k: 0 for k in ("injected", *OUTCOMES)}
+        for fam, r in self.rows.items():
+            lines.append(f"{fam:<12}{r['injected']:>9}{r['survived']:>9}{r['detected']:>9}{r['wrong']:>7}"
+                         f"{r['lost']:>6}{r['manual']:>7}")
+            for k in tot:
+                tot[k] += r[k]
+        lines.append(f"{'total':<12}{tot['injected']:>9}{tot['survived']:>9}{tot['detected']:>9}{tot['wrong']:>7}"
+                     f"{tot['lost']:>6}{tot['manual']:>7}")
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- processes
+def _env(**extra) -> dict:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+class Forker:
+    """Starts eyas runs as forks of a warm process that has already imported torch and transformers (a cold
+    `python -m eyas.cli` costs ~20 s on a loaded 2-core box; a fork costs milliseconds). Each run is still a
+    separate process that a signal really kills, with its own stdout/stderr files."""
+
+    def __init__(self):
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--fork-server"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=_env(), bufsize=1)
+        self.exits: dict[int, int] = {}
+        self.cv = threading.Condition()
+        self.pids: list[int] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            msg = json.loads(line)
+            with self.cv:
+                if "pid" in msg:
+                    self.pids.append(msg["pid"])
+                else:
+                    self.exits[msg["exit"]] = msg["rc"]
+                self.cv.notify_all()
+
+    def spawn(self, argv, env: dict, work: Path) -> "Child":
+        n = time.monotonic_ns()
+        out, err = work / f"run-{n}.out", work / f"run-{n}.err"
+        with self.cv:
+            self.pids.clear()
+            self.proc.stdin.write(json.dumps({"argv": [str(a) for a in argv], "env": env, "cwd": str(work),
+                                              "stdout": str(out), "stderr": str(err)}) + "\n")
+            self.proc.stdin.flush()
+            self.cv.wait_for(lambda: self.pids, timeout=60)
+            return Child(self, self.pids[0], out, err)
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+class Child:
+    def __init__(self, forker, pid, out, err):
+        self.f, self.pid, self.out, self.err = forker, pid, out, err
+
+    def poll(self):
+        with self.f.cv:
+            return self.f.exits.get(self.pid)
+
+    def wait(self, timeout=None):
+        with self.f.cv:
+            if not self.f.cv.wait_for(lambda: self.pid in self.f.exits, timeout=timeout):
+                raise TimeoutError(f"pid {self.pid} still running")
+            return self.f.exits[self.pid]
+
+    def send_signal(self, sig):
+        try:
+            os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def result(self, killed=False) -> dict:
+        return {"killed": killed, "rc": self.wait(), "stdout": self.out.read_text(errors="replace"),
+                "stderr": self.err.read_text(errors="replace")[-3000:]}
+
+
+def fork_server() -> None:
+    """The warm parent: import what every command needs, then fork one child per request on stdin."""
+    import traceback
+
+    import transformers  # noqa: F401
+    from transformers import LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: F401  (load the lazy modules)
+
+    import eyas.data.regenerate  # noqa: F401
+    import eyas.store.extract  # noqa: F401
+    import eyas.train.loop  # noqa: F401
+    from eyas.cli import main as eyas_main
+
+    lock = threading.Lock()
+
+    def say(obj):
+        with lock:
+            sys.stdout.write(json.dumps(obj) + "\n")
+            sys.stdout.flush()
+
+    def reap():
+        while True:
+            try:
+                pid, status = os.waitpid(-1, 0)
+            except ChildProcessError:
+                time.sleep(0.05)
+                continue
+            say({"exit": pid, "rc": os.waitstatus_to_exitcode(status)})
+
+    threading.Thread(target=reap, daemon=True).start()
+    for line in sys.stdin:
+        req = json.loads(line)
+        with lock:
+            pid = os.fork()
+        if pid:
+            say({"pid": pid})
+            continue
+        rc = 1
+        try:  # the child: its own files, env and cwd; then exactly what `eyas ...` would do
+            for fd, path in ((1, req["stdout"]), (2, req["stderr"])):
+                os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
+            os.chdir(req["cwd"])
+            os.environ.update(req["env"])
+            rc = eyas_main(req["argv"])
+        except KeyboardInterrupt:
+            traceback.print_exc()
+            rc = 130
+        except SystemExit as e:
+            rc = e.code if isinstance(e.code, int) else 1
+        except BaseException:  # noqa: BLE001 - a crash of the command: its traceback is the evidence
+            traceback.print_exc()
+            rc = 1
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(rc)
+
+
+FORKER: Forker | None = None
+
+
+def start_and_kill(cmd, *, delay=None, point=None, point_env="EYAS_STORE_PAUSE_AT", sig=signal.SIGKILL,
+                   work: Path, env=None, timeout=300) -> dict:
+    """Run `cmd` (eyas argv); kill it with `sig` after `delay` s or once it pauses at `point`. Returns
+    killed (bool), rc, stdout, stderr tail."""
+    mark = work / f"mark-{time.monotonic_ns()}"
+    extra = dict(env or {})
+    if point:
+        extra.update({point_env: point, point_env.replace("PAUSE_AT", "PAUSE_MARK"): str(mark)})
+    child = FORKER.spawn(cmd, extra, work)
+    t0 = time.monotonic()
+    killed = False
+    while child.poll() is None:
+        if (point and mark.exists()) or (delay is not None and time.monotonic() - t0 >= delay):
+            child.send_signal(sig)
+            killed = True
+            if sig != signal.SIGKILL:  # a polite signal gets a moment to finish cleanly, then the hard one
+                try:
+                    child.wait(timeout=30)
+                except TimeoutError:
+                    child.send_signal(signal.SIGKILL)
+            break
+        if time.monotonic() - t0 > timeout:
+            child.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.02)
+    return child.result(killed)
+
+
+def run_to_end(cmd, *, work: Path, env=None, timeout=600) -> dict:
+    return FORKER.spawn(cmd, dict(env or {}), work).result()
+
+
+def one_line_error(r: dict) -> bool:
+    """A user-facing failure: non-zero exit, no traceback, the message is one line."""
+    lines = [x for x in r["stderr"].splitlines() if x.startswith("eyas ")]
+    return r["rc"] != 0 and "Traceback" not in r["stderr"] and len(lines) == 1
+
+
+# ---------------------------------------------------------------- fixtures
+def make_world(work: Path, rows: int) -> dict:
+    from tests.store.storekit import make_prepared, make_tiny_target
+
+    target = make_tiny_target(work / "target", layers=4)
+    rng = random.Random(0)
+    prep = make_prepared(work / "prep", [[rng.randint(8, 40)] for _ in range(rows)], max_length=40, shard_rows=16)
+    import torch
+
+    from eyas.data import PreparedDataset
+    from eyas.data.dataset import write_vocab
+    from eyas.train.inputs import vocab_from_counts
+    ds = PreparedDataset(prep)
+    freq = torch.bincount(torch.cat([ds[i]["input_ids"] for i in range(len(ds))]), minlength=96)
+    write_vocab(prep, *vocab_from_counts(freq, 48), freq)
+    return {"target": target, "prep": prep}
+
+
+def extract_cmd(w, out):
+    return [*PY, "extract", "--target", str(w["target"]), "--data", str(w["prep"]), "--out", str(out),
+            "--shard-mb", "0.02", "--token-budget", "256", "--writer-threads", "1", "--device", "cpu"]
+
+
+def shard_shas(store: Path) -> list[str]:
+    return [s["sha256"] for s in json.loads((store / "manifest.json").read_text())["shards"]]
+
+
+# ---------------------------------------------------------------- 1. extract kills
+STORE_POINTS = ["shard-partial", "shard-before-rename", "shard-renamed", "rank-manifest-written", "before-merge"]
+
+
+def kill_series(tally, family, kills, cmd_for, finish_check, reset, *, work, t_clean, points, point_env, rng,
+                disk_full=()):
+    """`kills` faults on one output, each followed by a resume (the next fault's run or the final one).
+    A run that finishes before its kill lands is checked against the clean run, and the output reset."""
+    if kills == 0:
+        return
+    injected = attempts = 0
+    while injected < kills and attempts < 4 * kills:
+        attempts += 1
+        cmd, env = cmd_for()
+        if injected in disk_full:
+            disk_full = set(disk_full) - {injected}
+            r = run_to_end(cmd, work=work, env={"EYAS_TRAIN_DISK_FULL_AT": "checkpoint-draft-written"})
+            ok = one_line_error(r) and "--resume" in r["stderr"]
+            tally.add(family, "pending" if ok else "manual", f"disk full: rc {r['rc']}: {r['stderr'][-300:]}")
+            injected += 1
+            continue
+        sig = rng.choice([signal.SIGKILL, signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
+        if injected % 2 == 0 and points:
+            r = start_and_kill(cmd, point=points[(injected // 2) % len(points)], point_env=point_env, work=work,
+                               env=env)
+        else:
+            r = start_and_kill(cmd, delay=rng.uniform(0.2, 1.0) * t_clean, sig=sig, work=work, env=env)
+        if not r["killed"]:
+            if r["rc"] != 0:  # the resume after the previous fault failed on its own
+                tally.add(family, "manual", f"a resumed run failed: {r['stderr'][-400:]}")
+                injected += 1
+                continue
+            settle(tally, family, *finish_check(ran=True))  # finished first: judge the faults so far
+            reset()
+            continue
+        if sig == signal.SIGINT and r["rc"] == 130 and ("Traceback" in r["stderr"] or "--resume" not in
+                                                        r["stderr"] and family == "train"):
+            tally.notes.append(f"{family}: Ctrl-C output: {r['stderr'][-300:]}")
+        tally.add(family, "pending")
+        injected += 1
+    settle(tally, family, *finish_check(ran=False))
+
+
+def settle(tally, family, verdict: str, note: str = "") -> None:
+    """Give every pending fault of `family` the verdict of the run that finished after them."""
+    row = tally.rows.get(family)
+    if not row:
+        return
+    n = row.pop("pending", 0)
+    row[verdict] += n
+    row["pending"] = 0
+    if verdict != "survived" and n:
+        tally.notes.append(f"{family}: {n} faults ended {verdict}: {note}")
+
+
+def family_extract(tally, w, work, kills, rng):
+    clean = work / "store-clean"
+    t0 = time.monotonic()
+    r = run_to_end(extract_cmd(w, clean), work=work)
+    assert r["rc"] == 0, r["stderr"]
+    t_clean = time.monotonic() - t0
+    out = work / "store-killed"
+
+    def finish(ran):
+        r = {"rc": 0} if ran else run_to_end(extract_cmd(w, out), work=work)
+        if r["rc"] != 0:
+            return "manual", r["stderr"][-500:]
+        from eyas.store import verify_store
+        if verify_store(out) or shard_shas(out) != shard_shas(clean):
+            return "wrong", f"verify {verify_store(out)[:2]}"
+        if list(out.glob("*.tmp")):
+            return "manual", f"left temp files {list(out.glob('*.tmp'))}"
+        return "survived", ""
+
+    kill_series(tally, "extract", kills, lambda: (extract_cmd(w, out), {}), finish,
+                lambda: shutil.rmtree(out, ignore_errors=True), work=work, t_clean=t_clean, points=STORE_POINTS,
+                point_env="EYAS_STORE_PAUSE_AT", rng=rng)
+    return clean
+
+
+# ---------------------------------------------------------------- 2. train kills
+TRAIN_POINTS = ["checkpoint-draft-written", "checkpoint-state-written", "checkpoint-renamed"]
+
+
+def train_cmd(w, store, out, *, resume):
+    return [*PY, "train", "--target", str(w["target"]), "--store", str(store), "--data", str(w["prep"]),
+            "--out", str(out), "--steps", "24", "--save-every", "3", "--eval-every", "6", "--log-every", "1",
+            "--batch-size", "2", "--ttt-steps", "2", "--eval-fraction", "0.2", "--keep-checkpoints", "2",
+            "--no-progress", "--no-tensorboard", "--device", "cpu", "--seed", "0",
+            "--resume" if resume else "--overwrite"]
+
+
+def _train_result(out: Path):
+    from safetensors.torch import load_file
+
+    from eyas.train.checkpoint import latest_checkpoint
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    log = [(m["split"], m["step"], m["loss"], m.get("acc")) for m in lines]
+    ck = latest_checkpoint(out)
+    return log, ck.name if ck else None, load_file(str(ck / "model.safetensors")) if ck else {}
+
+
+def family_train(tally, w, store, work, kills, rng):
+    import torch
+
+    from eyas.train.checkpoint import latest_checkpoint
+    clean = work / "run-clean"
+    t0 = time.monotonic()
+    r = run_to_end(train_cmd(w, store, clean, resume=False), work=work)
+    assert r["rc"] == 0, r["stderr"]
+    t_clean = time.monotonic() - t0
+    out = work / "run-killed"
+
+    def cmd_for():
+        # What the user is told: --resume when a checkpoint exists, else start over.
+        return train_cmd(w, store, out, resume=latest_checkpoint(out) is not None), {}
+
+    def finish(ran):
+        r = {"rc": 0} if ran else run_to_end(cmd_for()[0], work=work)
+        if r["rc"] != 0:
+            return "manual", r["stderr"][-500:]
+        a, b = _train_result(clean), _train_result(out)
+        if a[0] != b[0]:
+            steps = [m[1] for m in b[0]]
+            dup = len(steps) != len(set((m[0], m[1]) for m in b[0]))
+            return "wrong", f"metrics differ from the clean run (duplicated steps: {dup})"
+        if a[1] != b[1] or any(not torch.equal(a[2][k], b[2][k]) for k in a[2]):
+            return "wrong", "final checkpoint differs from the clean run"
+        if list((out / "checkpoints").glob("*.tmp")):
+            return "manual", "a .tmp checkpoint was left"
+        return "survived", ""
+
+    kill_series(tally, "train", kills, cmd_for, finish, lambda: shutil.rmtree(out, ignore_errors=True), work=work,
+                t_clean=t_clean, points=TRAIN_POINTS, point_env="EYAS_TRAIN_PAUSE_AT", rng=rng,
+                disk_full={kills // 3, (2 * kills) // 3} if kills >= 3 else set())
+    return clean
+
+
+# ---------------------------------------------------------------- 3. the fake OpenAI server
+KEY = "sk-eyas-fault-harness-secret"
+
+
+class FakeOpenAI(BaseHTTPRequestHandler):
+    """Answers `ans:<last user text>`; the failure mode is the first word of the served model name."""
+    protocol_version = "HTTP/1.1"
+    seen: dict = {}
+    evil_port = 0
+    lock = threading.Lock()
+
+    def log_message(self, *a):
+        pass
+
+    def _send(self, code, data: bytes, headers=(), length=None):
+        self.send_response(code)
+        for k, v in headers:
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(data) if length is None else length))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _ok(self, content, finish="stop"):
+        return json.dumps({"choices": [{"message": {"role": "assistant", "content": content},
+                                        "finish_reason": finish}]}).encode()
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        mode, last = body["model"], body["messages"][-1]["content"]
+        with self.lock:
+            n = self.seen[(mode, last)] = self.seen.get((mode, last), 0) + 1
+        answer = self._ok(f"ans:{last}")
+        if mode == "slow":
+            time.sleep(0.03)
+            return self._send(200, answer)
+        if mode == "ok":
+            return self._send(200, answer)
+        if mode == "503-once":
+            return self._send(503, b"{}") if n == 1 else self._send(200, answer)
+        if mode == "429-retry-after":
+            return self._send(429, b"{}", [("Retry-After", "1")]) if n == 1 else self._send(200, answer)
+        if mode == "500":
+            return self._send(500, b'{"error": "boom"}')
+        if mode == "400":
+            return self._send(400, b'{"error": "bad request"}')
+        if mode == "401-echo-key":
+            return self._send(401, json.dumps({"error": f"bad key {self.headers.get('Authorization')}"}).encode())
+        if mode in ("302", "307"):
+            return self._send(int(mode), b"", [("Location", f"http://127.0.0.1:{self.evil_port}/v1/chat/completions")])
+        if mode == "non-utf8":
+            return self._send(200, b'{"choices": [{"message": {"content": "\xff\xfe bad"}}]}')
+        if mode == "invalid-json":
+            return self._send(200, b'{"choices": [')
+        if mode == "html":
+            return self._send(200, b"<html><body>Gateway</body></html>", [("Content-Type", "text/html")])
+        if mode == "content-int":
+            return self._send(200, self._ok(42))
+        if mode == "content-list":
+            return self._send(200, self._ok(["a", "b"]))
+        if mode == "content-null":
+            return self._send(200, self._ok(None))
+        if mode == "no-choices":
+            return self._send(200, b'{"choices": []}')
+        if mode == "length":
+            return self._send(200, self._ok(f"ans:{last}", "length"))
+        if mode == "dribble":
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            for byte in answer:
+                self.wfile.write(bytes([byte]))
+                self.wfile.flush()
+                time.sleep(0.5)
+            return None
+        if mode == "hang":
+            time.sleep(30)
+            return None
+        if mode == "close":
+            self.close_connection = True
+            return None
+        if mode == "truncated":
+            return self._send(200, answer[:10], length=len(answer))
+        raise ValueError(mode)
+
+
+class Evil(BaseHTTPRequestHandler):
+    """The redirect target: records whether the key reached it, and answers something that must not be kept."""
+    got_key = []
+
+    def log_message(self, *a):
+        pass
+
+    def _any(self):
+        self.got_key.append(self.headers.get("Authorization"))
+        data = json.dumps({"choices": [{"message": {"content": "EVIL"}, "finish_reason": "stop"}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_POST = _any
+
+
+class _Quiet(ThreadingHTTPServer):
+    def handle_error(self, request, client_address):  # a client hanging up on a dribble is the point
+        pass
+
+
+def serve(handler):
+    srv = _Quiet(("127.0.0.1", 0), handler)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+# mode -> expected: "written" (rows regenerated correctly) or "failed" (every row in errors.jsonl)
+SERVER_MODES = {
+    "ok": "written", "503-once": "written", "429-retry-after": "written", "length": "written",
+    "500": "failed", "400": "failed", "401-echo-key": "failed", "302": "failed", "307": "failed",
+    "non-utf8": "failed", "invalid-json": "failed", "html": "failed", "content-int": "failed",
+    "content-list": "failed", "content-null": "failed", "no-choices": "failed", "dribble": "failed",
+    "hang": "failed", "close": "failed", "truncated": "failed",
+}
+
+
+def conversations(n: int, turns=(1, 2)) -> list[dict]:
+    rows = []
+    for i in range(n):
+        t = []
+        for k in range(turns[i % len(turns)]):
+            t += [{"from": "human", "value": f"q{i}.{k}"}, {"from": "gpt", "value": f"old{i}.{k}"}]
+        rows.append({"id": f"c{i}", "conversations": t})
+    return rows
+
+
+def check_regenerated(out: Path, n_rows: int) -> tuple[str, str]:
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    ids = [r["row"] for r in rows]
+    if len(ids) != len(set(ids)):
+        return "wrong", "a row was written twice"
+    for r in rows:
+        users = [m["content"] for m in r["messages"] if m["role"] == "user"]
+        answers = [m["content"] for m in r["messages"] if m["role"] == "assistant"]
+        if answers != [f"ans:{u}" for u in users]:
+            return "wrong", f"row {r['row']}: answers {answers[:2]} are not the server's"
+    if sorted(ids) != list(range(n_rows)):
+        return "lost", f"rows missing: {sorted(set(range(n_rows)) - set(ids))[:5]}"
+    return "survived", ""
+
+
+def family_server(tally, work, modes=SERVER_MODES):
+    from eyas.data.regenerate import RegenerateConfig, regenerate
+
+    srv, evil = serve(FakeOpenAI), serve(Evil)
+    FakeOpenAI.evil_port = evil.server_address[1]
+    base = f"http://127.0.0.1:{srv.server_address[1]}/v1"
+    data = work / "server-in.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in conversations(3)))
+    os.environ["EYAS_FAULT_KEY"] = KEY
+    try:
+        for mode, want in modes.items():
+            Evil.got_key.clear()
+            out = work / f"server-{mode}.jsonl"
+            cfg = RegenerateConfig(target=mode, data=str(data), out=out, backend="openai", base_url=base,
+                                   api_key_env="EYAS_FAULT_KEY", concurrency=3, max_retries=1, retry_backoff=0.01,
+                                   request_timeout=2.0)
+            t0 = time.monotonic()
+            try:
+                s = regenerate(cfg)
+            except Exception as e:  # noqa: BLE001 - the run itself must never abort on a server fault
+                tally.add("server", "manual", f"{mode}: the run aborted: {type(e).__name__}: {e}")
+                continue
+            took = time.monotonic() - t0
+            errors = (work / f"server-{mode}.jsonl.errors.jsonl").read_text()
+            if KEY in errors or KEY in out.read_text() or any(Evil.got_key):
+                tally.add("server", "wrong", f"{mode}: the API key leaked (errors file or redirect host)")
+            elif "EVIL" in out.read_text():
+                tally.add("server", "wrong", f"{mode}: the redirect host's answer was written")
+            elif s["written"] + s["failed"] + s["skipped"] != s["input"]:
+                tally.add("server", "lost", f"{mode}: accounting {s}")
+            elif want == "written":
+                verdict, note = ("survived", "") if mode == "length" else check_regenerated(out, 3)
+                if mode == "429-retry-after" and took < 1.0:
+                    verdict, note = "wrong", "Retry-After: 1 was not honoured"
+                tally.add("server", verdict if s["written"] == 3 else "lost", f"{mode}: {note} {s}")
+            else:
+                bounded = took < 15
+                ok = s["failed"] == 3 and s["written"] == 0 and all(
+                    json.loads(x)["error"] for x in errors.splitlines())
+                tally.add("server", "detected" if ok and bounded else "manual" if not bounded else "wrong",
+                          f"{mode}: {s} in {took:.1f}s")
+    finally:
+        srv.shutdown()
+        evil.shutdown()
+    return base
+
+
+def family_regenerate(tally, work, kills, rng):
+    srv = serve(FakeOpenAI)
+    base = f"http://127.0.0.1:{srv.server_address[1]}/v1"
+    n = 240
+    data = work / "regen-in.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in conversations(n)))
+
+    def cmd(out):
+        return [*PY, "regenerate", "--target", "slow", "--backend", "openai", "--base-url", base, "--data",
+                str(data), "--out", str(out), "--concurrency", "4", "--retry-backoff", "0.01", "--request-timeout",
+                "5", "--json"]
+
+    try:
+        t0 = time.monotonic()
+        r = run_to_end(cmd(work / "regen-clean.jsonl"), work=work)
+        assert r["rc"] == 0, r["stderr"]
+        t_clean = time.monotonic() - t0
+        out = work / "regen-killed.jsonl"
+
+        def finish(ran):
+            r = {"rc": 0} if ran else run_to_end(cmd(out), work=work)
+            if r["rc"] != 0:
+                return "manual", r["stderr"][-500:]
+            return check_regenerated(out, n)
+
+        def reset():
+            for p in (out, out.with_name(out.name + ".errors.jsonl")):
+                p.unlink(missing_ok=True)
+
+        kill_series(tally, "regenerate", kills, lambda: (cmd(out), {}), finish, reset, work=work, t_clean=t_clean,
+                    points=[], point_env="", rng=rng)
+    finally:
+        srv.shutdown()
+
+
+# ---------------------------------------------------------------- 4. damage at rest
+def _flip(p: Path, at: int = -16) -> None:
+    b = bytearray(p.read_bytes())
+    b[at] ^= 0x5A
+    p.write_bytes(bytes(b))
+
+
+def _edit_manifest(store: Path, fn) -> None:
+    m = json.loads((store / "manifest.json").read_text())
+    fn(m)
+    (store / "manifest.json").write_text(json.dumps(m))
+
+
+STORE_DAMAGE = {
+    "truncate shard": lambda s: (s / "shard-00001.safetensors").write_bytes(
+        (s / "shard-00001.safetensors").read_bytes()[:-100]),
+    "flip shard byte": lambda s: _flip(s / "shard-00001.safetensors"),
+    "flip shard header byte": lambda s: _flip(s / "shard-00000.safetensors", 20),
+    "delete shard": lambda s: (s / "shard-00002.safetensors").unlink(),
+    "rename shard": lambda s: (s / "shard-00000.safetensors").rename(s / "shard-00099.safetensors"),
+    "swap two shards": lambda s: (
+        (s / "shard-00000.safetensors").rename(s / "x"), (s / "shard-00001.safetensors").rename(
+            s / "shard-00000.safetensors"), (s / "x").rename(s / "shard-00001.safetensors")),
+    "shard replaced by a symlink": lambda s: (
+        (s / "shard-00001.safetensors").rename(s.parent / "elsewhere.safetensors"),
+        (s / "shard-00001.safetensors").symlink_to(s.parent / "elsewhere.safetensors")),
+    "truncate manifest": lambda s: (s / "manifest.json").write_text((s / "manifest.json").read_text()[:50]),
+    "delete manifest": lambda s: (s / "manifest.json").unlink(),
+    "manifest path ../": lambda s: _edit_manifest(s, lambda m: m["shards"][0].update(file="../shard-00000.safetensors")),
+    "manifest absolute path": lambda s: _edit_manifest(s, lambda m: m["shards"][0].update(file="/etc/passwd")),
+    "manifest sha edited": lambda s: _edit_manifest(s, lambda m: m["shards"][1].update(sha256="0" * 64)),
+    "manifest count edited": lambda s: _edit_manifest(s, lambda m: m["shards"][1].update(count=m["shards"][1]["count"] + 1)),
+    "rank manifest torn": lambda s: (s / "rank-0.json").write_text("{\"shards\": [ {"),
+    "rank + merged manifests deleted": lambda s: ((s / "rank-0.json").unlink(), (s / "manifest.json").unlink()),
+    "dangling symlink at a shard's .tmp": lambda s: (
+        (s / "shard-00001.safetensors").unlink(),
+        (s / "shard-00001.safetensors.tmp").symlink_to(s.parent / "planted-target")),
+}
+
+
+def family_at_rest(tally, w, clean_store, clean_run, work):
+    """Damage a copy; then (1) reading it must fail or be exact, (2) `eyas extract` must repair it exactly
+    or refuse with one line."""
+    from eyas.store import HiddenStateStore, StoreError
+
+    ref = HiddenStateStore(clean_store)
+    want = [ref[i] for i in range(len(ref))]
+    for name, damage in STORE_DAMAGE.items():
+        d = work / f"rest-{len(list(work.glob('rest-*')))}" / "store"
+        shutil.copytree(clean_store, d, symlinks=True)
+        damage(d)
+        silent = False
+        try:
+            st = HiddenStateStore(d)
+            got = [st[i] for i in range(len(st))]
+            silent = len(got) != len(want) or any(
+                not all(bool((a[k] == b[k]).all()) for k in a) for a, b in zip(got, want))
+        except (StoreError, OSError, ValueError):
+            pass
+        planted = d.parent / "planted-target"
+        r = run_to_end(extract_cmd(w, d), work=work)
+        repaired = r["rc"] == 0 and not planted.exists() and shard_shas(d) == shard_shas(clean_store) and \
+            not list(d.glob("shard-*.tmp"))
+        if silent:
+            tally.add("at-rest", "wrong", f"{name}: the damaged store read without an error")
+        elif repaired:
+            tally.add("at-rest", "survived")
+        elif one_line_error(r):
+            tally.add("at-rest", "detected")
+        else:
+            tally.add("at-rest", "manual", f"{name}: extract rc {r['rc']}: {r['stderr'][-400:]}")
+
+    # prepared data damaged after preparation: extract must refuse (its sha256 no longer matches)
+    p = work / "rest-prep"
+    shutil.copytree(w["prep"], p)
+    _flip(next(p.glob("rows-*.safetensors")), -8)
+    r = run_to_end([*extract_cmd({**w, "prep": p}, work / "rest-prep-store")], work=work)
+    tally.add("at-rest", "detected" if one_line_error(r) and "sha256" in r["stderr"] else "wrong",
+              f"flipped prepared byte: rc {r['rc']} {r['stderr'][-300:]}")
+
+    # checkpoints: truncated state.pt, and a pickle that runs code on load
+    for name in ("truncated state.pt", "code-running state.pt"):
+        run = work / f"rest-run-{name.split()[0]}"
+        shutil.copytree(clean_run, run)
+        from eyas.train.checkpoint import latest_checkpoint
+        ck = latest_checkpoint(run) / "state.pt"
+        pwned = work / "PWNED"
+        if name.startswith("truncated"):
+            ck.write_bytes(ck.read_bytes()[:1000])
+        else:
+            import pickle
+
+            class Boom:
+                def __reduce__(self):
+                    return (os.system, (f"touch {pwned}",))
+            import torch
+            torch.save({"optimizer": Boom()}, ck)
+        cmd = train_cmd(w, clean_store, run, resume=True)
+        r = run_to_end(cmd, work=work)
+        if pwned.exists():
+            tally.add("at-rest", "wrong", f"{name}: the pickle ran code")
+        elif one_line_error(r) and "state.pt" in r["stderr"]:
+            tally.add("at-rest", "detected")
+        else:
+            tally.add("at-rest", "manual", f"{name}: rc {r['rc']} {r['stderr'][-400:]}")
+
+
+# ---------------------------------------------------------------- main
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kills", type=int, default=20, help="kills per family (extract, train, regenerate)")
+    ap.add_argument("--rows", type=int, default=120, help="prepared rows (store size)")
+    ap.add_argument("--families", default="extract,train,regenerate,at-rest,server")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--work", type=Path, default=None, help="scratch dir (default: a temp dir, removed)")
+    ap.add_argument("--out", type=Path, default=None, help="JSON result")
+    ap.add_argument("--fork-server", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.fork_server:
+        return fork_server()
+    global FORKER
+    FORKER = Forker()
+    fams = set(args.families.split(","))
+    rng = random.Random(args.seed)
+    tally = Tally()
+    t0 = time.monotonic()
+    tmp = None if args.work else tempfile.TemporaryDirectory(prefix="eyas-faults-")
+    work = args.work or Path(tmp.name)
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        w = make_world(work, args.rows)
+        clean_store = family_extract(tally, w, work, args.kills if "extract" in fams else 0, rng)
+        if "train" in fams or "at-rest" in fams:
+            clean_run = family_train(tally, w, clean_store, work, args.kills if "train" in fams else 0, rng)
+        if "regenerate" in fams:
+            family_regenerate(tally, work, args.kills, rng)
+        if "at-rest" in fams:
+            family_at_rest(tally, w, clean_store, clean_run, work)
+        if "server" in fams:
+            family_server(tally, work)
+    finally:
+        FORKER.close()
+        if tmp is not None:
+            tmp.cleanup()
+    print(tally.table())
+    for n in tally.notes:
+        print("  " + n)
+    res = {"bench": "faults", "kills_per_family": args.kills, "rows": args.rows, "seed": args.seed,
+           "seconds": round(time.monotonic() - t0, 1), "table": tally.rows, "notes": tally.notes,
+           "text": tally.table()}
+    if args.out:
+        emit(res, args.out)
+    return res
+
+
+if __name__ == "__main__":
+    main()
