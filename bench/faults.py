@@ -26,21 +26,20 @@ import os
 import random
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))                      # tests.* fixtures (tiny target, prepared dir)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _emit import emit  # noqa: E402
+import fault_procs as P  # noqa: E402
+from fake_openai import KEY, SERVER_MODES, Evil, FakeOpenAI, conversations, serve  # noqa: E402
+from fault_procs import one_line_error, run_to_end, start_and_kill  # noqa: E402
 
 OUTCOMES = ("survived", "detected", "wrong", "lost", "manual")
-PY: list[str] = []  # argv below is eyas's own (the Forker runs eyas.cli.main on it)
 
 
 class Tally:
@@ -69,176 +68,6 @@ class Tally:
         return "\n".join(lines)
 
 
-# ---------------------------------------------------------------- processes
-def _env(**extra) -> dict:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-    env.update({k: str(v) for k, v in extra.items()})
-    return env
-
-
-class Forker:
-    """Starts eyas runs as forks of a warm process that has already imported torch and transformers (a cold
-    `python -m eyas.cli` costs ~20 s on a loaded 2-core box; a fork costs milliseconds). Each run is still a
-    separate process that a signal really kills, with its own stdout/stderr files."""
-
-    def __init__(self):
-        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--fork-server"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=_env(), bufsize=1)
-        self.exits: dict[int, int] = {}
-        self.cv = threading.Condition()
-        self.pids: list[int] = []
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            msg = json.loads(line)
-            with self.cv:
-                if "pid" in msg:
-                    self.pids.append(msg["pid"])
-                else:
-                    self.exits[msg["exit"]] = msg["rc"]
-                self.cv.notify_all()
-
-    def spawn(self, argv, env: dict, work: Path) -> "Child":
-        n = time.monotonic_ns()
-        out, err = work / f"run-{n}.out", work / f"run-{n}.err"
-        with self.cv:
-            self.pids.clear()
-            self.proc.stdin.write(json.dumps({"argv": [str(a) for a in argv], "env": env, "cwd": str(work),
-                                              "stdout": str(out), "stderr": str(err)}) + "\n")
-            self.proc.stdin.flush()
-            self.cv.wait_for(lambda: self.pids, timeout=60)
-            return Child(self, self.pids[0], out, err)
-
-    def close(self):
-        self.proc.stdin.close()
-        self.proc.wait(timeout=30)
-
-
-class Child:
-    def __init__(self, forker, pid, out, err):
-        self.f, self.pid, self.out, self.err = forker, pid, out, err
-
-    def poll(self):
-        with self.f.cv:
-            return self.f.exits.get(self.pid)
-
-    def wait(self, timeout=None):
-        with self.f.cv:
-            if not self.f.cv.wait_for(lambda: self.pid in self.f.exits, timeout=timeout):
-                raise TimeoutError(f"pid {self.pid} still running")
-            return self.f.exits[self.pid]
-
-    def send_signal(self, sig):
-        try:
-            os.kill(self.pid, sig)
-        except ProcessLookupError:
-            pass
-
-    def result(self, killed=False) -> dict:
-        return {"killed": killed, "rc": self.wait(), "stdout": self.out.read_text(errors="replace"),
-                "stderr": self.err.read_text(errors="replace")[-3000:]}
-
-
-def fork_server() -> None:
-    """The warm parent: import what every command needs, then fork one child per request on stdin."""
-    import traceback
-
-    import transformers  # noqa: F401
-    from transformers import LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: F401  (load the lazy modules)
-
-    import eyas.data.regenerate  # noqa: F401
-    import eyas.store.extract  # noqa: F401
-    import eyas.train.loop  # noqa: F401
-    from eyas.cli import main as eyas_main
-
-    lock = threading.Lock()
-
-    def say(obj):
-        with lock:
-            sys.stdout.write(json.dumps(obj) + "\n")
-            sys.stdout.flush()
-
-    def reap():
-        while True:
-            try:
-                pid, status = os.waitpid(-1, 0)
-            except ChildProcessError:
-                time.sleep(0.05)
-                continue
-            say({"exit": pid, "rc": os.waitstatus_to_exitcode(status)})
-
-    threading.Thread(target=reap, daemon=True).start()
-    for line in sys.stdin:
-        req = json.loads(line)
-        with lock:
-            pid = os.fork()
-        if pid:
-            say({"pid": pid})
-            continue
-        rc = 1
-        try:  # the child: its own files, env and cwd; then exactly what `eyas ...` would do
-            for fd, path in ((1, req["stdout"]), (2, req["stderr"])):
-                os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
-            os.chdir(req["cwd"])
-            os.environ.update(req["env"])
-            rc = eyas_main(req["argv"])
-        except KeyboardInterrupt:
-            traceback.print_exc()
-            rc = 130
-        except SystemExit as e:
-            rc = e.code if isinstance(e.code, int) else 1
-        except BaseException:  # noqa: BLE001 - a crash of the command: its traceback is the evidence
-            traceback.print_exc()
-            rc = 1
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(rc)
-
-
-FORKER: Forker | None = None
-
-
-def start_and_kill(cmd, *, delay=None, point=None, point_env="EYAS_STORE_PAUSE_AT", sig=signal.SIGKILL,
-                   work: Path, env=None, timeout=300) -> dict:
-    """Run `cmd` (eyas argv); kill it with `sig` after `delay` s or once it pauses at `point`. Returns
-    killed (bool), rc, stdout, stderr tail."""
-    mark = work / f"mark-{time.monotonic_ns()}"
-    extra = dict(env or {})
-    if point:
-        extra.update({point_env: point, point_env.replace("PAUSE_AT", "PAUSE_MARK"): str(mark)})
-    child = FORKER.spawn(cmd, extra, work)
-    t0 = time.monotonic()
-    killed = False
-    while child.poll() is None:
-        if (point and mark.exists()) or (delay is not None and time.monotonic() - t0 >= delay):
-            child.send_signal(sig)
-            killed = True
-            if sig != signal.SIGKILL:  # a polite signal gets a moment to finish cleanly, then the hard one
-                try:
-                    child.wait(timeout=30)
-                except TimeoutError:
-                    child.send_signal(signal.SIGKILL)
-            break
-        if time.monotonic() - t0 > timeout:
-            child.send_signal(signal.SIGKILL)
-            break
-        time.sleep(0.02)
-    return child.result(killed)
-
-
-def run_to_end(cmd, *, work: Path, env=None, timeout=600) -> dict:
-    return FORKER.spawn(cmd, dict(env or {}), work).result()
-
-
-def one_line_error(r: dict) -> bool:
-    """A user-facing failure: non-zero exit, no traceback, the message is one line."""
-    lines = [x for x in r["stderr"].splitlines() if x.startswith("eyas ")]
-    return r["rc"] != 0 and "Traceback" not in r["stderr"] and len(lines) == 1
-
-
 # ---------------------------------------------------------------- fixtures
 def make_world(work: Path, rows: int) -> dict:
     from tests.store.storekit import make_prepared, make_tiny_target
@@ -258,7 +87,7 @@ def make_world(work: Path, rows: int) -> dict:
 
 
 def extract_cmd(w, out):
-    return [*PY, "extract", "--target", str(w["target"]), "--data", str(w["prep"]), "--out", str(out),
+    return ["extract", "--target", str(w["target"]), "--data", str(w["prep"]), "--out", str(out),
             "--shard-mb", "0.02", "--token-budget", "256", "--writer-threads", "1", "--device", "cpu"]
 
 
@@ -351,7 +180,7 @@ TRAIN_POINTS = ["checkpoint-draft-written", "checkpoint-state-written", "checkpo
 
 
 def train_cmd(w, store, out, *, resume):
-    return [*PY, "train", "--target", str(w["target"]), "--store", str(store), "--data", str(w["prep"]),
+    return ["train", "--target", str(w["target"]), "--store", str(store), "--data", str(w["prep"]),
             "--out", str(out), "--steps", "24", "--save-every", "3", "--eval-every", "6", "--log-every", "1",
             "--batch-size", "2", "--ttt-steps", "2", "--eval-fraction", "0.2", "--keep-checkpoints", "2",
             "--no-progress", "--no-tensorboard", "--device", "cpu", "--seed", "0",
@@ -402,141 +231,6 @@ def family_train(tally, w, store, work, kills, rng):
                 t_clean=t_clean, points=TRAIN_POINTS, point_env="EYAS_TRAIN_PAUSE_AT", rng=rng,
                 disk_full={kills // 3, (2 * kills) // 3} if kills >= 3 else set())
     return clean
-
-
-# ---------------------------------------------------------------- 3. the fake OpenAI server
-KEY = "sk-eyas-fault-harness-secret"
-
-
-class FakeOpenAI(BaseHTTPRequestHandler):
-    """Answers `ans:<last user text>`; the failure mode is the first word of the served model name."""
-    protocol_version = "HTTP/1.1"
-    seen: dict = {}
-    evil_port = 0
-    lock = threading.Lock()
-
-    def log_message(self, *a):
-        pass
-
-    def _send(self, code, data: bytes, headers=(), length=None):
-        self.send_response(code)
-        for k, v in headers:
-            self.send_header(k, v)
-        self.send_header("Content-Length", str(len(data) if length is None else length))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _ok(self, content, finish="stop"):
-        return json.dumps({"choices": [{"message": {"role": "assistant", "content": content},
-                                        "finish_reason": finish}]}).encode()
-
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        mode, last = body["model"], body["messages"][-1]["content"]
-        with self.lock:
-            n = self.seen[(mode, last)] = self.seen.get((mode, last), 0) + 1
-        answer = self._ok(f"ans:{last}")
-        if mode == "slow":
-            time.sleep(0.03)
-            return self._send(200, answer)
-        if mode == "ok":
-            return self._send(200, answer)
-        if mode == "503-once":
-            return self._send(503, b"{}") if n == 1 else self._send(200, answer)
-        if mode == "429-retry-after":
-            return self._send(429, b"{}", [("Retry-After", "1")]) if n == 1 else self._send(200, answer)
-        if mode == "500":
-            return self._send(500, b'{"error": "boom"}')
-        if mode == "400":
-            return self._send(400, b'{"error": "bad request"}')
-        if mode == "401-echo-key":
-            return self._send(401, json.dumps({"error": f"bad key {self.headers.get('Authorization')}"}).encode())
-        if mode in ("302", "307"):
-            return self._send(int(mode), b"", [("Location", f"http://127.0.0.1:{self.evil_port}/v1/chat/completions")])
-        if mode == "non-utf8":
-            return self._send(200, b'{"choices": [{"message": {"content": "\xff\xfe bad"}}]}')
-        if mode == "invalid-json":
-            return self._send(200, b'{"choices": [')
-        if mode == "html":
-            return self._send(200, b"<html><body>Gateway</body></html>", [("Content-Type", "text/html")])
-        if mode == "content-int":
-            return self._send(200, self._ok(42))
-        if mode == "content-list":
-            return self._send(200, self._ok(["a", "b"]))
-        if mode == "content-null":
-            return self._send(200, self._ok(None))
-        if mode == "no-choices":
-            return self._send(200, b'{"choices": []}')
-        if mode == "length":
-            return self._send(200, self._ok(f"ans:{last}", "length"))
-        if mode == "dribble":
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(answer)))
-            self.end_headers()
-            for byte in answer:
-                self.wfile.write(bytes([byte]))
-                self.wfile.flush()
-                time.sleep(0.5)
-            return None
-        if mode == "hang":
-            time.sleep(30)
-            return None
-        if mode == "close":
-            self.close_connection = True
-            return None
-        if mode == "truncated":
-            return self._send(200, answer[:10], length=len(answer))
-        raise ValueError(mode)
-
-
-class Evil(BaseHTTPRequestHandler):
-    """The redirect target: records whether the key reached it, and answers something that must not be kept."""
-    got_key = []
-
-    def log_message(self, *a):
-        pass
-
-    def _any(self):
-        self.got_key.append(self.headers.get("Authorization"))
-        data = json.dumps({"choices": [{"message": {"content": "EVIL"}, "finish_reason": "stop"}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    do_GET = do_POST = _any
-
-
-class _Quiet(ThreadingHTTPServer):
-    def handle_error(self, request, client_address):  # a client hanging up on a dribble is the point
-        pass
-
-
-def serve(handler):
-    srv = _Quiet(("127.0.0.1", 0), handler)
-    srv.daemon_threads = True
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    return srv
-
-
-# mode -> expected: "written" (rows regenerated correctly) or "failed" (every row in errors.jsonl)
-SERVER_MODES = {
-    "ok": "written", "503-once": "written", "429-retry-after": "written", "length": "written",
-    "500": "failed", "400": "failed", "401-echo-key": "failed", "302": "failed", "307": "failed",
-    "non-utf8": "failed", "invalid-json": "failed", "html": "failed", "content-int": "failed",
-    "content-list": "failed", "content-null": "failed", "no-choices": "failed", "dribble": "failed",
-    "hang": "failed", "close": "failed", "truncated": "failed",
-}
-
-
-def conversations(n: int, turns=(1, 2)) -> list[dict]:
-    rows = []
-    for i in range(n):
-        t = []
-        for k in range(turns[i % len(turns)]):
-            t += [{"from": "human", "value": f"q{i}.{k}"}, {"from": "gpt", "value": f"old{i}.{k}"}]
-        rows.append({"id": f"c{i}", "conversations": t})
-    return rows
 
 
 def check_regenerated(out: Path, n_rows: int) -> tuple[str, str]:
@@ -609,7 +303,7 @@ def family_regenerate(tally, work, kills, rng):
     data.write_text("".join(json.dumps(r) + "\n" for r in conversations(n)))
 
     def cmd(out):
-        return [*PY, "regenerate", "--target", "slow", "--backend", "openai", "--base-url", base, "--data",
+        return ["regenerate", "--target", "slow", "--backend", "openai", "--base-url", base, "--data",
                 str(data), "--out", str(out), "--concurrency", "4", "--retry-backoff", "0.01", "--request-timeout",
                 "5", "--json"]
 
@@ -752,12 +446,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work", type=Path, default=None, help="scratch dir (default: a temp dir, removed)")
     ap.add_argument("--out", type=Path, default=None, help="JSON result")
-    ap.add_argument("--fork-server", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.fork_server:
-        return fork_server()
-    global FORKER
-    FORKER = Forker()
+    P.FORKER = P.Forker()
     fams = set(args.families.split(","))
     rng = random.Random(args.seed)
     tally = Tally()
@@ -777,7 +467,7 @@ def main(argv=None) -> dict:
         if "server" in fams:
             family_server(tally, work)
     finally:
-        FORKER.close()
+        P.FORKER.close()
         if tmp is not None:
             tmp.cleanup()
     print(tally.table())

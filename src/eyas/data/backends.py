@@ -185,8 +185,12 @@ class OpenAIBackend:
             conn.request("POST", u.path + (f"?{u.query}" if u.query else ""), body=data, headers=headers)
             resp = conn.getresponse()
             body = resp.read(self.MAX_BODY + 1)
+            if fired.is_set():  # the deadline cut the body short: a partial answer is no answer
+                raise TimeoutError
+            if resp.length and len(body) <= self.MAX_BODY:  # fewer bytes than Content-Length promised
+                raise http.client.IncompleteRead(body, resp.length)
             return resp.status, resp.reason, resp.headers, body
-        except (OSError, http.client.HTTPException) as e:
+        except (OSError, http.client.HTTPException) as e:  # TimeoutError is an OSError
             if fired.is_set():
                 raise TimeoutError(f"no complete answer within --request-timeout {self.timeout:g}s") from None
             raise ConnectionError(f"{type(e).__name__}: {e}") from None

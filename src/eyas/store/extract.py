@@ -237,13 +237,14 @@ def extract_to_store(model: torch.nn.Module, layout, dataset, out: str | os.Path
         return job
     try:
         return _extract(job, model, layout, dataset, identity, token_budget, writer_threads, rank, world, packed,
-                        device)
+                        device, max_pending)
     finally:
         release_rank(job.out, rank)
 
 
 def _extract(job: StoreJob, model, layout, dataset, identity, token_budget, writer_threads, rank, world, packed,
-             device) -> dict[str, Any]:
+             device, max_pending) -> dict[str, Any]:
+    """The compute loop of extract_to_store (which holds this rank's store lock around it)."""
     device = torch.device(device) if device is not None else next(model.parameters()).device
     aux_ids, dtype = identity["aux_layer_ids"], identity["dtype"]
     plan = job.plan
