@@ -8,7 +8,7 @@ import pytest
 
 from eyas.cli import main
 from eyas.store import HiddenStateStore, StoreError, verify_store
-from eyas.store.extract import ExtractConfig, run
+from eyas.extract import ExtractConfig, run
 
 KW = dict(shard_mb=0.03, token_budget=96, writer_threads=1)
 
