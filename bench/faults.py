@@ -79,10 +79,10 @@ def make_world(work: Path, rows: int) -> dict:
 
     from eyas.data import PreparedDataset
     from eyas.data.dataset import write_vocab
-    from eyas.train.inputs import vocab_from_counts
+    from eyas.vocab import build_draft_vocab
     ds = PreparedDataset(prep)
     freq = torch.bincount(torch.cat([ds[i]["input_ids"] for i in range(len(ds))]), minlength=96)
-    write_vocab(prep, *vocab_from_counts(freq, 48), freq)
+    write_vocab(prep, *build_draft_vocab(freq, 48)[:2], freq)
     return {"target": target, "prep": prep}
 
 
