@@ -20,14 +20,16 @@ import json
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import torch
+
+from eyas.devices import StoreDtype
 
 FORMAT = "eyas-store"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
-DTYPES = ("bf16", "fp8")
+DTYPES = get_args(StoreDtype)   # ("bf16", "fp8"): the --store-dtype values of eyas.devices
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0                      # largest finite e4m3fn value
 ID_DTYPE = torch.int32               # token/position ids; vocabularies fit easily
