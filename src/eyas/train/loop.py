@@ -26,7 +26,7 @@ from eyas.train import checkpoint as C
 from eyas.train import dist as D
 from eyas.train.data import OfflineSource, OnlineSource, Plan
 from eyas.train.inputs import open_inputs
-from eyas.train.ttt import TargetHead, TTTUnroll, simulated_tau, step_accuracy
+from eyas.train.ttt import TargetHead, TTTUnroll, objective, simulated_tau, step_accuracy, token_loss
 
 # Fields that decide which rows each step sees: a resume with different values would not continue the run.
 _RESUME_MUST_MATCH = ("seed", "batch_size", "grad_accum", "eval_fraction", "ttt_steps", "max_length", "steps",
@@ -171,9 +171,7 @@ class Trainer:
         self.model.train(was)
         stats = self.d.all_reduce(stats)
         acc = step_accuracy(stats.cpu())
-        w = torch.tensor([self.cfg.step_decay ** k for k in range(self.cfg.ttt_steps)])
-        per_step = stats[:, 0].cpu() / stats[:, 2].cpu().clamp(min=1)
-        return {"loss": float((w * per_step).sum()), "token_loss": token_loss(stats), "acc": acc,
+        return {"loss": objective(stats, self.cfg.step_decay), "token_loss": token_loss(stats), "acc": acc,
                 "tau": simulated_tau(acc, self.tau_chain),
                 "positions": int(stats[0, 2])}
 
@@ -237,9 +235,13 @@ class Trainer:
     def maybe_best(self, ev: dict) -> None:
         if ev["tau"] > self.best_tau:
             self.best_tau = ev["tau"]
-            msd, _ = D.full_state(self.model, self.opt, self.d) if self.d.world > 1 else (self.unroll.state_dict(), None)
-            if self.d.main:
-                save_draft(self._draft_for_save(msd), self.cfg.out, self.meta({"best_step": self.step, **ev}))
+            self.save_result({"best_step": self.step, **ev})
+
+    def save_result(self, metrics: dict) -> None:
+        """The RUN dir's own draft (the run's result): gathered from every rank (a collective), written by rank 0."""
+        msd, _ = D.full_state(self.model, self.opt, self.d) if self.d.world > 1 else (self.unroll.state_dict(), None)
+        if self.d.main:
+            save_draft(self._draft_for_save(msd), self.cfg.out, self.meta(metrics))
 
     def run(self) -> dict:
         cfg = self.cfg
@@ -279,9 +281,7 @@ class Trainer:
             if self.step % cfg.log_every == 0 or self.step == self.total:
                 dt = time.perf_counter() - t0
                 acc = step_accuracy(window.cpu())
-                per = (window[:, 0] / window[:, 2].clamp(min=1)).cpu()
-                w = torch.tensor([cfg.step_decay ** k for k in range(cfg.ttt_steps)])
-                self.log({"split": "train", "step": self.step, "loss": float((w * per).sum()),
+                self.log({"split": "train", "step": self.step, "loss": objective(window, cfg.step_decay),
                           "token_loss": token_loss(window), "acc": acc,
                           "tau": simulated_tau(acc, self.tau_chain), "lr": self.sched.get_last_lr()[0],
                           "tokens_per_s": toks * self.d.world / max(dt, 1e-9)})
@@ -296,9 +296,8 @@ class Trainer:
                 self.save_checkpoint(last)
         if bar is not None:
             bar.close()
-        if self.best_tau < 0 and self.d.main:  # no held-out split: the final weights are the result
-            msd, _ = D.full_state(self.model, self.opt, self.d) if self.d.world > 1 else (self.unroll.state_dict(), None)
-            save_draft(self._draft_for_save(msd), cfg.out, self.meta({"best_step": self.step}))
+        if self.best_tau < 0:  # no held-out split: the final weights are the result
+            self.save_result({"best_step": self.step})
         if self.tb is not None:
             self.tb.close()
         evals = [h for h in self.history if h["split"] == "eval"]
@@ -308,12 +307,6 @@ class Trainer:
                 "best_tau": best["tau"] if best else None, "best_step": best["step"] if best else None,
                 "eval": evals[-1] if evals else None, "train": trains[-1] if trains else None,
                 "mode": "online" if self.inp.source.online else "offline"}
-
-
-def token_loss(stats: torch.Tensor) -> float:
-    """Mean cross-entropy (nats) per predicted token over all TTT steps, unweighted: what the progress bar
-    shows and the demo plots. `loss` in metrics.jsonl is the objective (step k weighted by step_decay**k)."""
-    return float(stats[:, 0].sum() / stats[:, 2].clamp(min=1).sum())
 
 
 class _null:

@@ -135,6 +135,7 @@ class TTTUnroll(nn.Module):
         hidden = draft.combine(aux)                                       # [B, T, H]
         past = None
         loss = hidden.new_zeros((), dtype=torch.float32)
+        weights = step_weights(self.decay, self.steps)
         stats = []
         for k in range(self.steps):
             tokens = shift_left(input_ids, 1 + k)
@@ -151,7 +152,7 @@ class TTTUnroll(nn.Module):
                 correct = logits.argmax(-1) == shift_left(target_arg, 1 + k)[valid]
             correct = correct.sum()
             n = valid.sum()
-            loss = loss + (self.decay ** k) * ce.sum() / n.clamp(min=1)
+            loss = loss + weights[k] * ce.sum() / n.clamp(min=1)
             stats.append(torch.stack([ce.sum().detach(), correct.float(), n.float()]))
             hidden = pre
         return loss, torch.stack(stats)
@@ -165,6 +166,23 @@ class TTTUnroll(nn.Module):
         x = self.draft.norm(pre[b, t])
         return chunked_soft_ce(x, self.draft.lm_head.weight, probs.reshape(B * T, -1), rows,
                                target_arg.reshape(-1)[rows], self.loss_chunk)
+
+
+def step_weights(decay: float, steps: int) -> list[float]:
+    """Loss weight of TTT step k, decay**k: the one definition the training loss and the logged objective share."""
+    return [decay ** k for k in range(steps)]
+
+
+def objective(stats: torch.Tensor, decay: float) -> float:
+    """The training objective from stats [K, 3] (summed over batches): sum_k w_k * ce_k / n_k."""
+    per_step = stats[:, 0].cpu() / stats[:, 2].cpu().clamp(min=1)
+    return float((torch.tensor(step_weights(decay, stats.shape[0])) * per_step).sum())
+
+
+def token_loss(stats: torch.Tensor) -> float:
+    """Mean cross-entropy (nats) per predicted token over all TTT steps, unweighted: what the progress bar
+    shows and the demo plots. `loss` in metrics.jsonl is the objective (step k weighted by step_decay**k)."""
+    return float(stats[:, 0].sum() / stats[:, 2].clamp(min=1).sum())
 
 
 def step_accuracy(stats: torch.Tensor) -> list[float]:
