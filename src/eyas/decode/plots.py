@@ -96,7 +96,7 @@ def plot_learning_curve(metrics: str | Path, png: str | Path) -> Path | None:
         return None
     plt = _pyplot()
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(9, 3.6))
-    ax.plot(*zip(*train), label="train (mean of the last logging window)")
+    ax.plot(*zip(*train), marker=".", label="train (mean of the last logging window)")
     if held_loss:
         ax.plot(*zip(*held_loss), "o", color="tab:orange", label="held-out")
     ax.set_ylim(0, max(v for _, v in train + held_loss) * 1.1 or 1.0)
