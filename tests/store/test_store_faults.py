@@ -111,11 +111,10 @@ def test_planted_symlink_at_a_tmp_path_is_not_written_through(clean, tiny_target
     d = copy(clean, tmp_path / "s")
     (d / "manifest.json").unlink()
     (d / "shard-00001.safetensors").unlink()
-    victim = tmp_path / "victim.txt"
-    victim.write_text("keep me")
+    victim = tmp_path / "planted.txt"   # dangling: Path.exists() is False for the link, so it was written through
     (d / "shard-00001.safetensors.tmp").symlink_to(victim)
     extract(tiny_target, prepared, d)
-    assert victim.read_text() == "keep me" and shas(d) == shas(clean)
+    assert not victim.exists() and shas(d) == shas(clean)
     assert not os.path.lexists(d / "shard-00001.safetensors.tmp")
 
 
