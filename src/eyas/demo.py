@@ -23,7 +23,7 @@ from eyas.data.regenerate import RegenerateConfig, regenerate
 from eyas.data.sources import BUILTIN_DATASETS, iter_conversations, resolve_data
 from eyas.decode.bench import load_bench
 from eyas.decode.evaluate import EvalConfig, run as evaluate
-from eyas.devices import DEVICE_HELP, resolve_device
+from eyas.devices import DEVICE_HELP, fast_bf16, resolve_device
 from eyas.doctor import DoctorConfig, diagnose, render_table
 from eyas.export.commands import ExportConfig, run_export
 from eyas.extract import ExtractConfig, run as extract
@@ -111,7 +111,7 @@ def run(cfg: DemoConfig) -> int | dict:
                           max_samples=cfg.max_samples,
                           max_new_tokens=cfg.regen_max_new_tokens, batch_size=cfg.regen_batch_size, device=device,
                           max_prompt_tokens=cfg.max_length // 2, assistant_first="skip", cache_dir=cache, seed=cfg.seed,
-                          dtype="bf16" if _bf16_ok(device) else "auto", json=True)
+                          dtype="bf16" if fast_bf16(device) else "auto", json=True)
             data_for_prepare = str(paths["regenerated"] / "conversations.jsonl")
             print(json.dumps(regen, default=str)[:400])
 
@@ -129,7 +129,7 @@ def run(cfg: DemoConfig) -> int | dict:
         tr = _call(train, TrainConfig, target=cfg.target, store=paths["store"],
                    data=paths["prepared"], out=paths["run"], ttt_steps=cfg.ttt_steps, tau_chain=cfg.chain,
                    epochs=cfg.epochs, lr=cfg.lr, device=device, seed=cfg.seed, eval_every=50, save_every=10_000,
-                   log_every=10, target_dtype="bf16" if _bf16_ok(device) else "auto", batch_size=cfg.train_batch_size,
+                   log_every=10, target_dtype="bf16" if fast_bf16(device) else "auto", batch_size=cfg.train_batch_size,
                    init_head=False, overwrite=True)
 
     with _stage("eval", times):
@@ -156,19 +156,6 @@ def run(cfg: DemoConfig) -> int | dict:
         return summary
     _print_table(summary)
     return 0 if summary["doctor"]["ok"] else 1
-
-
-def _bf16_ok(device: str) -> bool:
-    """bf16 target forwards: on GPUs, and on CPUs with native bf16 (AMX / AVX512-BF16), where they run
-    ~1.7x faster than fp32; elsewhere CPU bf16 is emulated and slower, so fp32 stays."""
-    import torch
-
-    if device != "cpu":
-        return True
-    try:
-        return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
 
 
 def _opening_turns(data: Path, out: Path, n: int, cache) -> Path:

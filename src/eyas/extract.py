@@ -16,7 +16,7 @@ from pydantic import Field
 from eyas.aux_layers import resolve_aux_layer_ids
 from eyas.config import StageConfig
 from eyas.data import PreparedDataset
-from eyas.devices import DEVICE_HELP, StoreDtype, dist_env, resolve_device
+from eyas.devices import DEVICE_HELP, StoreDtype, dist_env, fast_bf16, resolve_device
 from eyas.flags import AuxLayerIds
 from eyas.store.extract import extract_to_store, remove_store
 from eyas.store.format import StoreError, target_identity
@@ -72,7 +72,10 @@ def run(cfg: ExtractConfig) -> dict[str, Any]:
         from eyas.engines.vllm_extract import extract_with_vllm
 
         return extract_with_vllm(cfg, dataset, config, aux_ids, rank=rank, world=world)
-    t = load_target(cfg.target, dtype=torch.bfloat16, device=device, cache=cfg.cache_dir,
+    # bf16 where it is native (GPUs, AMX CPUs); fp32 on CPUs that would emulate it many times slower. The store
+    # holds bf16 or fp8 either way.
+    t = load_target(cfg.target, dtype=torch.bfloat16 if fast_bf16(device) else torch.float32, device=device,
+                    cache=cfg.cache_dir,
                     trust_remote_code=cfg.trust_remote_code, attn_implementation=cfg.attn_implementation)
     if cfg.compile:
         compile_layers(t.layout)
