@@ -155,3 +155,54 @@ def test_regenerate_vllm_tp_refused_before_engine_starts(target, tmp_path):
     # the tiny target has 4 heads: tp 3 cannot split them; no engine python is even looked up
     with pytest.raises(EngineError, match="4 attention heads"):
         VllmBackend(str(target), python="/nonexistent/python", tensor_parallel_size=3)
+
+
+FAKE_SERVING_VLLM = """
+__version__ = "0.26.0"
+class SamplingParams:
+    def __init__(self, temperature=1.0, max_tokens=16, ignore_eos=False):
+        self.max_tokens = max_tokens
+class _M:
+    def __init__(self, name, value):
+        self.name, self.value = name, value
+class _V:
+    def __init__(self, name, values):
+        self.name, self.values = name, values
+class _Cfg:
+    speculative_config = None
+    class model_config:
+        model = "t"
+class LLM:
+    def __init__(self, model, **kw):
+        self.kw, self.n = kw, 0
+        self.llm_engine = type("E", (), {"vllm_config": _Cfg()})()
+    def generate(self, prompts, params, use_tqdm=True):
+        self.n += len(prompts)  # one draft per request, one accepted token at position 0
+        return [type("R", (), {"outputs": [type("O", (), {"token_ids": list(p["prompt_token_ids"][:params.max_tokens])})()]})()
+                for p in prompts]
+    def get_metrics(self):
+        return [_M("vllm:spec_decode_num_drafts", self.n), _M("vllm:spec_decode_num_accepted_tokens", self.n),
+                _V("vllm:spec_decode_num_accepted_tokens_per_pos", [self.n, 0]), _M("vllm:other", 7)]
+"""
+
+
+def test_serve_worker_serves_and_benches_with_counter_deltas(tmp_path):
+    from eyas.engines.base import run_in_env
+    from eyas.engines.vllm_speedup import WORKER
+
+    pkg = tmp_path / "v" / "vllm"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(FAKE_SERVING_VLLM)
+    py = tmp_path / "python"
+    py.write_text(f"#!/bin/sh\nPYTHONPATH={pkg.parent} exec {sys.executable} \"$@\"\n")
+    py.chmod(0o755)
+    req = {"model": "t", "prompts": [[1, 2, 3], [4, 5], [6]], "max_tokens": 2}
+    served = run_in_env(py, WORKER, req)  # serve-check's shape, unchanged
+    assert served["outputs"] == [[1, 2], [4, 5], [6]] and served["metrics"]["vllm:spec_decode_num_drafts"] == 3
+    assert "vllm:other" not in served["metrics"] and served["speculative_config"] is None
+    runs = run_in_env(py, WORKER, {**req, "batch_sizes": [1, 2], "measure_lock": str(tmp_path / "lock")})["runs"]
+    assert [r["batch_size"] for r in runs] == [1, 2] and all(r["requests"] == 3 for r in runs)
+    # deltas per run: the warm-up's 2 requests and the first run's 3 are not counted again
+    assert [r["metrics"]["vllm:spec_decode_num_drafts"] for r in runs] == [3, 3]
+    assert runs[1]["metrics"]["vllm:spec_decode_num_accepted_tokens_per_pos"] == [3, 0]
+    assert runs[0]["generated_tokens"] == 5 and spec_stats(runs[0]["metrics"])["tau"] == 2.0

@@ -1,7 +1,8 @@
 """vLLM's own speedup with an eyas draft: greedy tokens/s with and without speculative decoding.
 
-Each configuration (the plain target, then the export at each chain length K) is one vLLM engine started by
-`vllm_bench_worker.py` in vLLM's environment; engines run side by side, one per GPU. The report is what a user
+Each configuration (the plain target, then the export of each chain length K) is one vLLM engine started by
+`vllm_serve_worker.py` (bench mode) in vLLM's environment; engines start side by side and take turns timing,
+so start-ups overlap and timings do not. The report is what a user
 asks before serving a draft: tokens/s at batch 1, 8, 32 for each K, the speedup over the plain target at the
 same batch, vLLM's own τ and per-position acceptance, and whether the outputs equal the plain target's.
 """
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from eyas.engines.base import run_in_env
 
-WORKER = Path(__file__).with_name("vllm_bench_worker.py")
+WORKER = Path(__file__).with_name("vllm_serve_worker.py")  # its bench mode (batch_sizes)
 
 
 def spec_stats(metrics: dict) -> dict:

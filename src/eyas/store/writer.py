@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from eyas import __version__
+from eyas.faultpoints import pause_at
 from eyas.store.format import (FORMAT, FORMAT_VERSION, ID_DTYPE, MANIFEST, StoreError, atomic_write_json, fsync_dir,
                                open_new, read_json, sha256_file, shard_name, write_safetensors)
 
@@ -34,12 +35,7 @@ from eyas.store.format import (FORMAT, FORMAT_VERSION, ID_DTYPE, MANIFEST, Store
 def crash_point(name: str) -> None:
     """Test hook: with EYAS_STORE_PAUSE_AT=name, announce the point in $EYAS_STORE_PAUSE_MARK and hang,
     so a test can SIGKILL the process at exactly this moment. A no-op otherwise."""
-    if os.environ.get("EYAS_STORE_PAUSE_AT") != name:
-        return
-    mark = os.environ.get("EYAS_STORE_PAUSE_MARK")
-    if mark:
-        Path(mark).write_text(name)
-    time.sleep(3600)
+    pause_at("STORE", name)
 
 
 # ---------------------------------------------------------------- plan

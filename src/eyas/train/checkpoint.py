@@ -26,6 +26,7 @@ from typing import Any, Callable
 import torch
 
 from eyas.config import ConfigError
+from eyas.faultpoints import pause_at
 
 CHECKPOINTS = "checkpoints"
 STATE = "state.pt"
@@ -181,10 +182,4 @@ def _crash_point(name: str) -> None:
     if os.environ.get("EYAS_TRAIN_DISK_FULL_AT") == name:
         raise RuntimeError("[enforce fail at inline_container.cc:626] . PytorchStreamWriter failed writing file "
                            "data/0: file write failed (injected: no space left on device)")
-    if os.environ.get("EYAS_TRAIN_PAUSE_AT") != name:
-        return
-    mark = os.environ.get("EYAS_TRAIN_PAUSE_MARK")
-    if mark:
-        Path(mark).write_text(name)
-    import time
-    time.sleep(3600)
+    pause_at("TRAIN", name)
