@@ -2,7 +2,7 @@
 # Bring what the GPU machine lacks (it reaches no package index) over device calls of at most 64 MiB each.
 #
 # Here, on the CPU machine (pip works):
-#   bash bench/gpu_carry.sh pack        -> .carry/p0 .. .carry/pN, each one part (PART_MB, default 62) + index.json
+#   bash bench/gpu_carry.sh pack        -> .carry/p0 .. .carry/pN, each one part (PART_MB, default 48) + index.json
 # On the GPU machine, once per call, with that call carrying the next part (`carry: [".carry/pK"]`):
 #   bash bench/gpu_carry.sh recv        -> appends the parts present, unpacks and installs every item whose bytes
 #                                          have all arrived; idempotent; then `source /tmp/eyas-env.sh`
@@ -18,7 +18,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 STAGE="${STAGE:-$ROOT/.carry-stage}"
-PART_MB="${PART_MB:-62}"
+PART_MB="${PART_MB:-48}"   # + the working tree (a few MiB) must stay under the 64 MiB a call carries
 ITEMS="${ITEMS:-eyas-deps model sharegpt vllm-deps vllm}"
 SHAREGPT_ROWS="${SHAREGPT_ROWS:-9000}"
 EYAS_DEPS="pydantic==2.14.4 pydantic_core==2.50.5 annotated_types==0.8.0 typing_inspection==0.4.5 typing_extensions==4.16.0 gguf==0.19.0"
