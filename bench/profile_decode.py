@@ -4,8 +4,9 @@ host work, syncs), plus the top kernels. About 60-90 s on an H200:
 
     PYTHONPATH=src python bench/profile_decode.py --target /tmp/smol-hf --draft /tmp/draft --out profile.json
 
-It only uses what every decoder version has (evaluate.Session/load_pair/turn_prompt, session.decoder(spec)
-.generate, ar_generate), so putting an older eyas first on PYTHONPATH profiles the older decoder
+It only uses what every decoder version has (evaluate.Session, session.decoder(spec).generate, ar_generate,
+and the pair loader / prompt builder under their old or new names), so putting an older eyas first on PYTHONPATH
+profiles the older decoder
 (the before/after of BENCHMARKS.md). CPU smoke: --device cpu --tokens 8 (no kernel times there).
 """
 
@@ -20,7 +21,12 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from eyas.decode.bench import load_bench
-from eyas.decode.evaluate import Session, load_pair, turn_prompt
+from eyas.decode.evaluate import Session
+
+try:
+    from eyas.decode.evaluate import load_pair, turn_prompt
+except ImportError:  # the decoder before issue 14 (commit 6baea35) named them privately
+    from eyas.decode.evaluate import _load as load_pair, _prompts as turn_prompt
 from eyas.decode.speculative import ar_generate
 from eyas.decode.tree import TreeSpec
 

@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# One GPU session for issues 14, 16, 13 (and 12's rest) on an nvidia-h200-x2, planned so the GPUs never idle:
+# two lanes of jobs (one per GPU) run in the background (setsid), and each device call only carries the next
+# carry part, looks at progress and brings the results so far back. Order and expected minutes: bench/GPU.md.
+#
+#   (call 1, carry .carry/p0)  bash bench/gpu_carry.sh recv
+#   (call 2, carry .carry/p1)  bash bench/gpu_carry.sh recv && bash bench/gpu_session.sh start
+#   (each later call, carrying the next part if any)  bash bench/gpu_session.sh watch SECONDS
+#        waits until every lane has finished or SECONDS have passed, then packs $RES into $OUT/results.tgz
+#
+# Lane 0 (GPU 0): 8B-shape extraction, load, training (issue 16), then, once the draft exists and the 2-GPU stage
+#   is over, the decoder (issue 14): decode T=0 and T=1, profile new and old, 8B cost model.
+# Lane 1 (GPU 1): the SmolLM2 draft (gpu_vllm.sh's run9k recipe), the native generator (issue 13), then the
+#   2-GPU stage (multi_gpu.sh, both GPUs: lane 0 waits), regenerate kill/resume and self:N, then vLLM (issue 12)
+#   when its parts have arrived, then the GPU demo if time is left.
+# DEADLINE_S (default 1500): jobs marked optional are skipped once the session is older than this.
+# SKIP="job ...": jobs not to run. TINY=1: the same lanes with CPU-sized arguments (a dry run of this script; numbers meaningless).
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+W=${W:-/tmp/w}; RES="${RES:-$W/results}"; FL="$W/flags"; mkdir -p "$W" "$RES" "$FL"
+T=${T:-/tmp/smol-hf}; SG=${SG:-/tmp/sharegpt.json}; DRAFT="$W/run9k"
+# one GPU only (nvidia-h200): both lanes share it, no 2-GPU stage
+G1=1; [ "$(nvidia-smi -L 2>/dev/null | wc -l)" = 1 ] && G1=0
+DEADLINE_S=${DEADLINE_S:-1500}; TINY=${TINY:-}; OLD=${OLD:-/tmp/old}
+
+log() { echo "[$(date +%H:%M:%S) +$(( $(date +%s) - $(cat "$W/t0" 2>/dev/null || date +%s) ))s] $*" | tee -a "$RES/lanes.log"; }
+late() { [ $(( $(date +%s) - $(cat "$W/t0") + ${1:-0} )) -gt "$DEADLINE_S" ]; }
+flag() { touch "$FL/$1"; log "flag $1"; }
+await() { for f in "$@"; do while [ ! -e "$FL/$f" ]; do sleep 2; done; done; }
+job() {  # job [-o SECS] NAME CMD...: run once (skipped if NAME.ok exists); -o: optional, expected to take SECS,
+        # skipped when it would end past the deadline
+  local opt=; [ "$1" = -o ] && { opt=$2; shift 2; }
+  local name=$1; shift
+  [ -e "$RES/$name.ok" ] && return 0
+  case " ${SKIP:-} " in *" $name "*) log "skip $name (SKIP)"; return 1 ;; esac
+  if [ -n "$opt" ] && late "$opt"; then log "skip $name (past the deadline)"; echo "{\"job\": \"$name\", \"skipped\": true}" >> "$RES/times.jsonl"; return 1; fi
+  log "start $name"
+  local t0; t0=$(date +%s.%N)
+  "$@" > "$RES/$name.log" 2>&1; local rc=$?
+  local s; s=$(python3 -c "print(round($(date +%s.%N) - $t0, 1))")
+  echo "{\"job\": \"$name\", \"seconds\": $s, \"rc\": $rc, \"gpu\": \"${CUDA_VISIBLE_DEVICES:-all}\"}" >> "$RES/times.jsonl"
+  log "end $name rc=$rc ${s}s"; [ $rc = 0 ] && touch "$RES/$name.ok"
+  return $rc
+}
+
+# CPU-sized arguments for TINY=1 (same code paths)
+if [ -n "$TINY" ]; then
+  TRAIN_ARGS=(--steps 4 --eval-every 2 --eval-batches 1 --batch-size 2); PREP_ROWS=(--max-samples 40)
+  DEC=(--tiny); DEC1=(--tiny); PROF=(--device cpu --tokens 8); B8=(--tiny); COSTS=(--device cpu --shape tiny --iters 2)
+  REGEN=(--rows 6 --batch 4 --max-new 8 --hf-sample 4 --hf-batch 2); RR=(--max-samples 12 --max-new-tokens 8 --batch-size 4)
+  SELF=(--data self:12 --max-new-tokens 8 --batch-size 4); MG=(TINY=1 STEPS=2 TOKENS=2048); KILL_ROWS=4; LONG_SEQ=${LONG_SEQ:-256}
+else
+  TRAIN_ARGS=(--steps 1000 --eval-every 200 --eval-batches 16 --batch-size 8); PREP_ROWS=()
+  DEC=(--per-category 2 --max-new-tokens 512); DEC1=(--per-category 1 --max-new-tokens 512); PROF=(); B8=()
+  COSTS=(); REGEN=(--rows 2048 --batch 256 --max-new 256); RR=(--max-samples 2000 --max-new-tokens 256 --batch-size 256)
+  SELF=(--data self:2000 --max-new-tokens 256 --batch-size 256); MG=(); KILL_ROWS=300
+fi
+
+lane0() {  # ~25 min
+  export CUDA_VISIBLE_DEVICES=0
+  job extract8b python3 bench/extract.py "${B8[@]}" --out "$RES/extract-h200-v2.json"                   # 2.5 min
+  job load8b python3 bench/load.py "${B8[@]}" --dir /tmp/eyas-bench-load --out "$RES/load-h200.json"     # 2 min
+  job train8b python3 bench/train.py "${B8[@]}" --long-seq "${LONG_SEQ:-16384}" --out "$RES/train-h200-v2.json"  # 3 min
+  flag lane0_phase1; await draft_ready mgpu_done                                                          # 5 min
+  job decode_t0 python3 bench/decode.py --target $T --draft $DRAFT "${DEC[@]}" --temperatures 0 \
+    --out "$RES/decode-h200-v2.json" --plots "$RES/plots-decode-v2"                                       # 4 min
+  job profile_new python3 bench/profile_decode.py --target $T --draft $DRAFT "${PROF[@]}" --out "$RES/profile-new.json"
+  job costs8b python3 bench/decode_costs.py "${COSTS[@]}" --accept-from "$RES/decode-h200-v2.json" \
+    --out "$RES/decode-costs-8b.json"                                                                     # 1 min
+  job -o 180 decode_t1 python3 bench/decode.py --target $T --draft $DRAFT "${DEC1[@]}" --temperatures 1 \
+    --out "$RES/decode-h200-v2-t1.json"
+  [ -d $OLD/src ] && job -o 100 profile_old env PYTHONPATH=$OLD/src:/tmp/site \
+    python3 bench/profile_decode.py --target $T --draft $DRAFT "${PROF[@]}" --out "$RES/profile-old.json"
+  job -o 100 regen_resume regen_resume
+  job -o 90 costs8b_compiled python3 bench/decode_costs.py "${COSTS[@]}" --inner compiled \
+    --accept-from "$RES/decode-h200-v2.json" --out "$RES/decode-costs-8b-compiled.json"
+  job -o 150 regen_self python3 -m eyas.cli regenerate --backend native --target $T "${SELF[@]}" \
+    --out $W/rg-self.jsonl --json
+  flag lane0_done
+}
+
+regen_resume() {  # a native regenerate SIGKILLed mid-run continues without redoing finished rows
+  local o=$W/rg-resume.jsonl; rm -f $o $o.*
+  local a=(python3 -m eyas.cli regenerate --backend native --target $T --data $SG "${RR[@]}" --out $o)
+  "${a[@]}" & local pid=$!
+  while kill -0 $pid 2>/dev/null && [ "$(cat $o 2>/dev/null | wc -l)" -lt "$KILL_ROWS" ]; do sleep 0.5; done
+  kill -9 $pid 2>/dev/null; wait $pid; echo "killed run rc=$? rows written before the kill: $(wc -l < $o)"
+  "${a[@]}" --json || return 1
+  python3 - $o <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+ids = [r["row"] for r in rows]
+print(json.dumps({"rows": len(rows), "distinct": len(set(map(str, ids)))}))
+PY
+}
+
+lane1() {  # ~25 min
+  export CUDA_VISIBLE_DEVICES=$G1
+  job draft_prepare python3 -m eyas.cli prepare --target $T --data $SG "${PREP_ROWS[@]}" --out $W/p9k --max-length 1024 \
+    --draft-vocab-size 16384 --workers 8 --overwrite --json
+  job draft_train python3 -m eyas.cli train --target $T --data $W/p9k --online --out $DRAFT --ttt-steps 7 \
+    "${TRAIN_ARGS[@]}" --lr 1e-3 --no-init-head --seed 0                                              # 5 min
+  flag draft_ready
+  job regen_native python3 bench/regen.py --target $T --data $SG "${REGEN[@]}" --out "$RES/regen-h200.json"  # 2 min
+  await lane0_phase1
+  [ "$G1" = 1 ] && job mgpu env -u CUDA_VISIBLE_DEVICES "${MG[@]}" bash bench/multi_gpu.sh "$RES/mgpu"                    # 5 min, both GPUs
+  flag mgpu_done
+  if [ -x /tmp/vpy ]; then   # issue 12's rest: vLLM arrived with the later parts
+    job -o 300 vllm_regen env GPU=$G1 RES="$RES" bash bench/gpu_vllm.sh regen
+    for k in 1 2 3 4 5; do python3 -m eyas.cli export --draft $DRAFT --format vllm --chain $k --out $W/export-k$k \
+      > "$RES/export_k$k.log" 2>&1; done
+    job -o 420 vllm_speedup python3 bench/vllm_speedup.py --target $T --export "$W/export-k{k}" --python /tmp/vpy \
+      --chains 1 2 3 4 5 --batch-sizes 1 8 32 --per-category 2 --max-new-tokens 256 --gpus $G1 \
+      --out "$RES/vllm_speedup.json"
+  fi
+  job -o 600 demo_gpu python3 -m eyas.cli demo --device cuda --profile gpu --target $T --data $SG --out $W/demo --json
+  flag lane1_done
+}
+
+lane() {  # lane N: from a snapshot of the code, so a later call's tree never changes a running job
+  local d="/tmp/eyas-snap/lane$1"; rm -rf "$d"; mkdir -p "$d"; cp -r "$ROOT/src" "$ROOT/bench" "$ROOT/tests" "$d/"; cd "$d"
+  export PYTHONPATH="$d/src:/tmp/site" VLLM_HOST_IP=127.0.0.1 EYAS_VLLM_PYTHON=/tmp/vpy
+  "lane$1"
+}
+
+pack_results() {
+  [ -n "${OUT:-}" ] || return 0
+  # logs can be long: the last 200 kB of each; the draft (for a later session) in parts of < 15 MiB
+  local p=/tmp/eyas-pack; rm -rf $p; mkdir -p $p; cp -r "$RES" $p/results
+  find $p/results -name '*.log' -size +200k -exec sh -c 'tail -c 200000 "$1" > "$1.t" && mv "$1.t" "$1"' _ {} \;
+  tar czf "$OUT/results.tgz" -C $p results
+  if [ -e "$FL/draft_ready" ] && [ ! -e "$W/draft.sent" ] && [ -e "$FL/mgpu_done" ]; then
+    python3 - "$DRAFT" "$W/draft-bf16.safetensors" <<'PY'
+import sys, torch
+from safetensors.torch import load_file, save_file
+sd = load_file(f"{sys.argv[1]}/model.safetensors")
+save_file({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in sd.items() if k != "embed_tokens.weight"}, sys.argv[2])
+PY
+    tar cf - -C $W draft-bf16.safetensors run9k/config.json run9k/metrics.jsonl | split -b 15M -d - "$OUT/draft.tar."
+    touch "$W/draft.sent"
+  fi
+  ls -la "$OUT"
+}
+
+case "${1:-}" in
+  start)
+    [ -e "$W/t0" ] || date +%s > "$W/t0"
+    for n in 0 1; do setsid nohup bash "$ROOT/bench/gpu_session.sh" lane "$n" > "$W/lane$n.out" 2>&1 < /dev/null & done
+    sleep 1; log "lanes started" ;;
+  lane) lane "$2" ;;
+  watch)
+    # carried parts: vLLM and its wheels (gpu_carry.sh), the previous decoder's source (.carry/old)
+    ls -d "$ROOT"/.carry/p* > /dev/null 2>&1 && (cd "$ROOT" && bash bench/gpu_carry.sh recv | tail -3)
+    [ -d "$ROOT/.carry/old/src" ] && [ ! -d $OLD/src ] && cp -r "$ROOT/.carry/old" $OLD && echo "old decoder at $OLD"
+    end=$(( $(date +%s) + ${2:-60} ))
+    while [ "$(date +%s)" -lt $end ] && ! { [ -e "$FL/lane0_done" ] && [ -e "$FL/lane1_done" ]; }; do sleep 5; done
+    tail -n 40 "$RES/lanes.log"; nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader 2>/dev/null
+    pack_results ;;
+  *) sed -n 2,20p "$0"; exit 2 ;;
+esac
