@@ -19,8 +19,8 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 W=${W:-/tmp/w}; RES="${RES:-$W/results}"; FL="$W/flags"; mkdir -p "$W" "$RES" "$FL"
 T=${T:-/tmp/smol-hf}; SG=${SG:-/tmp/sharegpt.json}; DRAFT="$W/run9k"
-# one GPU only (nvidia-h200): both lanes share it, no 2-GPU stage
-G1=1; [ "$(nvidia-smi -L 2>/dev/null | wc -l)" = 1 ] && G1=0
+# one GPU only (nvidia-h200): the *_one lanes (no 2-GPU stage, no vLLM)
+if [ -z "${G1:-}" ]; then G1=1; [ "$(nvidia-smi -L 2>/dev/null | wc -l)" = 1 ] && G1=0; fi
 DEADLINE_S=${DEADLINE_S:-1500}; TINY=${TINY:-}; OLD=${OLD:-/tmp/old}
 
 log() { echo "[$(date +%H:%M:%S) +$(( $(date +%s) - $(cat "$W/t0" 2>/dev/null || date +%s) ))s] $*" | tee -a "$RES/lanes.log"; }
@@ -79,6 +79,43 @@ lane0() {  # ~25 min
   flag lane0_done
 }
 
+# One GPU (nvidia-h200, when no 2-GPU machine is lent): the draft trains beside the jobs whose numbers do not depend
+# on having the GPU to themselves (the load's disk read, regenerate's resume and self:N checks); every timed job runs
+# alone after it, most needed first.
+lane0_one() {
+  export CUDA_VISIBLE_DEVICES=0
+  job load8b python3 bench/load.py "${B8[@]}" --dir /tmp/eyas-bench-load --out "$RES/load-h200.json"     # 2 min
+  job regen_resume regen_resume                                                                          # 1.5 min
+  job regen_self python3 -m eyas.cli regenerate --backend native --target $T "${SELF[@]}" --out $W/rg-self.jsonl --json
+  await draft_ready
+  job decode_t0 python3 bench/decode.py --target $T --draft $DRAFT "${DEC[@]}" --temperatures 0 \
+    --out "$RES/decode-h200-v2.json" --plots "$RES/plots-decode-v2"                                       # 4 min
+  job profile_new python3 bench/profile_decode.py --target $T --draft $DRAFT "${PROF[@]}" --out "$RES/profile-new.json"
+  [ -d $OLD/src ] && job -o 100 profile_old env PYTHONPATH=$OLD/src:/tmp/site \
+    python3 bench/profile_decode.py --target $T --draft $DRAFT "${PROF[@]}" --out "$RES/profile-old.json"
+  job -o 70 costs8b python3 bench/decode_costs.py "${COSTS[@]}" --accept-from "$RES/decode-h200-v2.json" \
+    --out "$RES/decode-costs-8b.json"
+  job -o 120 regen_native python3 bench/regen.py --target $T --data $SG "${REGEN[@]}" --out "$RES/regen-h200.json"
+  job -o 160 extract8b python3 bench/extract.py "${B8[@]}" --out "$RES/extract-h200-v2.json"
+  job -o 200 train8b python3 bench/train.py "${B8[@]}" --long-seq "${LONG_SEQ:-16384}" --out "$RES/train-h200-v2.json"
+  job -o 170 decode_t1 python3 bench/decode.py --target $T --draft $DRAFT "${DEC1[@]}" --temperatures 1 \
+    --out "$RES/decode-h200-v2-t1.json"
+  flag lane0_done
+}
+lane1_one() {
+  export CUDA_VISIBLE_DEVICES=0
+  draft
+  flag lane1_done
+}
+
+draft() {  # the SmolLM2 draft: gpu_vllm.sh's run9k recipe (held-out tau 1.759 in 298 s on an H200)
+  job draft_prepare python3 -m eyas.cli prepare --target $T --data $SG "${PREP_ROWS[@]}" --out $W/p9k --max-length 1024 \
+    --draft-vocab-size 16384 --workers 8 --overwrite --json
+  job draft_train python3 -m eyas.cli train --target $T --data $W/p9k --online --out $DRAFT --ttt-steps 7 \
+    "${TRAIN_ARGS[@]}" --lr 1e-3 --no-init-head --seed 0                                              # 5 min
+  flag draft_ready
+}
+
 regen_resume() {  # a native regenerate SIGKILLed mid-run continues without redoing finished rows
   local o=$W/rg-resume.jsonl; rm -f $o $o.*
   local a=(python3 -m eyas.cli regenerate --backend native --target $T --data $SG "${RR[@]}" --out $o)
@@ -96,11 +133,7 @@ PY
 
 lane1() {  # ~25 min
   export CUDA_VISIBLE_DEVICES=$G1
-  job draft_prepare python3 -m eyas.cli prepare --target $T --data $SG "${PREP_ROWS[@]}" --out $W/p9k --max-length 1024 \
-    --draft-vocab-size 16384 --workers 8 --overwrite --json
-  job draft_train python3 -m eyas.cli train --target $T --data $W/p9k --online --out $DRAFT --ttt-steps 7 \
-    "${TRAIN_ARGS[@]}" --lr 1e-3 --no-init-head --seed 0                                              # 5 min
-  flag draft_ready
+  draft
   job regen_native python3 bench/regen.py --target $T --data $SG "${REGEN[@]}" --out "$RES/regen-h200.json"  # 2 min
   await lane0_phase1
   [ "$G1" = 1 ] && job mgpu env -u CUDA_VISIBLE_DEVICES "${MG[@]}" bash bench/multi_gpu.sh "$RES/mgpu"                    # 5 min, both GPUs
@@ -120,7 +153,7 @@ lane1() {  # ~25 min
 lane() {  # lane N: from a snapshot of the code, so a later call's tree never changes a running job
   local d="/tmp/eyas-snap/lane$1"; rm -rf "$d"; mkdir -p "$d"; cp -r "$ROOT/src" "$ROOT/bench" "$ROOT/tests" "$d/"; cd "$d"
   export PYTHONPATH="$d/src:/tmp/site" VLLM_HOST_IP=127.0.0.1 EYAS_VLLM_PYTHON=/tmp/vpy
-  "lane$1"
+  if [ "$G1" = 1 ]; then "lane$1"; else "lane$1_one"; fi
 }
 
 pack_results() {
