@@ -86,20 +86,22 @@ lane0_one() {
   export CUDA_VISIBLE_DEVICES=0
   job load8b python3 bench/load.py "${B8[@]}" --dir /tmp/eyas-bench-load --out "$RES/load-h200.json"     # 2 min
   job regen_resume regen_resume                                                                          # 1.5 min
-  job regen_self python3 -m eyas.cli regenerate --backend native --target $T "${SELF[@]}" --out $W/rg-self.jsonl --json
+  job -o 200 regen_self python3 -m eyas.cli regenerate --backend native --target $T "${SELF[@]}" --out $W/rg-self.jsonl --json
   await draft_ready
-  job decode_t0 python3 bench/decode.py --target $T --draft $DRAFT "${DEC[@]}" --temperatures 0 \
-    --out "$RES/decode-h200-v2.json" --plots "$RES/plots-decode-v2"                                       # 4 min
+  job decode_t0 python3 bench/decode.py --target $T --draft $DRAFT "${DEC1[@]}" --temperatures 0 \
+    --out "$RES/decode-h200-v2.json" --plots "$RES/plots-decode-v2"                                       # 2.5 min
   job profile_new python3 bench/profile_decode.py --target $T --draft $DRAFT "${PROF[@]}" --out "$RES/profile-new.json"
-  [ -d $OLD/src ] && job -o 100 profile_old env PYTHONPATH=$OLD/src:/tmp/site \
-    python3 bench/profile_decode.py --target $T --draft $DRAFT "${PROF[@]}" --out "$RES/profile-old.json"
   job -o 70 costs8b python3 bench/decode_costs.py "${COSTS[@]}" --accept-from "$RES/decode-h200-v2.json" \
     --out "$RES/decode-costs-8b.json"
+  # the old decoder predates the packaged Spec-Bench: give it the file
+  [ -d $OLD/src ] && job -o 100 profile_old env PYTHONPATH=$OLD/src:/tmp/site \
+    python3 bench/profile_decode.py --target $T --draft $DRAFT --bench src/eyas/decode/spec_bench/question.jsonl \
+    "${PROF[@]}" --out "$RES/profile-old.json"
   job -o 120 regen_native python3 bench/regen.py --target $T --data $SG "${REGEN[@]}" --out "$RES/regen-h200.json"
   job -o 160 extract8b python3 bench/extract.py "${B8[@]}" --out "$RES/extract-h200-v2.json"
-  job -o 200 train8b python3 bench/train.py "${B8[@]}" --long-seq "${LONG_SEQ:-16384}" --out "$RES/train-h200-v2.json"
   job -o 170 decode_t1 python3 bench/decode.py --target $T --draft $DRAFT "${DEC1[@]}" --temperatures 1 \
     --out "$RES/decode-h200-v2-t1.json"
+  job -o 200 train8b python3 bench/train.py "${B8[@]}" --long-seq "${LONG_SEQ:-16384}" --out "$RES/train-h200-v2.json"
   flag lane0_done
 }
 lane1_one() {
@@ -181,6 +183,11 @@ case "${1:-}" in
     for n in 0 1; do setsid nohup bash "$ROOT/bench/gpu_session.sh" lane "$n" > "$W/lane$n.out" 2>&1 < /dev/null & done
     sleep 1; log "lanes started" ;;
   lane) lane "$2" ;;
+  restart)  # restart lane N from the current tree (after a fix): its finished jobs are skipped, a running one is killed
+    sid=$(pgrep -f "[g]pu_session.sh lane $2" | head -1); [ -n "$sid" ] && pkill -9 -s "$sid"; sleep 1
+    rm -f "$FL/lane$2_done"
+    setsid nohup bash "$ROOT/bench/gpu_session.sh" lane "$2" > "$W/lane$2.out" 2>&1 < /dev/null &
+    sleep 1; log "lane $2 restarted" ;;
   watch)
     # carried parts: vLLM and its wheels (gpu_carry.sh), the previous decoder's source (.carry/old)
     ls -d "$ROOT"/.carry/p* > /dev/null 2>&1 && (cd "$ROOT" && bash bench/gpu_carry.sh recv | tail -3)

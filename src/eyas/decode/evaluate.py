@@ -91,7 +91,7 @@ def _logit_gap(runner: TargetRunner, prompt: list[int], ref: list[int], other: l
     # "Lossless" in low precision: a divergence is explained iff the two tokens' logits tie within
     # TIE_ULPS units in the last place of the model dtype at their magnitude (bf16: 8 mantissa bits).
     top = max(abs(float(logits[ref[i]])), abs(float(logits[other[i]])), 1e-30)
-    ulp = 2.0 ** (math.floor(math.log2(top)) - torch.finfo(runner.dtype).nmant)
+    ulp = 2.0 ** math.floor(math.log2(top)) * torch.finfo(runner.dtype).eps  # eps = 2^-mantissa bits
     return {"index": i, "gap": gap, "ulp": ulp, "tie": abs(gap) <= TIE_ULPS * ulp}
 
 
