@@ -110,10 +110,14 @@ lane1_one() {
   flag lane1_done
 }
 
-draft() {  # the SmolLM2 draft: gpu_vllm.sh's run9k recipe (held-out tau 1.759 in 298 s on an H200)
-  job draft_prepare python3 -m eyas.cli prepare --target $T --data $SG "${PREP_ROWS[@]}" --out $W/p9k --max-length 1024 \
+draft() {  # the SmolLM2 draft: gpu_vllm.sh's run9k recipe (held-out tau 1.759 in 298 s on an H200), or the one an
+         # earlier session brought back, when carried (.carry/draft: draft.tar.NN from a watch call)
+  if [ -d /tmp/draft-parts ] && [ ! -e "$DRAFT/model.safetensors" ]; then
+    job draft_restore python3 bench/restore_draft.py --parts /tmp/draft-parts --target $T --out $DRAFT
+  fi
+  [ -e "$RES/draft_restore.ok" ] || job draft_prepare python3 -m eyas.cli prepare --target $T --data $SG "${PREP_ROWS[@]}" --out $W/p9k --max-length 1024 \
     --draft-vocab-size 16384 --workers 8 --overwrite --json
-  job draft_train python3 -m eyas.cli train --target $T --data $W/p9k --online --out $DRAFT --ttt-steps 7 \
+  [ -e "$RES/draft_restore.ok" ] || job draft_train python3 -m eyas.cli train --target $T --data $W/p9k --online --out $DRAFT --ttt-steps 7 \
     "${TRAIN_ARGS[@]}" --lr 1e-3 --no-init-head --seed 0                                              # 5 min
   flag draft_ready
 }
@@ -164,7 +168,8 @@ pack_results() {
   local p=/tmp/eyas-pack; rm -rf $p; mkdir -p $p; cp -r "$RES" $p/results
   find $p/results -name '*.log' -size +200k -exec sh -c 'tail -c 200000 "$1" > "$1.t" && mv "$1.t" "$1"' _ {} \;
   tar czf "$OUT/results.tgz" -C $p results
-  if [ -e "$FL/draft_ready" ] && [ ! -e "$W/draft.sent" ] && [ -e "$FL/mgpu_done" ]; then
+  # the draft once, after the 2-GPU stage (or at once on one GPU): a later session can carry it instead of training
+  if [ -e "$FL/draft_ready" ] && [ ! -e "$W/draft.sent" ] && { [ -e "$FL/mgpu_done" ] || [ "$G1" = 0 ]; }; then
     python3 - "$DRAFT" "$W/draft-bf16.safetensors" <<'PY'
 import sys, torch
 from safetensors.torch import load_file, save_file
@@ -177,13 +182,25 @@ PY
   ls -la "$OUT"
 }
 
+take_carried() {  # what calls carry besides the parts: the previous decoder's source, a trained draft
+  [ -d "$ROOT/.carry/old/src" ] && [ ! -d $OLD/src ] && cp -r "$ROOT/.carry/old" $OLD && echo "old decoder at $OLD"
+  [ -d "$ROOT/.carry/draft" ] && [ ! -d /tmp/draft-parts ] && cp -r "$ROOT/.carry/draft" /tmp/draft-parts && echo "draft parts at /tmp/draft-parts"
+  return 0
+}
+
 case "${1:-}" in
   start)
+    take_carried
     [ -e "$W/t0" ] || date +%s > "$W/t0"
     for n in 0 1; do setsid nohup bash "$ROOT/bench/gpu_session.sh" lane "$n" > "$W/lane$n.out" 2>&1 < /dev/null & done
     sleep 1; log "lanes started" ;;
   lane) lane "$2" ;;
-  restart)  # restart lane N from the current tree (after a fix): its finished jobs are skipped, a running one is killed
+  restart)  # restart lane N from the current tree (after a fix): its finished jobs are skipped; the running one is
+            # waited for (up to 600 s) unless KILL=1; SKIP="job ..." leaves out jobs (e.g. one killed on purpose)
+    cur=$(grep -o "start [a-z0-9_]*" "$RES/lanes.log" | tail -1 | cut -d' ' -f2)
+    if [ -z "${KILL:-}" ] && [ -n "$cur" ] && [ ! -e "$RES/$cur.ok" ]; then
+      for _ in $(seq 600); do grep -q "end $cur " "$RES/lanes.log" && break; sleep 1; done
+    fi
     sid=$(pgrep -f "[g]pu_session.sh lane $2" | head -1); [ -n "$sid" ] && pkill -9 -s "$sid"; sleep 1
     rm -f "$FL/lane$2_done"
     setsid nohup bash "$ROOT/bench/gpu_session.sh" lane "$2" > "$W/lane$2.out" 2>&1 < /dev/null &
@@ -191,7 +208,7 @@ case "${1:-}" in
   watch)
     # carried parts: vLLM and its wheels (gpu_carry.sh), the previous decoder's source (.carry/old)
     ls -d "$ROOT"/.carry/p* > /dev/null 2>&1 && (cd "$ROOT" && bash bench/gpu_carry.sh recv | tail -3)
-    [ -d "$ROOT/.carry/old/src" ] && [ ! -d $OLD/src ] && cp -r "$ROOT/.carry/old" $OLD && echo "old decoder at $OLD"
+    take_carried
     end=$(( $(date +%s) + ${2:-60} ))
     while [ "$(date +%s)" -lt $end ] && ! { [ -e "$FL/lane0_done" ] && [ -e "$FL/lane1_done" ]; }; do sleep 5; done
     tail -n 40 "$RES/lanes.log"; nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader 2>/dev/null

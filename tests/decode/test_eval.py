@@ -143,3 +143,35 @@ def test_cost_model_replay_and_choice():
     best, preds = choose([rnd], costs, [TreeSpec.chain(1), TreeSpec.chain(2), TreeSpec(4, 3, 2)])
     assert preds[0]["speedup"] >= preds[1]["speedup"] >= preds[2]["speedup"]
     assert best.label() == preds[0]["setting"]
+
+
+def test_ulp_matches_the_dtype_spacing():
+    import torch
+    from eyas.decode.evaluate import ulp
+
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        for x in (0.375, 1.0, 17.5, -23.0, 100.0):
+            t = torch.tensor(abs(x), dtype=dtype)
+            # the next representable number above |x| (x is exact in every dtype here)
+            nxt = torch.nextafter(t.float(), torch.tensor(float("inf"))).to(dtype) if dtype == torch.float32 else None
+            step = ulp(x, dtype)
+            assert float(t + torch.tensor(step, dtype=dtype)) > float(t)           # one ulp up is a new number
+            assert float(t + torch.tensor(step / 4, dtype=dtype)) == float(t)      # a quarter ulp rounds back
+            if nxt is not None:
+                assert step == float(nxt) - float(t)
+
+
+def test_logit_gap_calls_a_two_ulp_gap_a_tie():
+    import types
+
+    import torch
+    from eyas.decode.evaluate import TIE_ULPS, _logit_gap
+
+    logits = torch.zeros(1, 1, 8)
+    logits[0, 0, 3], logits[0, 0, 5] = 20.0, 20.0 - TIE_ULPS * 0.125   # bf16 spacing at 16..32 is 0.125
+    model = lambda input_ids, use_cache: types.SimpleNamespace(logits=logits)  # noqa: E731
+    runner = types.SimpleNamespace(model=model, device="cpu", dtype=torch.bfloat16)
+    r = _logit_gap(runner, [1, 2], [7, 3], [7, 5])
+    assert r["index"] == 1 and r["ulp"] == 0.125 and r["tie"]
+    logits[0, 0, 5] = 20.0 - (TIE_ULPS + 1) * 0.125
+    assert not _logit_gap(runner, [1, 2], [7, 3], [7, 5])["tie"]

@@ -80,6 +80,11 @@ def _eos_ids(target) -> set[int]:
     return ids
 
 
+def ulp(x: float, dtype: torch.dtype) -> float:
+    """Spacing of `dtype`'s representable numbers at magnitude |x| (eps = 2^-stored mantissa bits)."""
+    return 2.0 ** math.floor(math.log2(max(abs(x), 1e-30))) * torch.finfo(dtype).eps
+
+
 def _logit_gap(runner: TargetRunner, prompt: list[int], ref: list[int], other: list[int]) -> dict:
     """At the first differing token: the target's logit(ref token) - logit(other token) given the common prefix."""
     i = next(i for i, (a, b) in enumerate(zip(ref + [-1], other + [-2])) if a != b)
@@ -90,9 +95,8 @@ def _logit_gap(runner: TargetRunner, prompt: list[int], ref: list[int], other: l
     gap = float(logits[ref[i]] - logits[other[i]])
     # "Lossless" in low precision: a divergence is explained iff the two tokens' logits tie within
     # TIE_ULPS units in the last place of the model dtype at their magnitude (bf16: 8 mantissa bits).
-    top = max(abs(float(logits[ref[i]])), abs(float(logits[other[i]])), 1e-30)
-    ulp = 2.0 ** math.floor(math.log2(top)) * torch.finfo(runner.dtype).eps  # eps = 2^-mantissa bits
-    return {"index": i, "gap": gap, "ulp": ulp, "tie": abs(gap) <= TIE_ULPS * ulp}
+    u = ulp(max(abs(float(logits[ref[i]])), abs(float(logits[other[i]]))), runner.dtype)
+    return {"index": i, "gap": gap, "ulp": u, "tie": abs(gap) <= TIE_ULPS * u}
 
 
 def _summary(stats: GenStats, base: GenStats, identical: list[bool]) -> dict:
