@@ -165,13 +165,13 @@ def test_logit_gap_calls_a_two_ulp_gap_a_tie():
     import types
 
     import torch
-    from eyas.decode.evaluate import TIE_ULPS, _logit_gap
+    from eyas.decode.evaluate import TIE_ULPS, logit_gap
 
     logits = torch.zeros(1, 1, 8)
     logits[0, 0, 3], logits[0, 0, 5] = 20.0, 20.0 - TIE_ULPS * 0.125   # bf16 spacing at 16..32 is 0.125
     model = lambda input_ids, use_cache: types.SimpleNamespace(logits=logits)  # noqa: E731
     runner = types.SimpleNamespace(model=model, device="cpu", dtype=torch.bfloat16)
-    r = _logit_gap(runner, [1, 2], [7, 3], [7, 5])
+    r = logit_gap(runner, [1, 2], [7, 3], [7, 5])
     assert r["index"] == 1 and r["ulp"] == 0.125 and r["tie"]
     logits[0, 0, 5] = 20.0 - (TIE_ULPS + 1) * 0.125
-    assert not _logit_gap(runner, [1, 2], [7, 3], [7, 5])["tie"]
+    assert not logit_gap(runner, [1, 2], [7, 3], [7, 5])["tie"]

@@ -130,3 +130,24 @@ def test_vllm_reads_the_export_config_as_eyas_wrote_it(setup):
                    "eagle_aux_hidden_state_layer_ids": [2, 4, 5], "draft_vocab_size": 64, "target_hidden_size": 32,
                    "head_dim": 8, "num_hidden_layers": 1, "norm_before_fc": False,
                    "rope_parameters": {"rope_type": "default", "rope_theta": 5000.0}}
+
+
+def test_served_divergences_are_classified_as_ties_or_not():
+    """A served output that leaves the target's greedy one is explained iff the target's two logits tie."""
+    import types
+
+    from eyas.engines.serve_check import served_divergences
+
+    logits = torch.zeros(1, 1, 8)
+    logits[0, 0, 3] = 20.0
+    model = lambda input_ids, use_cache: types.SimpleNamespace(logits=logits)  # noqa: E731
+    runner = types.SimpleNamespace(model=model, device="cpu", dtype=torch.bfloat16)
+    greedy = [[7, 3, 1], [7, 3], [4, 4]]
+    served = [[7, 5, 1], [7, 3], [4, 4, 2]]
+    logits[0, 0, 5] = 20.0 - 0.125          # one bf16 ulp at 20: a tie
+    r = served_divergences(runner, [[1], [2], [3]], served, greedy)
+    assert r["served_first_divergence"] == [1, None, 2]
+    assert r["served_divergences"][0]["tie"] is True and r["served_unexplained_divergences"] == 0
+    assert r["served_divergences"][1]["gap"] is None  # vLLM's output only runs longer: not a token disagreement
+    logits[0, 0, 5] = 15.0
+    assert served_divergences(runner, [[1], [2], [3]], served, greedy)["served_unexplained_divergences"] == 1

@@ -85,7 +85,7 @@ def ulp(x: float, dtype: torch.dtype) -> float:
     return 2.0 ** math.floor(math.log2(max(abs(x), 1e-30))) * torch.finfo(dtype).eps
 
 
-def _logit_gap(runner: TargetRunner, prompt: list[int], ref: list[int], other: list[int]) -> dict:
+def logit_gap(runner: TargetRunner, prompt: list[int], ref: list[int], other: list[int]) -> dict:
     """At the first differing token: the target's logit(ref token) - logit(other token) given the common prefix."""
     i = next(i for i, (a, b) in enumerate(zip(ref + [-1], other + [-2])) if a != b)
     if i >= min(len(ref), len(other)):
@@ -227,7 +227,7 @@ class Session:
             same = out == ref
             if not same and self.temperature <= 0:
                 divergences.append({"question_id": key[0], "turn": key[1], "category": cat,
-                                    **_logit_gap(self.runner, prompt, ref, out)})
+                                    **logit_gap(self.runner, prompt, ref, out)})
             c = cats.setdefault(cat, (GenStats(), GenStats(), []))
             for agg, s in ((c[0], st), (c[1], bst), (base_all, bst)):
                 agg.add(s)

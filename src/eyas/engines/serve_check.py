@@ -32,7 +32,7 @@ from pydantic import Field
 
 from eyas.config import StageConfig
 from eyas.decode.bench import load_bench
-from eyas.decode.evaluate import Session, evaluate
+from eyas.decode.evaluate import Session, evaluate, logit_gap
 from eyas.devices import TORCH_NAMES, resolve_dtype
 from eyas.draft.io import load_draft
 from eyas.engines.base import EngineError, run_in_env
@@ -174,9 +174,7 @@ def check(cfg: ServeCheckConfig) -> dict:
         "served_drafts": drafts, "native_steps": native.get("steps"), "prompts": len(prompts),
         "max_new_tokens": cfg.max_new_tokens, "native_identical_rate": native.get("identical_rate"),
         "served_identical_to_target_greedy": f"{sum(same)}/{len(same)}",
-        "served_first_divergence": [None if s_ else next((i for i, (a, b) in enumerate(zip(o, g)) if a != b),
-                                                          min(len(o), len(g)))
-                                    for s_, o, g in zip(same, served["outputs"], greedy)],
+        **served_divergences(session.runner, prompts, served["outputs"], greedy),
         "served_tokens": sum(len(o) for o in served["outputs"]), "native_new_tokens": native.get("new_tokens"),
         "vllm": {"version": served["vllm_version"], "python": str(python), "speculative_config": served["speculative_config"],
                  "startup_s": served["startup_s"], "generate_s": served["generate_s"],
@@ -187,6 +185,21 @@ def check(cfg: ServeCheckConfig) -> dict:
                "vLLM is not computing what eyas trained (layer ids, norms, keys?)"] if gap > cfg.tolerance else []
         result["reason"] = "\n  ".join(why + problems)
     return _finish(cfg, result)
+
+
+def served_divergences(runner, prompts: list[list[int]], served: list[list[int]], greedy: list[list[int]]) -> dict:
+    """Where vLLM's greedy output leaves the target's, and whether each departure is a bf16 logit tie (the two
+    tokens' target logits within TIE_ULPS ulps: kernels that round differently may pick either), as in eval."""
+    first, detail = [], []
+    for i, (o, g) in enumerate(zip(served, greedy)):
+        if o == g:
+            first.append(None)
+            continue
+        gap = logit_gap(runner, prompts[i], g, o)
+        first.append(gap["index"])
+        detail.append({"prompt": i, **gap})
+    return {"served_first_divergence": first, "served_divergences": detail,
+            "served_unexplained_divergences": sum(1 for d in detail if d.get("tie") is False)}
 
 
 def _finish(cfg: ServeCheckConfig, result: dict) -> dict:
