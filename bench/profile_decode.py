@@ -21,12 +21,12 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from eyas.decode.bench import load_bench
+from eyas.decode import evaluate
 from eyas.decode.evaluate import Session
 
-try:
-    from eyas.decode.evaluate import load_pair, turn_prompt
-except ImportError:  # the decoder before issue 14 (commit 6baea35) named them privately
-    from eyas.decode.evaluate import _load as load_pair, _prompts as turn_prompt
+# The decoder before issue 14 (commit 6baea35) named the pair loader and prompt builder privately.
+load_pair = getattr(evaluate, "load_pair", None) or getattr(evaluate, "_load")
+turn_prompt = getattr(evaluate, "turn_prompt", None) or getattr(evaluate, "_prompts")
 from eyas.decode.speculative import ar_generate
 from eyas.decode.tree import TreeSpec
 
