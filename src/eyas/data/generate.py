@@ -13,6 +13,9 @@ batch stays full while answers of very different lengths finish (HF `generate` w
   tokens), writing their keys/values straight into their slots' rows. Pads land in columns >= the prompt
   length, which the row's own later tokens overwrite before any query can see them.
 
+Attention runs through `grouped_attention` (eyas.data.attention) during the generator's own forward calls:
+the decode step's explicit mask would otherwise make transformers' sdpa path repeat K/V to every query head.
+
 Greedy decoding is argmax over fp32 logits, as in HF `generate`, so answers match it token for token up to
 floating-point ties (bf16: see BENCHMARKS.md, issue #13).
 """
@@ -26,6 +29,7 @@ from typing import Any, Callable, Hashable, Literal
 
 import torch
 
+from eyas.data.attention import grouped_attention
 from eyas.data.backends import GenerationError, HFBackend
 
 Request = tuple[Hashable, list[int], int]  # (key, prompt ids, max new tokens)
@@ -110,7 +114,7 @@ class Generator:
         mode = graph if graph != "auto" else ("cudagraph" if self.device.type == "cuda" else "eager")
         self._graph = self._out = self._compiled = None
         self.mode = "eager"
-        with torch.inference_mode():
+        with torch.inference_mode(), grouped_attention(model):
             self._decode()  # allocates the cache buffers (eager), before any capture
             if mode == "cudagraph":
                 self._capture()
@@ -154,13 +158,14 @@ class Generator:
             self.log(f"generate: CUDA graph capture failed ({type(e).__name__}: {str(e)[:200]}); decoding eager")
 
     def _step(self) -> torch.Tensor:
-        if self._graph is not None:
+        if self._graph is not None:  # the captured kernels already hold the grouped attention
             self._graph.replay()
             return self._out
-        if self._compiled is not None:
-            torch.compiler.cudagraph_mark_step_begin()
-            return self._compiled()
-        return self._decode()
+        with grouped_attention(self.model):
+            if self._compiled is not None:
+                torch.compiler.cudagraph_mark_step_begin()
+                return self._compiled()
+            return self._decode()
 
     def _prefill(self, rows: list[int], prompts: list[list[int]]) -> torch.Tensor:
         """Prompts into `rows`' cache; returns fp32 logits [G, V] at each prompt's last token."""
@@ -172,9 +177,10 @@ class Generator:
         causal = torch.full((T, T), neg, dtype=self.dtype, device=self.device).triu(1)
         self.cache.rows = torch.tensor(rows, device=self.device)
         try:
-            out = self.base(input_ids=ids.to(self.device), attention_mask=causal.expand(G, 1, T, T).contiguous(),
-                            position_ids=torch.arange(T, device=self.device).expand(G, T),
-                            use_cache=True, **{self._cache_kw: self.cache})
+            with grouped_attention(self.model):
+                out = self.base(input_ids=ids.to(self.device), attention_mask=causal.expand(G, 1, T, T).contiguous(),
+                                position_ids=torch.arange(T, device=self.device).expand(G, T),
+                                use_cache=True, **{self._cache_kw: self.cache})
         finally:
             self.cache.rows = None
         last = torch.tensor([len(p) - 1 for p in prompts], device=self.device)
