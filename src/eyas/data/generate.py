@@ -110,7 +110,8 @@ class Generator:
         self.cache.pos, self.cache.arange = self.pos, torch.arange(batch_size, device=self.device)
         self.cols = torch.arange(capacity, device=self.device)
         self.rng = torch.Generator(device=self.device).manual_seed(seed)
-        self.stats = {"generated": 0, "prompt_tokens": 0, "steps": 0, "prefills": 0}
+        # generated excludes stop tokens (stop_tokens counts them)
+        self.stats = {"generated": 0, "stop_tokens": 0, "prompt_tokens": 0, "steps": 0, "prefills": 0}
         mode = graph if graph != "auto" else ("cudagraph" if self.device.type == "cuda" else "eager")
         self._graph = self._out = self._compiled = None
         self.mode = "eager"
@@ -209,6 +210,7 @@ class Generator:
             s = slots[b]
             if t in stop:
                 slots[b] = None
+                self.stats["stop_tokens"] += 1
                 on_finish(s.key, s.tokens, "stop")
                 return False
             s.tokens.append(t)
@@ -290,6 +292,12 @@ class NativeBackend(HFBackend):
         capacity = -(-capacity // 64) * 64  # aligned key length for the fused attention kernels
         self.gen = Generator(self.model, batch_size=self.batch_size, capacity=capacity, eos=self.eos,
                              pad=self.pad, graph=graph, seed=seed)
+
+    @property
+    def generated_tokens(self) -> int:
+        """Every token the generator produced (`generate`, or `gen.run` directly), stop tokens included, as
+        HFBackend and the engines count them."""
+        return self.gen.stats["generated"] + self.gen.stats["stop_tokens"]
 
     def generate(self, prompts):
         enc = [self.encode(p) for p in prompts]
