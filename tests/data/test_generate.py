@@ -54,6 +54,7 @@ def test_matches_hf_greedy_with_retirement_and_refill(model, batch, refill_min):
     assert gen.generate(ps, BUDGETS) == ref
     assert gen.stats["generated"] == sum(len(t) for t, _ in ref)
     assert gen.stats["stop_tokens"] == sum(r == "stop" for _, r in ref)
+    assert gen.stats["decode_s"] > 0 and gen.stats["prefill_s"] > 0 and gen.stats["host_s"] > 0
     if batch < len(ps):
         assert gen.stats["prefills"] > 1  # slots were refilled
 

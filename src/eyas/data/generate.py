@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Literal
 
@@ -110,8 +111,10 @@ class Generator:
         self.cache.pos, self.cache.arange = self.pos, torch.arange(batch_size, device=self.device)
         self.cols = torch.arange(capacity, device=self.device)
         self.rng = torch.Generator(device=self.device).manual_seed(seed)
-        # generated excludes stop tokens (stop_tokens counts them)
-        self.stats = {"generated": 0, "stop_tokens": 0, "prompt_tokens": 0, "steps": 0, "prefills": 0}
+        # generated excludes stop tokens (stop_tokens counts them); seconds: decode steps and prefills (each up
+        # to its .tolist(), the sync), host_s the rest of run() (scheduling, on_finish callbacks)
+        self.stats = {"generated": 0, "stop_tokens": 0, "prompt_tokens": 0, "steps": 0, "prefills": 0,
+                      "decode_s": 0.0, "prefill_s": 0.0, "host_s": 0.0}
         mode = graph if graph != "auto" else ("cudagraph" if self.device.type == "cuda" else "eager")
         self._graph = self._out = self._compiled = None
         self.mode = "eager"
@@ -204,6 +207,8 @@ class Generator:
             *, temperature: float = 0.0, top_p: float = 1.0, eos: list[int] | None = None) -> dict:
         stop = set(eos) if eos is not None else self.eos
         slots: list[_Seq | None] = [None] * self.B
+        st, t_run = self.stats, time.perf_counter()
+        timed_before = st["decode_s"] + st["prefill_s"]
 
         def push(b: int, t: int) -> bool:
             """Append token t to slot b; retire the slot when its sequence ends. True if it goes on."""
@@ -241,8 +246,10 @@ class Generator:
                     while j < len(admitted) and (j + 1 - i) * len(admitted[j][2]) <= self.prefill_tokens:
                         j += 1
                     group = admitted[i:j]
+                    t0 = time.perf_counter()
                     first = self._choose(self._prefill([a[0] for a in group], [a[2] for a in group]),
                                          temperature, top_p).tolist()
+                    st["prefill_s"] += time.perf_counter() - t0
                     for (b, s, ids), t in zip(group, first):
                         slots[b] = s
                         self.stats["prompt_tokens"] += len(ids)
@@ -253,12 +260,15 @@ class Generator:
             if not active:
                 if pulled:
                     continue
-                return self.stats
+                st["host_s"] += time.perf_counter() - t_run - (st["decode_s"] + st["prefill_s"] - timed_before)
+                return st
+            t0 = time.perf_counter()
             nxt = self._choose(self._step(), temperature, top_p)
             self.tok.copy_(nxt)
             self.pos.add_(1)
-            self.stats["steps"] += 1
             toks = nxt.tolist()
+            st["decode_s"] += time.perf_counter() - t0
+            st["steps"] += 1
             for b in active:
                 push(b, toks[b])
             idle = [b for b in range(self.B) if slots[b] is None]
