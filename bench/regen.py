@@ -143,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
         "rows": len(prompts), "batch": a.batch, "max_new_tokens": a.max_new, "load_and_capture_s": round(t_load, 1),
         "native": {"generated_tokens": st["generated"], "prompt_tokens": st["prompt_tokens"], "seconds": round(secs, 2),
                    "tok_per_s": round(st["generated"] / secs, 1), "steps": st["steps"], "prefills": st["prefills"],
+                   # where the time went: decode steps / prefills (each up to its sync) / host scheduling
+                   **{k: round(st[k], 2) for k in ("decode_s", "prefill_s", "host_s")},
+                   "ms_per_step": round(1000 * st["decode_s"] / max(st["steps"], 1), 2),
                    "finish": {r: sum(x[1] == r for x in answers) for r in ("stop", "length")}},
         "hf_generate": {"rows": n, "batch": a.hf_batch, "generated_tokens": hf_tokens, "seconds": round(hf_secs, 2),
                         "tok_per_s": round(hf_tokens / hf_secs, 1)},

@@ -53,6 +53,8 @@ def test_matches_hf_greedy_with_retirement_and_refill(model, batch, refill_min):
     gen = Generator(model, batch_size=batch, capacity=64, eos=[eos], refill_min=refill_min)
     assert gen.generate(ps, BUDGETS) == ref
     assert gen.stats["generated"] == sum(len(t) for t, _ in ref)
+    assert gen.stats["stop_tokens"] == sum(r == "stop" for _, r in ref)
+    assert gen.stats["decode_s"] > 0 and gen.stats["prefill_s"] > 0 and gen.stats["host_s"] > 0
     if batch < len(ps):
         assert gen.stats["prefills"] > 1  # slots were refilled
 
@@ -140,6 +142,9 @@ def test_native_regenerate_matches_hf_backend_and_resumes(tiny_target, tmp_path)
     by_row = lambda p: {r["row"]: r for r in map(json.loads, p.read_text().splitlines())}  # noqa: E731
     a, b = by_row(tmp_path / "hf.jsonl"), by_row(tmp_path / "nat.jsonl")
     assert a == b and hf["written"] == len(b) >= 4
+    # the summary counts what the generator produced, stop tokens included, as the hf backend counts it
+    assert first["generated_tokens"] > 0
+    assert hf["generated_tokens"] == first["generated_tokens"] + nat["generated_tokens"]
     assert any(len(r["finish_reasons"]) > 1 for r in b.values())  # multi-turn rows went through follow-ups
 
 

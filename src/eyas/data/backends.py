@@ -38,6 +38,8 @@ def answer(tokenizer, generated: Sequence[int], eos: Sequence[int]) -> tuple[str
 class HFBackend:
     """Batched `generate` on the target; a static KV cache on CUDA (fixed shapes), the default cache elsewhere."""
 
+    generated_tokens = 0  # every token generated so far, stop tokens included (a subclass may derive it)
+
     def __init__(self, target: str, *, device: str | None = None, dtype: str = "auto", batch_size: int = 16,
                  max_new_tokens: int = 512, max_prompt_tokens: int | None = None, temperature: float = 0.0,
                  top_p: float = 1.0, static_cache: bool | None = None, cache=None, trust_remote_code: bool = False,
@@ -63,7 +65,6 @@ class HFBackend:
         self.eos = sorted(eos)
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos[0]
         self.name = target
-        self.generated_tokens = 0
 
     def encode(self, prompt: Sequence[dict]) -> list[int] | GenerationError:
         """The chat-templated prompt's token ids, or why it cannot be answered (a per-row error)."""

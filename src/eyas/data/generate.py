@@ -13,6 +13,9 @@ batch stays full while answers of very different lengths finish (HF `generate` w
   tokens), writing their keys/values straight into their slots' rows. Pads land in columns >= the prompt
   length, which the row's own later tokens overwrite before any query can see them.
 
+Attention runs through `grouped_attention` (eyas.data.attention) during the generator's own forward calls:
+the decode step's explicit mask would otherwise make transformers' sdpa path repeat K/V to every query head.
+
 Greedy decoding is argmax over fp32 logits, as in HF `generate`, so answers match it token for token up to
 floating-point ties (bf16: see BENCHMARKS.md, issue #13).
 """
@@ -21,11 +24,13 @@ from __future__ import annotations
 
 import inspect
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Literal
 
 import torch
 
+from eyas.data.attention import grouped_attention
 from eyas.data.backends import GenerationError, HFBackend
 
 Request = tuple[Hashable, list[int], int]  # (key, prompt ids, max new tokens)
@@ -106,11 +111,14 @@ class Generator:
         self.cache.pos, self.cache.arange = self.pos, torch.arange(batch_size, device=self.device)
         self.cols = torch.arange(capacity, device=self.device)
         self.rng = torch.Generator(device=self.device).manual_seed(seed)
-        self.stats = {"generated": 0, "prompt_tokens": 0, "steps": 0, "prefills": 0}
+        # generated excludes stop tokens (stop_tokens counts them); seconds: decode steps and prefills (each up
+        # to its .tolist(), the sync), host_s the rest of run() (scheduling, on_finish callbacks)
+        self.stats = {"generated": 0, "stop_tokens": 0, "prompt_tokens": 0, "steps": 0, "prefills": 0,
+                      "decode_s": 0.0, "prefill_s": 0.0, "host_s": 0.0}
         mode = graph if graph != "auto" else ("cudagraph" if self.device.type == "cuda" else "eager")
         self._graph = self._out = self._compiled = None
         self.mode = "eager"
-        with torch.inference_mode():
+        with torch.inference_mode(), grouped_attention(model):
             self._decode()  # allocates the cache buffers (eager), before any capture
             if mode == "cudagraph":
                 self._capture()
@@ -154,13 +162,14 @@ class Generator:
             self.log(f"generate: CUDA graph capture failed ({type(e).__name__}: {str(e)[:200]}); decoding eager")
 
     def _step(self) -> torch.Tensor:
-        if self._graph is not None:
+        if self._graph is not None:  # the captured kernels already hold the grouped attention
             self._graph.replay()
             return self._out
-        if self._compiled is not None:
-            torch.compiler.cudagraph_mark_step_begin()
-            return self._compiled()
-        return self._decode()
+        with grouped_attention(self.model):
+            if self._compiled is not None:
+                torch.compiler.cudagraph_mark_step_begin()
+                return self._compiled()
+            return self._decode()
 
     def _prefill(self, rows: list[int], prompts: list[list[int]]) -> torch.Tensor:
         """Prompts into `rows`' cache; returns fp32 logits [G, V] at each prompt's last token."""
@@ -172,9 +181,10 @@ class Generator:
         causal = torch.full((T, T), neg, dtype=self.dtype, device=self.device).triu(1)
         self.cache.rows = torch.tensor(rows, device=self.device)
         try:
-            out = self.base(input_ids=ids.to(self.device), attention_mask=causal.expand(G, 1, T, T).contiguous(),
-                            position_ids=torch.arange(T, device=self.device).expand(G, T),
-                            use_cache=True, **{self._cache_kw: self.cache})
+            with grouped_attention(self.model):
+                out = self.base(input_ids=ids.to(self.device), attention_mask=causal.expand(G, 1, T, T).contiguous(),
+                                position_ids=torch.arange(T, device=self.device).expand(G, T),
+                                use_cache=True, **{self._cache_kw: self.cache})
         finally:
             self.cache.rows = None
         last = torch.tensor([len(p) - 1 for p in prompts], device=self.device)
@@ -197,12 +207,15 @@ class Generator:
             *, temperature: float = 0.0, top_p: float = 1.0, eos: list[int] | None = None) -> dict:
         stop = set(eos) if eos is not None else self.eos
         slots: list[_Seq | None] = [None] * self.B
+        st, t_run = self.stats, time.perf_counter()
+        timed_before = st["decode_s"] + st["prefill_s"]
 
         def push(b: int, t: int) -> bool:
             """Append token t to slot b; retire the slot when its sequence ends. True if it goes on."""
             s = slots[b]
             if t in stop:
                 slots[b] = None
+                self.stats["stop_tokens"] += 1
                 on_finish(s.key, s.tokens, "stop")
                 return False
             s.tokens.append(t)
@@ -233,8 +246,10 @@ class Generator:
                     while j < len(admitted) and (j + 1 - i) * len(admitted[j][2]) <= self.prefill_tokens:
                         j += 1
                     group = admitted[i:j]
+                    t0 = time.perf_counter()
                     first = self._choose(self._prefill([a[0] for a in group], [a[2] for a in group]),
                                          temperature, top_p).tolist()
+                    st["prefill_s"] += time.perf_counter() - t0
                     for (b, s, ids), t in zip(group, first):
                         slots[b] = s
                         self.stats["prompt_tokens"] += len(ids)
@@ -245,12 +260,15 @@ class Generator:
             if not active:
                 if pulled:
                     continue
-                return self.stats
+                st["host_s"] += time.perf_counter() - t_run - (st["decode_s"] + st["prefill_s"] - timed_before)
+                return st
+            t0 = time.perf_counter()
             nxt = self._choose(self._step(), temperature, top_p)
             self.tok.copy_(nxt)
             self.pos.add_(1)
-            self.stats["steps"] += 1
             toks = nxt.tolist()
+            st["decode_s"] += time.perf_counter() - t0
+            st["steps"] += 1
             for b in active:
                 push(b, toks[b])
             idle = [b for b in range(self.B) if slots[b] is None]
@@ -284,6 +302,12 @@ class NativeBackend(HFBackend):
         capacity = -(-capacity // 64) * 64  # aligned key length for the fused attention kernels
         self.gen = Generator(self.model, batch_size=self.batch_size, capacity=capacity, eos=self.eos,
                              pad=self.pad, graph=graph, seed=seed)
+
+    @property
+    def generated_tokens(self) -> int:
+        """Every token the generator produced (`generate`, or `gen.run` directly), stop tokens included, as
+        HFBackend and the engines count them."""
+        return self.gen.stats["generated"] + self.gen.stats["stop_tokens"]
 
     def generate(self, prompts):
         enc = [self.encode(p) for p in prompts]
