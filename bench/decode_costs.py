@@ -91,7 +91,7 @@ def run(a) -> dict:
     layout = wrap_model(model).layout
     aux = default_aux_layer_ids(layout.num_layers)
     draft = Eagle3Draft(draft_config_from_target(model.config, aux_layer_ids=aux)).to(dev, dtype).eval()
-    runner = TargetRunner(model, layout, aux, a.capacity)
+    runner = TargetRunner(model, layout, aux, a.capacity, min_bucket=a.min_bucket)
     if a.inner == "compiled":
         runner.compile_inner()
     print(f"built {a.shape} on {dev} in {time.perf_counter() - t0:.1f} s", flush=True)
@@ -101,7 +101,7 @@ def run(a) -> dict:
         runner.step(torch.zeros(ctx, dtype=torch.long, device=dev), ar, ar, torch.tensor(0, device=dev),
                     torch.ones(ctx, ctx, dtype=torch.bool, device=dev).tril(), eager=True)
     res = {"shape": a.shape, "device": str(dev), "dtype": str(dtype), "context": ctx, "inner": a.inner,
-           "verify_s": {}, "torch": torch.__version__}
+           "kv_buckets": list(runner.buckets), "verify_s": {}, "torch": torch.__version__}
     for W in [1] + a.widths:
         toks = torch.zeros(W, dtype=torch.long, device=dev)
         pos = torch.full((W,), ctx, device=dev) + torch.arange(W, device=dev).clamp(max=6)
@@ -109,9 +109,10 @@ def run(a) -> dict:
         anc = torch.ones(W, W, dtype=torch.bool, device=dev).tril()
         ctx_t = torch.tensor(ctx, device=dev)
         with torch.no_grad():
-            t = timed(lambda: runner.inner_step(toks, pos, slots, ctx_t, anc), dev, a.iters)
+            kv = runner.bucket(ctx + W)  # as the decoders choose it
+            t = timed(lambda: runner.inner_step(toks, pos, slots, ctx_t, anc, kv), dev, a.iters)
         res["verify_s"][W] = t
-        print(f"target step W={W:3d}: {t * 1e3:.3f} ms", flush=True)
+        print(f"target step W={W:3d}: {t * 1e3:.3f} ms (attending over {kv} KV slots)", flush=True)
     res["ar_step_s"] = res["verify_s"].pop(1)
     spec = TreeSpec(total=60, depth=7, topk=a.topk)
     prop = EagleProposer(draft, spec, a.capacity)
@@ -153,6 +154,7 @@ def main(argv=None) -> int:
     ap.add_argument("--topk", type=int, default=10, help="draft level width")
     ap.add_argument("--context", type=int, default=512, help="committed tokens in the KV cache")
     ap.add_argument("--capacity", type=int, default=1024)
+    ap.add_argument("--min-bucket", type=int, default=256, help="smallest KV bucket (>= capacity: no bucketing)")
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--host-ms", type=float, default=0.2, help="per-round host time for the prediction (goal 0.2)")
     ap.add_argument("--accept-from", type=Path, default=None, help="bench/decode.py JSON (T=0 acceptance)")

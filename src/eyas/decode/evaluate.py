@@ -23,7 +23,7 @@ from eyas.config import StageConfig
 from eyas.decode.bench import SPEC_BENCH, load_bench
 from eyas.decode.costmodel import Costs, choose, covers, predict_from
 from eyas.decode.proposer import EagleProposer
-from eyas.decode.speculative import GenStats, SpecDecoder, ar_generate
+from eyas.decode.speculative import GenStats, SpecDecoder, ar_generate, warm_ar
 from eyas.decode.target_step import TargetRunner
 from eyas.decode.tree import TreeSpec
 from eyas.devices import DEVICE_HELP, DTYPE_HELP, Dtype, resolve_device, resolve_dtype
@@ -162,6 +162,7 @@ class Session:
             if _INNER == "compiled":
                 self.runner.compile_inner()
         self.baseline: dict[tuple, tuple[list[int], GenStats]] = {}
+        self._ar_warm, self._warm_specs = False, set()   # what `warmup` already compiled at every bucket
 
     def _gen(self, key):
         return torch.Generator().manual_seed(zlib.crc32(repr((self.seed,) + key).encode()))
@@ -188,13 +189,20 @@ class Session:
         bar.close()
 
     def warmup(self, spec: TreeSpec | None) -> None:
-        """Compile/capture every static shape outside the timed region."""
+        """Compile/capture every static shape outside the timed region: a short generation of each,
+        then the target step and the round at every KV bucket (compiled once per runner / decoder)."""
         q = self.questions[0]
         prompt = turn_prompt(self.target.tokenizer, q, [])
         for _ in range(2 if self.compile else 0):  # eager needs no warm-up
             ar_generate(self.runner, prompt, min(16, self.max_new), eos_ids=())
             if spec is not None:
                 self.decoder(spec).generate(prompt, min(3 * spec.depth + 4, self.max_new))
+        if self.compile and not self._ar_warm:
+            warm_ar(self.runner)
+            self._ar_warm = True
+        if self.compile and spec is not None and spec not in self._warm_specs:
+            self.decoder(spec).warm(prompt)
+            self._warm_specs.add(spec)
 
     def decoder(self, spec: TreeSpec, record: bool = False) -> SpecDecoder:
         """One decoder (static buffers, CUDA graphs captured on first use) per setting, kept."""

@@ -2,13 +2,17 @@
 autoregressive baseline through the very same target step function.
 
 KV invariant, both target and draft: with `seq` committed (prompt + generated), the caches hold
-positions [0, len(seq) - 1); the last committed token is the next verification root.
+positions [0, len(seq) - 1); the last committed token is the next verification root. Every target
+step attends over `runner.bucket(highest slot it uses + 1)` KV slots, the baseline's and the
+decoders' alike (a fair comparison); the host knows that number before each step (no device read).
 """
 
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
@@ -65,7 +69,26 @@ def _prefill(runner: TargetRunner, prompt: list[int]):
         raise ValueError(f"prompt of {n} tokens does not fit the KV capacity {runner.capacity}")
     ar = torch.arange(n, device=dev)
     anc = torch.ones(n, n, dtype=torch.bool, device=dev).tril()
-    return runner.step(torch.tensor(prompt, device=dev), ar, ar, torch.tensor(0, device=dev), anc, eager=True)
+    return runner.step(torch.tensor(prompt, device=dev), ar, ar, torch.tensor(0, device=dev), anc,
+                       kv_len=runner.bucket(n), eager=True)
+
+
+def _ar_step(runner: TargetRunner, token: int, L: int, anc: torch.Tensor):
+    """The baseline's step: with L tokens committed, the last one at slot (= position) L - 1."""
+    dev = runner.device
+    pos = torch.tensor([L - 1], device=dev)
+    return runner.step(torch.tensor([token], device=dev), pos, pos, torch.tensor(L - 1, device=dev), anc,
+                       kv_len=runner.bucket(L))
+
+
+@torch.no_grad()
+def warm_ar(runner: TargetRunner, calls: int = 3) -> None:
+    """Compile (and record, reduce-overhead) the baseline step at every KV bucket, outside timed runs.
+    Writes only slots that no generation has committed (between generations, none is)."""
+    anc = torch.ones(1, 1, dtype=torch.bool, device=runner.device)
+    for b in runner.buckets:
+        for _ in range(calls):
+            _ar_step(runner, 0, b, anc)
 
 
 def _finish(seq: list[int], n_prompt: int, max_new: int, eos: set[int]) -> list[int]:
@@ -89,9 +112,7 @@ def ar_generate(runner: TargetRunner, prompt: list[int], max_new_tokens: int, *,
     stats.t_prefill = time.perf_counter() - t0
     anc = torch.ones(1, 1, dtype=torch.bool, device=dev)
     while len(seq) - len(prompt) < max_new_tokens and seq[-1] not in eos:
-        L = len(seq)
-        pos = torch.tensor([L - 1], device=dev)
-        logits, _ = runner.step(torch.tensor([seq[-1]], device=dev), pos, pos, torch.tensor(L - 1, device=dev), anc)
+        logits, _ = _ar_step(runner, seq[-1], len(seq), anc)
         seq.append(_first_token(logits[0], temperature, generator))
     _sync(dev)
     stats.t_total = time.perf_counter() - t0
@@ -139,7 +160,8 @@ class HostSpecDecoder:
             toks = torch.tensor(host_toks + [0] * (W - T), device=dev)
             pos = torch.tensor([L - 1] + [L - 1 + d for d in tree.depths] + [L - 1] * (W - T), device=dev)
             slots = torch.arange(L - 1, L - 1 + W, device=dev)
-            logits, aux = runner.step(toks, pos, slots, torch.tensor(L - 1, device=dev), anc.to(dev))
+            logits, aux = runner.step(toks, pos, slots, torch.tensor(L - 1, device=dev), anc.to(dev),
+                                      kv_len=runner.bucket(L - 1 + W))
             if self.temperature <= 0:
                 path, bonus = greedy_accept(tree, seq[-1], logits.argmax(-1).tolist())
             else:
@@ -193,6 +215,8 @@ class SpecDecoder:
               acceptance (argmax or one sample per row), KV compaction, L += accepted + 1;
       draft:  the draft's catch-up over the accepted rows, then the next tree into the tree buffers.
     The host then reads one small tensor (accepted count + tokens): the round's only sync.
+    verify attends over a KV bucket chosen on the host from len(seq); each bucket is its own pair of
+    graphs, captured on first use (`warm` captures them all ahead of timed runs).
     Off the GPU (or graphs=False) the same two functions run eagerly. Proposers provide
     `observe(seq, aux, 0)` (prefill), `catchup(aux, toks, start, m)` and `draft_tree(L, seq) -> tensors`.
     """
@@ -220,19 +244,21 @@ class SpecDecoder:
         self.out_host = torch.zeros(self.out.shape, dtype=self.out.dtype, pin_memory=self.cuda)
         self.rec_host = torch.zeros(self.rec.shape, dtype=self.rec.dtype, pin_memory=self.cuda)
         self.aux_keep = self.noise = None                          # shapes known at the first prefill
-        self._graphs = None
+        self._graphs: dict[int, tuple] = {}                       # KV bucket -> (verify, draft) replays
+        self._pool = None                                          # one memory pool for all of them
         # With a compiled target step, fuse the tree-mask and acceptance ops too (dozens of tiny kernels)
         fuse = (lambda f: torch.compile(f, dynamic=False)) if getattr(runner, "inner_compiled", False) else (lambda f: f)
         self._masks, self._accept = fuse(tree_masks), fuse(accept_path)
         self._gen_dev = torch.Generator(device=dev) if self.cuda else None
 
     # ---- the two round functions: persistent tensors in, persistent tensors out ----
-    def _verify(self) -> None:
+    def _verify(self, kv_len: int) -> None:
+        # kv_len: a bucket >= L - 1 + W, so every slot written, compacted or attended is below it
         L, D = self.L, self.D
         pv, anc, dep, valid_v = self._masks(self.t_par, self.t_valid, D)
         tok_v = torch.cat([self.seq[(L - 1).reshape(1)], self.t_tok])
         slots = L - 1 + self.ar_w
-        logits, aux = self.runner.inner_step(tok_v, L - 1 + dep, slots, L - 1, anc)
+        logits, aux = self.runner.inner_step(tok_v, L - 1 + dep, slots, L - 1, anc, kv_len)
         if self.temperature <= 0:
             target, second = logits.argmax(-1), None
         else:
@@ -261,29 +287,61 @@ class SpecDecoder:
         self.t_valid.copy_(valid)
         self.t_sc.copy_(sc)
 
-    def _capture(self) -> None:
-        """Warm up on a side stream (allocator, compiled kernels), undo the warm-up's state changes (it
-        only wrote uncommitted KV slots), then capture each round function once."""
+    def _round(self, kv_len: int):
+        """(verify, draft) at this KV bucket: eager, or its CUDA graphs (captured on first use)."""
+        if self.graphs and kv_len not in self._graphs:
+            try:
+                self._graphs[kv_len] = self._capture(kv_len)
+            except RuntimeError as e:  # keep the run going (eagerly), loudly: timings are then not graph timings
+                print(f"WARNING: CUDA graph capture of the speculative round failed ({e}); running eagerly")
+                self.graphs = False
+        return self._graphs[kv_len] if self.graphs else (partial(self._verify, kv_len), self._draft)
+
+    def _warm(self, kv_len: int) -> None:
+        """Run the round twice at this bucket (compiles it; on the GPU on a side stream, as capture
+        needs), restoring the state after each run: it wrote only uncommitted KV slots < kv_len."""
         p = self.proposer
         state = [self.L, self.seq, self.t_tok, self.t_par, self.t_valid, self.t_sc, self.emitted, self.c_start,
                  self.c_m, self.aux_keep] + [getattr(p, n) for n in ("pre0", "lp0", "id0") if hasattr(p, n)]
         saved = [t.clone() for t in state]
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
+        side = torch.cuda.Stream(self.device) if self.cuda else None
+        if side is not None:
+            side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side) if side is not None else nullcontext():
             for _ in range(2):
-                self._verify()
-                self._draft()
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        for t, v in zip(state, saved):
-            t.copy_(v)
-        pool = torch.cuda.graph_pool_handle()
+                try:
+                    self._verify(kv_len)
+                    self._draft()
+                finally:
+                    for t, v in zip(state, saved):
+                        t.copy_(v)
+        if side is not None:
+            torch.cuda.current_stream(self.device).wait_stream(side)
+
+    def _capture(self, kv_len: int) -> tuple:
+        """Warm up, then capture each round function once at this bucket. The draft does not read the
+        target cache, but a pair per bucket keeps this simple; all share one memory pool (safe: no
+        graph output outlives its replay, everything persistent is allocated outside the graphs)."""
+        self._warm(kv_len)
+        self._pool = self._pool or torch.cuda.graph_pool_handle()
         gv, gd = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-        with torch.cuda.graph(gv, pool=pool):
-            self._verify()
-        with torch.cuda.graph(gd, pool=pool):
+        with torch.cuda.graph(gv, pool=self._pool):
+            self._verify(kv_len)
+        with torch.cuda.graph(gd, pool=self._pool):
             self._draft()
-        self._graphs = (gv.replay, gd.replay)
+        return gv.replay, gd.replay
+
+    @torch.no_grad()
+    def warm(self, prompt: list[int]) -> None:
+        """Compile / capture the round at every bucket a generation can use, from a short prompt's
+        state (any bucket >= its first round's fits), so that none lands in a timed generation."""
+        seq = self._prefill(prompt[:1], None)
+        for b in self.runner.buckets:
+            if b >= self.runner.bucket(len(seq) - 1 + self.N + 1):
+                if self.graphs:
+                    self._round(b)
+                else:
+                    self._warm(b)
 
     def _prefill(self, prompt: list[int], generator) -> list[int]:
         logits, aux = _prefill(self.runner, prompt)
@@ -309,20 +367,13 @@ class SpecDecoder:
         _sync(self.device)
         t0 = time.perf_counter()
         seq = self._prefill(prompt, generator)
-        if self.graphs and self._graphs is None and len(seq) - 1 + W + 3 * (D + 1) <= runner.capacity:
-            try:
-                self._capture()
-            except RuntimeError as e:  # keep the run going (eagerly), loudly: timings are then not graph timings
-                print(f"WARNING: CUDA graph capture of the speculative round failed ({e}); running eagerly")
-                self.graphs = False
-                seq = self._prefill(prompt, generator)
-        verify, draft = self._graphs or (self._verify, self._draft)
         _sync(self.device)
         st.t_prefill = time.perf_counter() - t0
         marks, raw = [], []
         while len(seq) - len(prompt) < max_new_tokens and seq[-1] not in self.eos:
             if len(seq) - 1 + W + D + 1 > runner.capacity:
                 raise ValueError(f"KV capacity {runner.capacity} too small for {len(seq)} tokens plus a {W}-node tree")
+            verify, draft = self._round(runner.bucket(len(seq) - 1 + W))  # the verify's slots end at L - 1 + W
             if self.noise is not None:
                 self.noise.exponential_(generator=self._gen_dev if self.cuda else generator)
             m0 = self._mark()

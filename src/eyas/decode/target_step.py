@@ -4,15 +4,20 @@ The target runs through its own transformers forward (so every architecture work
 multimodal wrappers), with two substitutions that make tree verification and CUDA graphs possible:
 
 * `SlotCache` — a StaticCache subclass whose `update` writes this call's keys/values at explicit
-  slots (`cache.slots`, [T]) of preallocated [1, nkv, capacity, d] buffers and returns the whole
-  buffers. Tree nodes therefore live at scratch slots after the context, and accepting a path is a
-  copy of a few slots (`compact`). Overriding `update` (whose signature is stable across
-  transformers 5.x, unlike the StaticLayer internals) keeps us independent of cache bookkeeping.
-* an explicit additive 4-D mask [1, 1, T, capacity] (transformers returns 4-D masks as-is): a query
+  slots (`cache.slots`, [T]) of preallocated [1, nkv, capacity, d] buffers and returns views of
+  their first `cache.kv_len` slots. Tree nodes therefore live at scratch slots after the context,
+  and accepting a path is a copy of a few slots (`compact`). Overriding `update` (whose signature
+  is stable across transformers 5.x, unlike the StaticLayer internals) keeps us independent of
+  cache bookkeeping.
+* an explicit additive 4-D mask [1, 1, T, kv_len] (transformers returns 4-D masks as-is): a query
   sees the committed context (slots < ctx_len) plus its tree ancestors. Models with both full and
   sliding-window layers (Gemma 2/3) get the {layer_type: mask} mapping they accept, with the window
   applied to the sliding one. Other sliding-window models see full attention (exact while
   sequences stay inside their window, which is 4k+ for the models that use it this way).
+* KV buckets: a step attends over only the first `kv_len` slots, kv_len from a few static sizes
+  (`runner.bucket(n)`: powers of two from `min_bucket`, then `capacity`). The masked-out tail would
+  be pure waste: attention kernels walk every KV tile, so a step's cost grows with kv_len, not
+  with the real context. Each bucket is one more static shape (compile / CUDA graph).
 
 Aux states (the draft's input) come from `eyas.target.capture` hooks that stay registered for the
 runner's lifetime, so the same function can be handed to torch.compile (the hook writes are
@@ -22,6 +27,7 @@ traced as side effects) and replayed as a CUDA graph with static shapes.
 from __future__ import annotations
 
 import inspect
+from bisect import bisect_left
 from contextlib import ExitStack
 
 import torch
@@ -45,9 +51,10 @@ class SlotCache(_static_cache_class()):  # type: ignore[misc]
         self.kbuf: list[torch.Tensor | None] = [None] * len(self.layers)
         self.vbuf: list[torch.Tensor | None] = [None] * len(self.layers)
         self.slots: torch.Tensor | None = None
+        self.kv_len = capacity  # update returns the first kv_len slots (every slot used is below it)
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        # key_states [1, nkv, T, d] -> the full buffers [1, nkv, capacity, d] after writing at `slots`
+        # key_states [1, nkv, T, d] -> views [1, nkv, kv_len, d] of the buffers after writing at `slots`
         if self.kbuf[layer_idx] is None:  # first (eager) call allocates; addresses never change after
             shape = lambda x: (x.shape[0], x.shape[1], self.capacity, x.shape[3])
             self.kbuf[layer_idx] = torch.zeros(shape(key_states), dtype=key_states.dtype, device=key_states.device)
@@ -58,7 +65,8 @@ class SlotCache(_static_cache_class()):  # type: ignore[misc]
         k, v = self.kbuf[layer_idx], self.vbuf[layer_idx]
         k.index_copy_(2, self.slots, key_states)
         v.index_copy_(2, self.slots, value_states)
-        return k, v
+        # views of the same storage: CUDA graphs keep their addresses
+        return k[:, :, :self.kv_len], v[:, :, :self.kv_len]
 
     def get_seq_length(self, *args, **kwargs) -> int:
         return 0  # position ids and masks are always passed explicitly
@@ -73,23 +81,34 @@ class SlotCache(_static_cache_class()):  # type: ignore[misc]
 
 
 def raise_recompile_limit(n: int = 64) -> None:
-    """Each (runner/proposer instance, width) pair is its own graph, all from one code object; the
-    default limit of 8 would silently send later ones back to eager."""
+    """Each (runner/proposer instance, width, KV bucket) is its own graph, all from one code object;
+    the default limit of 8 would silently send later ones back to eager."""
     cfg = torch._dynamo.config
     for name in ("recompile_limit", "cache_size_limit"):
         if hasattr(cfg, name):
             setattr(cfg, name, max(getattr(cfg, name), n))
 
 
+def kv_buckets(capacity: int, min_bucket: int = 256) -> tuple[int, ...]:
+    """Powers of two from min_bucket below capacity, then capacity itself: few static shapes, and a
+    step attends over less than twice the slots it needs (or min_bucket)."""
+    out, b = [], min_bucket
+    while b < capacity:
+        out.append(b)
+        b *= 2
+    return tuple(out) + (capacity,)
+
+
 class TargetRunner:
     """Owns the target model, its SlotCache and the aux-state hooks; `step` is one forward."""
 
-    def __init__(self, model: nn.Module, layout: Layout, aux_ids: list[int], capacity: int):
+    def __init__(self, model: nn.Module, layout: Layout, aux_ids: list[int], capacity: int, min_bucket: int = 256):
         self.model, self.layout, self.aux_ids = model, layout, list(aux_ids)
         self.config = model.config
         self.device = layout.lm_head.weight.device
         self.dtype = layout.lm_head.weight.dtype
         self.capacity = capacity
+        self.buckets = kv_buckets(capacity, min_bucket)
         params = inspect.signature(model.forward).parameters
         # transformers 5.17 calls it past_key_values, later 5.x releases `cache`.
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
@@ -105,9 +124,19 @@ class TargetRunner:
         self.inner_step = self._step  # what the speculative decoder's own CUDA graphs capture
         self.inner_compiled = False
 
+    def bucket(self, n: int) -> int:
+        """The KV length a step whose slots are all < n attends over: the smallest bucket >= n."""
+        if n > self.capacity:
+            raise ValueError(f"{n} KV slots do not fit the capacity {self.capacity}")
+        return self.buckets[bisect_left(self.buckets, n)]
+
+    def _recompile_limit(self) -> None:
+        # per runner: (AR step + a few tree widths) x buckets; calibration and sweeps add runners/widths
+        raise_recompile_limit(max(64, 16 * len(self.buckets)))
+
     def compile_inner(self) -> None:
         """torch.compile `_step` without CUDA graphs (fused kernels); the decoder captures it itself."""
-        raise_recompile_limit()
+        self._recompile_limit()
         self.inner_step = torch.compile(self._step, dynamic=False)
         self.inner_compiled = True
 
@@ -115,19 +144,19 @@ class TargetRunner:
         self._hooks.close()
 
     def compile(self, mode: str = "reduce-overhead") -> None:
-        """Compile `step` (static shapes per T); prefill stays eager (HF's own advice for static caches)."""
-        raise_recompile_limit()
+        """Compile `step` (static shapes per T and kv_len); prefill stays eager (HF's own advice for static caches)."""
+        self._recompile_limit()
         self._compiled = torch.compile(self._step, mode=mode, fullgraph=False, dynamic=False)
 
-    def _mask(self, positions, slots, ctx_len, anc):
-        # bool [T, capacity]: committed context + this call's ancestors (incl. self)
+    def _mask(self, positions, slots, ctx_len, anc, kv_len: int):
+        # bool [T, kv_len]: committed context + this call's ancestors (incl. self)
         T = slots.shape[0]
-        cols = torch.arange(self.capacity, device=slots.device)
-        extra = torch.zeros(T, self.capacity, dtype=torch.bool, device=slots.device)
+        cols = torch.arange(kv_len, device=slots.device)
+        extra = torch.zeros(T, kv_len, dtype=torch.bool, device=slots.device)
         extra.index_copy_(1, slots, anc)
         see = (cols[None, :] < ctx_len) | extra
         neg = torch.finfo(self.dtype).min
-        full = torch.zeros(T, self.capacity, dtype=self.dtype, device=slots.device).masked_fill(~see, neg)[None, None]
+        full = torch.zeros(T, kv_len, dtype=self.dtype, device=slots.device).masked_fill(~see, neg)[None, None]
         if self._mask_types is None:
             return full
         # Key positions of each slot: context slots hold position == slot; tree slots carry their own.
@@ -137,10 +166,11 @@ class TargetRunner:
         slid = torch.zeros_like(full[0, 0]).masked_fill(~(see & near), neg)[None, None]
         return {t: (slid if "sliding" in t else full) for t in self._mask_types}
 
-    def _step(self, tokens, positions, slots, ctx_len, anc):
-        self.cache.slots = slots
+    def _step(self, tokens, positions, slots, ctx_len, anc, kv_len: int | None = None):
+        kv_len = kv_len or self.capacity  # a static int: one specialization per bucket when compiled
+        self.cache.slots, self.cache.kv_len = slots, kv_len
         kw = {"input_ids": tokens[None], "position_ids": positions[None],
-              "attention_mask": self._mask(positions, slots, ctx_len, anc),
+              "attention_mask": self._mask(positions, slots, ctx_len, anc, kv_len),
               self._cache_kw: self.cache, "use_cache": True}
         if self._takes_cache_position:
             kw["cache_position"] = slots
@@ -149,11 +179,12 @@ class TargetRunner:
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, ctx_len: torch.Tensor,
-             anc: torch.Tensor, *, eager: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """tokens/positions/slots [T] long, ctx_len 0-d long, anc bool [T, T] (row i sees column j's slot).
+             anc: torch.Tensor, *, kv_len: int | None = None, eager: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """tokens/positions/slots [T] long, ctx_len 0-d long, anc bool [T, T] (row i sees column j's slot);
+        kv_len: attend over slots [0, kv_len) only (a `bucket`, above every slot used; default capacity).
         Returns (logits [T, V] fp32, aux [T, k, H]). Outputs of a compiled call are graph-owned:
         consume (or clone) them before the next call."""
         if eager or self._compiled is None:
-            return self._step(tokens, positions, slots, ctx_len, anc)
+            return self._step(tokens, positions, slots, ctx_len, anc, kv_len)
         torch.compiler.cudagraph_mark_step_begin()
-        return self._compiled(tokens, positions, slots, ctx_len, anc)
+        return self._compiled(tokens, positions, slots, ctx_len, anc, kv_len)
