@@ -31,6 +31,10 @@ SHAPES = {
     "llama-3.1-8b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
                          intermediate_size=14336, vocab_size=128256, max_position_embeddings=8192,
                          rope_parameters={"rope_type": "default", "rope_theta": 500000.0}),
+    # SmolLM2-135M (the demo target): what its decode costs at a realistic KV capacity, without its weights
+    "smollm2-135m": dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                         intermediate_size=1536, vocab_size=49152, max_position_embeddings=8192,
+                         rope_parameters={"rope_type": "default", "rope_theta": 100000.0}),
     "tiny": dict(hidden_size=64, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
                  intermediate_size=128, vocab_size=512, max_position_embeddings=512),
 }

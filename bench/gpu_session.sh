@@ -46,12 +46,13 @@ job() {  # job [-o SECS] NAME CMD...: run once (skipped if NAME.ok exists); -o: 
 # CPU-sized arguments for TINY=1 (same code paths)
 if [ -n "$TINY" ]; then
   TRAIN_ARGS=(--steps 4 --eval-every 2 --eval-batches 1 --batch-size 2); PREP_ROWS=(--max-samples 40)
-  DEC=(--tiny); DEC1=(--tiny); PROF=(--device cpu --tokens 8); B8=(--tiny); COSTS=(--device cpu --shape tiny --iters 2)
+  DEC=(--tiny); DEC1=(--tiny); COSTS_SMOL=(--shape tiny --device cpu --iters 2 --context 64 --capacity 300); PROF=(--device cpu --tokens 8); B8=(--tiny); COSTS=(--device cpu --shape tiny --iters 2)
   REGEN=(--rows 6 --batch 4 --max-new 8 --hf-sample 4 --hf-batch 2); RR=(--max-samples 12 --max-new-tokens 8 --batch-size 4)
   SELF=(--data self:12 --max-new-tokens 8 --batch-size 4); MG=(TINY=1 STEPS=2 TOKENS=2048); KILL_ROWS=4; LONG_SEQ=${LONG_SEQ:-256}
 else
   TRAIN_ARGS=(--steps 1000 --eval-every 200 --eval-batches 16 --batch-size 8); PREP_ROWS=()
-  DEC=(--per-category 2 --max-new-tokens 512); DEC1=(--per-category 1 --max-new-tokens 512); PROF=(); B8=()
+  DEC=(--per-category 2 --max-new-tokens 512); DEC1=(--per-category 1 --max-new-tokens 512)
+  COSTS_SMOL=(--shape smollm2-135m --inner compiled --context 1200 --capacity 2600 --widths 4 16 61); PROF=(); B8=()
   COSTS=(); REGEN=(--rows 2048 --batch 256 --max-new 256); RR=(--max-samples 2000 --max-new-tokens 256 --batch-size 256)
   SELF=(--data self:2000 --max-new-tokens 256 --batch-size 256); MG=(); KILL_ROWS=300
 fi
@@ -62,6 +63,7 @@ lane0() {  # ~25 min
   job load8b python3 bench/load.py "${B8[@]}" --dir /tmp/eyas-bench-load --out "$RES/load-h200.json"     # 2 min
   job train8b python3 bench/train.py "${B8[@]}" --long-seq "${LONG_SEQ:-16384}" --out "$RES/train-h200-v2.json"  # 3 min
   flag lane0_phase1; await draft_ready mgpu_done                                                          # 5 min
+  smol_costs                                                                                             # 1 min
   job decode_t0 python3 bench/decode.py --target $T --draft $DRAFT "${DEC[@]}" --temperatures 0 \
     --out "$RES/decode-h200-v2.json" --plots "$RES/plots-decode-v2"                                       # 4 min
   job profile_new python3 bench/profile_decode.py --target $T --draft $DRAFT "${PROF[@]}" --out "$RES/profile-new.json"
@@ -88,6 +90,7 @@ lane0_one() {
   job regen_resume regen_resume                                                                          # 1.5 min
   job -o 200 regen_self python3 -m eyas.cli regenerate --backend native --target $T "${SELF[@]}" --out $W/rg-self.jsonl --json
   await draft_ready
+  smol_costs                                                                                             # 1 min
   job decode_t0 python3 bench/decode.py --target $T --draft $DRAFT "${DEC1[@]}" --temperatures 0 \
     --out "$RES/decode-h200-v2.json" --plots "$RES/plots-decode-v2"                                       # 2.5 min
   job profile_new python3 bench/profile_decode.py --target $T --draft $DRAFT "${PROF[@]}" --out "$RES/profile-new.json"
@@ -120,6 +123,13 @@ draft() {  # the SmolLM2 draft: gpu_vllm.sh's run9k recipe (held-out tau 1.759 i
   [ -e "$RES/draft_restore.ok" ] || job draft_train python3 -m eyas.cli train --target $T --data $W/p9k --online --out $DRAFT --ttt-steps 7 \
     "${TRAIN_ARGS[@]}" --lr 1e-3 --no-init-head --seed 0                                              # 5 min
   flag draft_ready
+}
+
+smol_costs() {  # SmolLM2-shaped AR step, verify and draft level at the benchmark's KV capacity, with and without
+              # the KV-length buckets (the verify's attention over the whole capacity was 1.5 ms of a 4 ms verify)
+  job -o 60 costs_smol python3 bench/decode_costs.py "${COSTS_SMOL[@]}" --out "$RES/decode-costs-smol.json"
+  job -o 60 costs_smol_nobuckets python3 bench/decode_costs.py "${COSTS_SMOL[@]}" --min-bucket 1000000 \
+    --out "$RES/decode-costs-smol-nobuckets.json"
 }
 
 regen_resume() {  # a native regenerate SIGKILLed mid-run continues without redoing finished rows

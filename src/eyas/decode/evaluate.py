@@ -138,6 +138,9 @@ def commit() -> str | None:
 # EYAS_DECODE_GRAPHS=0 runs the rounds without CUDA graphs (diagnosis).
 _INNER = os.environ.get("EYAS_DECODE_INNER", "compiled")
 _GRAPHS = os.environ.get("EYAS_DECODE_GRAPHS", "1") != "0"
+# The target attends over a power-of-two bucket of the KV cache from this size up (each bucket is one more
+# compile at warm-up); EYAS_DECODE_MIN_BUCKET=1000000 attends over the whole capacity (the pre-bucket behaviour).
+_MIN_BUCKET = int(os.environ.get("EYAS_DECODE_MIN_BUCKET", "256"))
 
 
 class Session:
@@ -156,7 +159,8 @@ class Session:
                       for q in questions)
         turns = max(len(q["turns"]) for q in questions)
         self.capacity = longest + turns * (max_new_tokens + 64) + 128
-        self.runner = TargetRunner(target.model, target.layout, draft.config.aux_layer_ids, self.capacity)
+        self.runner = TargetRunner(target.model, target.layout, draft.config.aux_layer_ids, self.capacity,
+                                   min_bucket=_MIN_BUCKET)
         if self.compile:
             self.runner.compile()
             if _INNER == "compiled":
