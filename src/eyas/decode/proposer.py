@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from eyas.decode.target_step import raise_recompile_limit
+from eyas.decode.topk import topk_rows
 from eyas.decode.tree import Tree, TreeSpec
 from eyas.draft.model import Eagle3Draft
 
@@ -98,7 +99,7 @@ class EagleProposer:
         self.vbuf.index_copy_(2, write, v)
         pre = pre[0].index_select(0, pick)
         logp = torch.log_softmax(self.draft.logits(pre).float(), dim=-1)
-        top, ids = logp.topk(self.spec.topk, dim=-1)
+        top, ids = topk_rows(logp, self.spec.topk)                       # [R, k] over the draft vocab
         return pre, top, self.draft.to_target_ids(ids)
 
     def _catchup(self, aux, toks, start, m):
@@ -158,7 +159,7 @@ class EagleProposer:
             parents.append(f_gidx.repeat_interleave(k))
             child_anc = f_anc.clone()
             child_anc[pick, local] = True                                       # parents' own slots
-            top = cum.topk(k).indices
+            top = topk_rows(cum, k)[1]                                          # k == 1 (chains): a max
             r = top // k
             f_score, f_tok, f_hidden, f_anc = cum[top], ids.flatten()[top], pre[r], child_anc[r]
             f_gidx = base + top

@@ -4,11 +4,11 @@ The target runs through its own transformers forward (so every architecture work
 multimodal wrappers), with two substitutions that make tree verification and CUDA graphs possible:
 
 * `SlotCache` — a StaticCache subclass whose `update` writes this call's keys/values at explicit
-  slots (`cache.slots`, [T]) of preallocated [1, nkv, capacity, d] buffers and returns views of
-  their first `cache.kv_len` slots. Tree nodes therefore live at scratch slots after the context,
-  and accepting a path is a copy of a few slots (`compact`). Overriding `update` (whose signature
-  is stable across transformers 5.x, unlike the StaticLayer internals) keeps us independent of
-  cache bookkeeping.
+  slots (`cache.slots`, [T]) of preallocated [1, nkv, capacity, d] buffers (views of one tensor for
+  all layers when their shapes agree) and returns views of their first `cache.kv_len` slots. Tree
+  nodes therefore live at scratch slots after the context, and accepting a path is a copy of a few
+  slots (`compact`). Overriding `update` (whose signature is stable across transformers 5.x, unlike
+  the StaticLayer internals) keeps us independent of cache bookkeeping.
 * an explicit additive 4-D mask [1, 1, T, kv_len] (transformers returns 4-D masks as-is): a query
   sees the committed context (slots < ctx_len) plus its tree ancestors. Models with both full and
   sliding-window layers (Gemma 2/3) get the {layer_type: mask} mapping they accept, with the window
@@ -42,26 +42,61 @@ def _static_cache_class():
     return StaticCache
 
 
-class SlotCache(_static_cache_class()):  # type: ignore[misc]
-    """KV buffers indexed by explicit slots; see the module docstring."""
+def _static(t: torch.Tensor) -> torch.Tensor:
+    torch._dynamo.mark_static_address(t)  # compiled graphs and captured CUDA graphs keep its address
+    return t
 
-    def __init__(self, config, capacity: int):
+
+def _kv_heads(config) -> tuple[int, int] | None:
+    """(KV heads, head dim) that the config promises for every layer, or None if it does not say."""
+    text = config.get_text_config(decoder=True)
+    heads = getattr(text, "num_attention_heads", None)
+    nkv = getattr(text, "num_key_value_heads", None) or heads
+    dim = getattr(text, "head_dim", None) or (text.hidden_size // heads if heads else None)
+    return (nkv, dim) if nkv and dim else None
+
+
+class SlotCache(_static_cache_class()):  # type: ignore[misc]
+    """KV buffers indexed by explicit slots; see the module docstring.
+
+    When the layers' K/V shapes are those the config promises (the usual case), one tensor `kv`
+    [n_layers, 2 (K, V), 1, nkv, capacity, d] holds every layer, so `compact` is one gather and one
+    scatter instead of four kernels per layer. Slots stay the second-to-last dim, so each layer's
+    kbuf/vbuf is a contiguous [1, nkv, capacity, d] view, just like a separate buffer. Layers get
+    these views as their buffers (not kv[i] inside `update`): compiled steps then mutate disjoint
+    static inputs in place, where writes through in-graph views of one input make inductor copy
+    whole buffers. A layer of another shape, dtype or device (every layer with shared=False) gets
+    buffers of its own."""
+
+    def __init__(self, config, capacity: int, *, shared: bool = True):
         super().__init__(config=config, max_cache_len=capacity)
         self.capacity = capacity
-        self.kbuf: list[torch.Tensor | None] = [None] * len(self.layers)
-        self.vbuf: list[torch.Tensor | None] = [None] * len(self.layers)
+        n = len(self.layers)
+        self.kv: torch.Tensor | None = None
+        self.in_kv = [False] * n
+        self.kbuf: list[torch.Tensor | None] = [None] * n
+        self.vbuf: list[torch.Tensor | None] = [None] * n
         self.slots: torch.Tensor | None = None
         self.kv_len = capacity  # update returns the first kv_len slots (every slot used is below it)
+        self._promise = _kv_heads(config) if shared else None
+
+    def _allocate(self, i: int, key: torch.Tensor, value: torch.Tensor) -> None:
+        shape = (key.shape[0], key.shape[1], self.capacity, key.shape[3])
+        same = key.shape == value.shape and key.dtype == value.dtype
+        if self.kv is None and same and (key.shape[1], key.shape[3]) == self._promise:
+            self.kv = _static(key.new_zeros((len(self.layers), 2) + shape))  # all layers, at the first one
+        kv = self.kv
+        if kv is not None and same and kv.shape[2:] == shape and (kv.dtype, kv.device) == (key.dtype, key.device):
+            self.kbuf[i], self.vbuf[i] = _static(kv[i, 0]), _static(kv[i, 1])
+            self.in_kv[i] = True
+        else:  # its slice of `kv` (if any) stays unused
+            self.kbuf[i] = _static(key.new_zeros(shape))
+            self.vbuf[i] = _static(value.new_zeros(shape[:3] + value.shape[3:]))
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         # key_states [1, nkv, T, d] -> views [1, nkv, kv_len, d] of the buffers after writing at `slots`
         if self.kbuf[layer_idx] is None:  # first (eager) call allocates; addresses never change after
-            shape = lambda x: (x.shape[0], x.shape[1], self.capacity, x.shape[3])
-            self.kbuf[layer_idx] = torch.zeros(shape(key_states), dtype=key_states.dtype, device=key_states.device)
-            self.vbuf[layer_idx] = torch.zeros(shape(value_states), dtype=value_states.dtype,
-                                               device=value_states.device)
-            torch._dynamo.mark_static_address(self.kbuf[layer_idx])
-            torch._dynamo.mark_static_address(self.vbuf[layer_idx])
+            self._allocate(layer_idx, key_states, value_states)
         k, v = self.kbuf[layer_idx], self.vbuf[layer_idx]
         k.index_copy_(2, self.slots, key_states)
         v.index_copy_(2, self.slots, value_states)
@@ -74,8 +109,10 @@ class SlotCache(_static_cache_class()):  # type: ignore[misc]
     @torch.no_grad()
     def compact(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Move the accepted tree nodes' entries (slots `src`) to their final slots `dst`."""
-        for k, v in zip(self.kbuf, self.vbuf):
-            if k is not None:
+        if self.kv is not None:  # every shared layer's K and V at once
+            self.kv.index_copy_(4, dst, self.kv.index_select(4, src))
+        for k, v, shared in zip(self.kbuf, self.vbuf, self.in_kv):
+            if k is not None and not shared:
                 k.index_copy_(2, dst, k.index_select(2, src))
                 v.index_copy_(2, dst, v.index_select(2, src))
 
