@@ -21,7 +21,7 @@ STAGE="${STAGE:-$ROOT/.carry-stage}"
 PART_MB="${PART_MB:-48}"   # + the working tree (a few MiB) must stay under the 64 MiB a call carries
 ITEMS="${ITEMS:-eyas-deps model sharegpt vllm-deps vllm}"
 SHAREGPT_ROWS="${SHAREGPT_ROWS:-9000}"
-EYAS_DEPS="pydantic==2.14.4 pydantic_core==2.50.5 annotated_types==0.8.0 typing_inspection==0.4.5 typing_extensions==4.16.0 gguf==0.19.0"
+EYAS_DEPS="pydantic==2.14.4 pydantic_core==2.50.5 annotated_types==0.8.0 typing_inspection==0.4.5 typing_extensions==4.16.0 gguf==0.19.0 pytest==8.3.5 pluggy==1.5.0 iniconfig==2.0.0"
 PLAT=(--only-binary=:all: --python-version 3.12 --implementation cp)
 for p in manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_24_x86_64 manylinux_2_26_x86_64 \
          manylinux_2_27_x86_64 manylinux_2_28_x86_64 manylinux_2_31_x86_64 manylinux1_x86_64 manylinux_2_5_x86_64; do

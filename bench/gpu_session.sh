@@ -86,6 +86,7 @@ lane0() {  # ~25 min
 # alone after it, most needed first.
 lane0_one() {
   export CUDA_VISIBLE_DEVICES=0
+  gpu_tests                                                                                              # 2 min
   job load8b python3 bench/load.py "${B8[@]}" --dir /tmp/eyas-bench-load --out "$RES/load-h200.json"     # 2 min
   job regen_resume regen_resume                                                                          # 1.5 min
   job -o 200 regen_self python3 -m eyas.cli regenerate --backend native --target $T "${SELF[@]}" --out $W/rg-self.jsonl --json
@@ -125,6 +126,11 @@ draft() {  # the SmolLM2 draft: gpu_vllm.sh's run9k recipe (held-out tau 1.759 i
   flag draft_ready
 }
 
+gpu_tests() {  # the CUDA-only tests (graph capture, compiled steps, flex attention): new code meets the GPU early
+  job gpu_tests python3 -m pytest -q -m gpu tests/decode/test_decode_gpu.py tests/target/test_target_gpu.py \
+    tests/train/test_train_gpu.py
+}
+
 smol_costs() {  # SmolLM2-shaped AR step, verify and draft level at the benchmark's KV capacity, with and without
               # the KV-length buckets (the verify's attention over the whole capacity was 1.5 ms of a 4 ms verify)
   job -o 60 costs_smol python3 bench/decode_costs.py "${COSTS_SMOL[@]}" --out "$RES/decode-costs-smol.json"
@@ -150,6 +156,7 @@ PY
 lane1() {  # ~25 min
   export CUDA_VISIBLE_DEVICES=$G1
   draft
+  gpu_tests
   job regen_native python3 bench/regen.py --target $T --data $SG "${REGEN[@]}" --out "$RES/regen-h200.json"  # 2 min
   await lane0_phase1
   [ "$G1" = 1 ] && job mgpu env -u CUDA_VISIBLE_DEVICES "${MG[@]}" bash bench/multi_gpu.sh "$RES/mgpu"                    # 5 min, both GPUs
@@ -167,7 +174,7 @@ lane1() {  # ~25 min
 }
 
 lane() {  # lane N: from a snapshot of the code, so a later call's tree never changes a running job
-  local d="/tmp/eyas-snap/lane$1"; rm -rf "$d"; mkdir -p "$d"; cp -r "$ROOT/src" "$ROOT/bench" "$ROOT/tests" "$d/"; cd "$d"
+  local d="/tmp/eyas-snap/lane$1"; rm -rf "$d"; mkdir -p "$d"; cp -r "$ROOT/src" "$ROOT/bench" "$ROOT/tests" "$ROOT/pyproject.toml" "$d/"; cd "$d"
   export PYTHONPATH="$d/src:/tmp/site" VLLM_HOST_IP=127.0.0.1 EYAS_VLLM_PYTHON=/tmp/vpy
   if [ "$G1" = 1 ]; then "lane$1"; else "lane$1_one"; fi
 }
