@@ -84,3 +84,21 @@ def test_sampling_with_eagle_tree_runs_and_is_reproducible():
     a, _ = dec.generate([1, 2, 3], 20, generator=torch.Generator().manual_seed(3))
     b, _ = dec.generate([1, 2, 3], 20, generator=torch.Generator().manual_seed(3))
     assert a == b and len(a) == 20
+
+
+def test_ar_baseline_samples_on_the_device_from_the_softmax():
+    """The AR baseline's T > 0 draw (device-side exponential race, like SpecDecoder's) follows softmax(l / T)
+    and is reproducible from the caller's generator."""
+    from eyas.decode.speculative import _device_sampler
+
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0]])
+    draw = _device_sampler(0.7, torch.Generator().manual_seed(3), torch.device("cpu"))
+    n = 4000
+    counts = torch.bincount(torch.tensor([draw(logits) for _ in range(n)]), minlength=5).double()
+    expected = torch.softmax(logits[0] / 0.7, -1).double() * n
+    stat, dof = chi2(counts, expected)
+    assert stat < CRIT[dof], (stat, counts.tolist(), expected.tolist())
+    again = _device_sampler(0.7, torch.Generator().manual_seed(3), torch.device("cpu"))
+    first = _device_sampler(0.7, torch.Generator().manual_seed(3), torch.device("cpu"))
+    assert [again(logits) for _ in range(20)] == [first(logits) for _ in range(20)]
+    assert _device_sampler(0.0, None, torch.device("cpu"))(logits) == 0

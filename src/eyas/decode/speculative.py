@@ -62,6 +62,17 @@ def _first_token(logits: torch.Tensor, temperature: float, gen: torch.Generator 
     return int(torch.multinomial(p.float(), 1, generator=gen).item())
 
 
+def _device_sampler(temperature: float, generator: torch.Generator | None, dev: torch.device):
+    """Token from logits [1, V]: argmax, or at T > 0 a sample drawn on the device the way SpecDecoder
+    draws (exponential race, no host copy of the distribution), so a T > 0 speedup compares like with like."""
+    if temperature <= 0:
+        return lambda logits: int(logits[0].argmax())
+    gen = generator if generator is not None and generator.device == dev else torch.Generator(device=dev)
+    if gen is not generator:
+        gen.manual_seed(0 if generator is None else int(torch.randint(0, 2 ** 62, (1,), generator=generator)))
+    return lambda logits: int(sample_rows(logits, temperature, torch.empty_like(logits).exponential_(generator=gen))[0])
+
+
 def _prefill(runner: TargetRunner, prompt: list[int]):
     dev = runner.device
     n = len(prompt)
@@ -111,9 +122,10 @@ def ar_generate(runner: TargetRunner, prompt: list[int], max_new_tokens: int, *,
     _sync(dev)
     stats.t_prefill = time.perf_counter() - t0
     anc = torch.ones(1, 1, dtype=torch.bool, device=dev)
+    draw = _device_sampler(temperature, generator, dev)
     while len(seq) - len(prompt) < max_new_tokens and seq[-1] not in eos:
         logits, _ = _ar_step(runner, seq[-1], len(seq), anc)
-        seq.append(_first_token(logits[0], temperature, generator))
+        seq.append(draw(logits[:1]))
     _sync(dev)
     stats.t_total = time.perf_counter() - t0
     out = _finish(seq, len(prompt), max_new_tokens, eos)
