@@ -13,6 +13,7 @@ profiles the older decoder
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import time
 from pathlib import Path
@@ -21,8 +22,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from eyas.decode.bench import load_bench
-from eyas.decode import evaluate
 from eyas.decode.evaluate import Session
+
+evaluate = importlib.import_module("eyas.decode.evaluate")  # the package exports a function of that name
 
 # The decoder before issue 14 (commit 6baea35) named the pair loader and prompt builder privately.
 load_pair = getattr(evaluate, "load_pair", None) or getattr(evaluate, "_load")
