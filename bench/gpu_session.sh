@@ -106,6 +106,7 @@ lane0_one() {
   job -o 170 decode_t1 python3 bench/decode.py --target $T --draft $DRAFT "${DEC1[@]}" --temperatures 1 \
     --out "$RES/decode-h200-v2-t1.json"
   job -o 200 train8b python3 bench/train.py "${B8[@]}" --long-seq "${LONG_SEQ:-16384}" --out "$RES/train-h200-v2.json"
+  vllm_jobs                                                                                              # issue 12
   flag lane0_done
 }
 lane1_one() {
@@ -124,6 +125,18 @@ draft() {  # the SmolLM2 draft: gpu_vllm.sh's run9k recipe (held-out tau 1.759 i
   [ -e "$RES/draft_restore.ok" ] || job draft_train python3 -m eyas.cli train --target $T --data $W/p9k --online --out $DRAFT --ttt-steps 7 \
     "${TRAIN_ARGS[@]}" --lr 1e-3 --no-init-head --seed 0                                              # 5 min
   flag draft_ready
+}
+
+vllm_jobs() {  # issue 12's rest, when vLLM arrived with the later parts (gpu_carry.sh parts 2-4 on watch calls)
+  [ -x /tmp/vpy ] || return 0
+  job -o 300 vllm_regen env GPU=$CUDA_VISIBLE_DEVICES RES="$RES" bash bench/gpu_vllm.sh regen
+  for k in 1 2 3 4 5; do [ -e $W/export-k$k/config.json ] || python3 -m eyas.cli export --draft $DRAFT --format vllm \
+    --chain $k --out $W/export-k$k > "$RES/export_k$k.log" 2>&1; done
+  job -o 420 vllm_speedup python3 bench/vllm_speedup.py --target $T --export "$W/export-k{k}" --python /tmp/vpy \
+    --chains 1 2 3 4 5 --batch-sizes 1 8 32 --per-category 2 --max-new-tokens 256 --gpus $CUDA_VISIBLE_DEVICES \
+    --out "$RES/vllm_speedup.json"
+  job -o 400 vllm_serve python3 -m eyas.cli serve-check --draft $W/export-k3 --engine vllm --python /tmp/vpy \
+    --per-category 2 --max-new-tokens 128 --out "$RES/serve_check_gpu.json"   # divergences now classified as ties
 }
 
 gpu_tests() {  # the CUDA-only tests (graph capture, compiled steps, flex attention): new code meets the GPU early
@@ -161,14 +174,7 @@ lane1() {  # ~25 min
   await lane0_phase1
   [ "$G1" = 1 ] && job mgpu env -u CUDA_VISIBLE_DEVICES "${MG[@]}" bash bench/multi_gpu.sh "$RES/mgpu"                    # 5 min, both GPUs
   flag mgpu_done
-  if [ -x /tmp/vpy ]; then   # issue 12's rest: vLLM arrived with the later parts
-    job -o 300 vllm_regen env GPU=$G1 RES="$RES" bash bench/gpu_vllm.sh regen
-    for k in 1 2 3 4 5; do python3 -m eyas.cli export --draft $DRAFT --format vllm --chain $k --out $W/export-k$k \
-      > "$RES/export_k$k.log" 2>&1; done
-    job -o 420 vllm_speedup python3 bench/vllm_speedup.py --target $T --export "$W/export-k{k}" --python /tmp/vpy \
-      --chains 1 2 3 4 5 --batch-sizes 1 8 32 --per-category 2 --max-new-tokens 256 --gpus $G1 \
-      --out "$RES/vllm_speedup.json"
-  fi
+  vllm_jobs
   job -o 600 demo_gpu python3 -m eyas.cli demo --device cuda --profile gpu --target $T --data $SG --out $W/demo --json
   flag lane1_done
 }
