@@ -249,7 +249,8 @@ class Session:
         greedy = self.temperature <= 0
         result = {"setting": spec.label(), "decode": {"total": spec.total, "depth": spec.depth, "topk": spec.topk,
                                                      "max_new_tokens": self.max_new, "temperature": self.temperature,
-                                                     "compiled": self.compile, "dtype": str(self.runner.dtype)},
+                                                     "compiled": self.compile, "dtype": str(self.runner.dtype),
+                                                     "kv_buckets": list(self.runner.buckets)},
                   **_summary(spec_all, base_all, same_all if greedy else []),
                   "per_category": {k: _summary(s, b, i if greedy else []) for k, (s, b, i) in cats.items()},
                   "divergences": divergences}
