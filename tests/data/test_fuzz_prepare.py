@@ -108,7 +108,9 @@ def target(tmp_path_factory):
 stats = {"files": 0, "rows": 0, "kept": 0}
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+# derandomize: the same 30 draws every run, so CI cannot flake on the non-vacuity check below (a random run once
+# kept only 14 documents); widen the search locally with HYPOTHESIS settings or more examples when changing prepare.
+@settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                  HealthCheck.data_too_large, HealthCheck.too_slow])
 @given(rows=ROWS, repeat=st.integers(1, 40), array=st.booleans(), encoding=st.sampled_from(["utf-8", "utf-8-bom", "latin-1", "utf-16"]),
        packing=st.sampled_from(["plain", "gzip", "gzip-truncated", "gzip-named-plain", "plain-named-gz"]))
