@@ -106,6 +106,7 @@ lane0_one() {
   job -o 160 extract8b python3 bench/extract.py "${B8[@]}" --out "$RES/extract-h200-v2.json"
   job -o 200 train8b python3 bench/train.py "${B8[@]}" --long-seq "${LONG_SEQ:-16384}" --out "$RES/train-h200-v2.json"
   vllm_jobs                                                                                              # issue 12
+  job -o 600 demo_gpu python3 -m eyas.cli demo --device cuda --profile gpu --target $T --data $SG --out $W/demo --json
   flag lane0_done
 }
 lane1_one() {
