@@ -4,6 +4,7 @@
 # carry part, looks at progress and brings the results so far back. Order and expected minutes: bench/GPU.md.
 #
 #   (call 1, carry .carry/p0)  bash bench/gpu_carry.sh recv
+#   (optional, carry .carry/draft: a draft brought back earlier, restored instead of trained)  bash bench/gpu_session.sh take
 #   (call 2, carry .carry/p1)  bash bench/gpu_carry.sh recv && bash bench/gpu_session.sh start
 #   (each later call, carrying the next part if any)  bash bench/gpu_session.sh watch SECONDS
 #        waits until every lane has finished or SECONDS have passed, then packs $RES into $OUT/results.tgz
@@ -218,6 +219,7 @@ case "${1:-}" in
     for n in 0 1; do setsid nohup bash "$ROOT/bench/gpu_session.sh" lane "$n" > "$W/lane$n.out" 2>&1 < /dev/null & done
     sleep 1; log "lanes started" ;;
   lane) lane "$2" ;;
+  take) take_carried ;;   # a call that carries only .carry/draft or .carry/old, before `start`
   restart)  # restart lane N from the current tree (after a fix): its finished jobs are skipped; the running one is
             # waited for (up to 600 s) unless KILL=1; SKIP="job ..." leaves out jobs (e.g. one killed on purpose)
     cur=$(grep -o "start [a-z0-9_]*" "$RES/lanes.log" | tail -1 | cut -d' ' -f2)
