@@ -61,7 +61,7 @@ build_item() {  # build_item NAME -> $STAGE/items/NAME (one file)
 }
 
 pack() {
-  rm -rf .carry; mkdir -p .carry
+  rm -rf .carry/p[0-9]*; mkdir -p .carry   # only the parts: .carry/draft and .carry/old stay
   local blob="$STAGE/blob" off=0
   : > "$blob"
   echo "[" > "$STAGE/index.json"
