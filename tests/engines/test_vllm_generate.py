@@ -59,16 +59,21 @@ class LLM:
 '''
 
 
-@pytest.fixture
-def engine(tmp_path):
-    pkg = tmp_path / "fakevllm" / "vllm"
+def fake_vllm_python(root, source: str, extra_path: str = ""):
+    """A `python` whose `import vllm` is the stand-in `source`, like a venv with vllm installed."""
+    pkg = root / "fakevllm" / "vllm"
     pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text(FAKE_VLLM)
-    py = tmp_path / "python"
-    # -P drops the script dir; the wrapper puts the stand-in first, like a venv with vllm installed.
-    py.write_text(f"#!/bin/sh\nPYTHONPATH={pkg.parent}:{os.pathsep.join(sys.path[1:])} exec {sys.executable} \"$@\"\n")
+    (pkg / "__init__.py").write_text(source)
+    py = root / "python"
+    # -P drops the script dir; the wrapper puts the stand-in first.
+    py.write_text(f"#!/bin/sh\nPYTHONPATH={pkg.parent}{extra_path} exec {sys.executable} \"$@\"\n")
     py.chmod(py.stat().st_mode | stat.S_IEXEC)
     return py
+
+
+@pytest.fixture
+def engine(tmp_path):
+    return fake_vllm_python(tmp_path, FAKE_VLLM, os.pathsep + os.pathsep.join(sys.path[1:]))
 
 
 @pytest.fixture
@@ -190,12 +195,7 @@ def test_serve_worker_serves_and_benches_with_counter_deltas(tmp_path):
     from eyas.engines.base import run_in_env
     from eyas.engines.vllm_speedup import WORKER
 
-    pkg = tmp_path / "v" / "vllm"
-    pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text(FAKE_SERVING_VLLM)
-    py = tmp_path / "python"
-    py.write_text(f"#!/bin/sh\nPYTHONPATH={pkg.parent} exec {sys.executable} \"$@\"\n")
-    py.chmod(0o755)
+    py = fake_vllm_python(tmp_path, FAKE_SERVING_VLLM)
     req = {"model": "t", "prompts": [[1, 2, 3], [4, 5], [6]], "max_tokens": 2}
     served = run_in_env(py, WORKER, req)  # serve-check's shape, unchanged
     assert served["outputs"] == [[1, 2], [4, 5], [6]] and served["metrics"]["vllm:spec_decode_num_drafts"] == 3
