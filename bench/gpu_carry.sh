@@ -63,6 +63,7 @@ build_item() {  # build_item NAME -> $STAGE/items/NAME (one file)
 pack() {
   rm -rf .carry/p[0-9]*; mkdir -p .carry   # only the parts: .carry/draft and .carry/old stay
   local blob="$STAGE/blob" off=0
+  mkdir -p "$STAGE"   # a fresh clone has no stage yet
   : > "$blob"
   echo "[" > "$STAGE/index.json"
   local first=1

@@ -92,21 +92,21 @@ lane0_one() {
   job regen_resume regen_resume                                                                          # 1.5 min
   job -o 200 regen_self python3 -m eyas.cli regenerate --backend native --target $T "${SELF[@]}" --out $W/rg-self.jsonl --json
   await draft_ready
-  smol_costs                                                                                             # 1 min
   # T=0 and T=1 in one process: one load and one warm-up (each KV bucket x width is a compile)
   job decode_t01 python3 bench/decode.py --target $T --draft $DRAFT "${DEC1[@]}" --temperatures 0 1 \
-    --out "$RES/decode-h200-v2.json" --plots "$RES/plots-decode-v2"                                       # 4 min
-  job regen_native python3 bench/regen.py --target $T --data $SG "${REGEN[@]}" --out "$RES/regen-h200.json"
-  job profile_new python3 bench/profile_decode.py --target $T --draft $DRAFT "${PROF[@]}" --out "$RES/profile-new.json"
-  job -o 70 costs8b python3 bench/decode_costs.py "${COSTS[@]}" --accept-from "$RES/decode-h200-v2.json" \
+    --out "$RES/decode-h200-v2.json" --plots "$RES/plots-decode-v2"                                       # 5 min
+  job regen_native python3 bench/regen.py --target $T --data $SG "${REGEN[@]}" --out "$RES/regen-h200.json"  # 2 min
+  vllm_jobs                                                                                              # issue 12
+  job -o 30 costs8b python3 bench/decode_costs.py "${COSTS[@]}" --accept-from "$RES/decode-h200-v2.json" \
     --out "$RES/decode-costs-8b.json"
+  job -o 140 profile_new python3 bench/profile_decode.py --target $T --draft $DRAFT "${PROF[@]}" --out "$RES/profile-new.json"
+  job -o 200 train8b python3 bench/train.py "${B8[@]}" --long-seq "${LONG_SEQ:-16384}" --out "$RES/train-h200-v2.json"
+  smol_costs                                                                                             # 2 min
   # (the pre-issue-14 decoder's profile is in bench/results/gpu-h200-2026-12-01; PROFILE_OLD=1 runs it again)
   [ -n "${PROFILE_OLD:-}" ] && [ -d $OLD/src ] && job -o 100 profile_old env PYTHONPATH=$OLD/src:/tmp/site \
     python3 bench/profile_decode.py --target $T --draft $DRAFT --bench src/eyas/decode/spec_bench/question.jsonl \
     "${PROF[@]}" --out "$RES/profile-old.json"
-  job -o 160 extract8b python3 bench/extract.py "${B8[@]}" --out "$RES/extract-h200-v2.json"
-  job -o 200 train8b python3 bench/train.py "${B8[@]}" --long-seq "${LONG_SEQ:-16384}" --out "$RES/train-h200-v2.json"
-  vllm_jobs                                                                                              # issue 12
+  job -o 60 extract8b python3 bench/extract.py "${B8[@]}" --out "$RES/extract-h200-v2.json"
   job -o 600 demo_gpu python3 -m eyas.cli demo --device cuda --profile gpu --target $T --data $SG --out $W/demo --json
   flag lane0_done
 }
@@ -129,13 +129,13 @@ draft() {  # the SmolLM2 draft: gpu_vllm.sh's run9k recipe (held-out tau 1.759 i
 }
 
 vllm_jobs() {  # issue 12's rest, when vLLM arrived with the later parts (gpu_carry.sh parts 2-4 on watch calls)
-  [ -x /tmp/vpy ] || return 0
-  job -o 300 vllm_regen env GPU=$CUDA_VISIBLE_DEVICES RES="$RES" bash bench/gpu_vllm.sh regen
+  [ -x /tmp/vpy ] || { log "no vLLM here (/tmp/vpy): vllm jobs skipped"; return 0; }
   for k in 1 2 3 4 5; do [ -e $W/export-k$k/config.json ] || python3 -m eyas.cli export --draft $DRAFT --format vllm \
     --chain $k --out $W/export-k$k > "$RES/export_k$k.log" 2>&1; done
   job -o 420 vllm_speedup python3 bench/vllm_speedup.py --target $T --export "$W/export-k{k}" --python /tmp/vpy \
     --chains 1 2 3 4 5 --batch-sizes 1 8 32 --per-category 2 --max-new-tokens 256 --gpus $CUDA_VISIBLE_DEVICES \
     --out "$RES/vllm_speedup.json"
+  job -o 240 vllm_regen env GPU=$CUDA_VISIBLE_DEVICES RES="$RES" REGEN_ROWS=${REGEN_ROWS:-48} bash bench/gpu_vllm.sh regen
   job -o 400 vllm_serve python3 -m eyas.cli serve-check --draft $W/export-k3 --engine vllm --python /tmp/vpy \
     --per-category 2 --max-new-tokens 128 --out "$RES/serve_check_gpu.json"   # divergences now classified as ties
 }

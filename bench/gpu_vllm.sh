@@ -89,12 +89,12 @@ PY
       rm -f $W/rg-*.jsonl*
       timed regen_hf "${EYAS[@]}" regenerate "${common[@]}" --max-samples "$REGEN_ROWS" --batch-size "$REGEN_ROWS" \
         --out $W/rg-hf.jsonl
-      timed regen_vllm "${EYAS[@]}" regenerate "${common[@]}" --max-samples "$REGEN_ROWS" --backend vllm \
-        --python $VPY --batch-size 1024 --out $W/rg-vllm.jsonl
+      # one vLLM run: its first REGEN_ROWS rows are the match sample (compared on the rows both wrote), all of
+      # it the speed; --batch-size 4096: every first turn in one engine call (vLLM schedules them itself)
       timed regen_vllm_big "${EYAS[@]}" regenerate "${common[@]}" --max-samples "$REGEN_BIG" --backend vllm \
-        --python $VPY --batch-size 1024 --out $W/rg-vllm-big.jsonl
+        --python $VPY --batch-size 4096 --out $W/rg-vllm-big.jsonl
       timed regen_compare python3 "$D/bench/regen_compare.py" --target $T --out "$RES/regen_vllm.json" \
-        --pair $W/rg-hf.jsonl $W/rg-vllm.jsonl --logs "$RES/regen_hf.log" "$RES/regen_vllm.log" \
+        --pair $W/rg-hf.jsonl $W/rg-vllm-big.jsonl --logs "$RES/regen_hf.log" "$RES/regen_vllm_big.log" \
         --throughput $W/rg-vllm-big.jsonl "$RES/regen_vllm_big.log" ;;
     serve)
       timed serve_check "${EYAS[@]}" serve-check --draft $W/export --engine vllm --python $VPY --per-category 2 \

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from eyas.data.backends import prompt_ids
+from eyas.decode.evaluate import TIE_ULPS, ulp
 from eyas.target import load_target
 
 
@@ -39,7 +40,8 @@ def speed(tok, path, log):
     start = s.get("backend_startup_s") or 0.0
     return {"rows": s["input"], "written": s["written"], "failed": s["failed"], "turns": s["turns"],
             "generated_tokens": n, "seconds": s["seconds"], "startup_s": start,
-            "tok_s": n / s["seconds"], "tok_s_after_startup": n / (s["seconds"] - start)}
+            "tok_s": n / s["seconds"], "tok_s_after_startup": n / (s["seconds"] - start),
+            "backend_stats": s.get("backend_stats")}
 
 
 def main(argv=None):
@@ -65,7 +67,7 @@ def main(argv=None):
             if u != v:
                 break
             turns_same += 1
-        if xa[:1] != xb[:1] and len(gaps) < 32:  # where do the first turns part, and is it a tie?
+        if xa[:1] != xb[:1] and len(gaps) < 128:  # where do the first turns part, and is it a tie?
             prompt = prompt_ids(tok, tok.apply_chat_template(A[i]["messages"][:1], tokenize=False,
                                                              add_generation_prompt=True))
             ia, ib = (tok(x[0], add_special_tokens=False)["input_ids"] for x in (xa, xb))
@@ -73,13 +75,18 @@ def main(argv=None):
             if k < min(len(ia), len(ib)):
                 with torch.no_grad():
                     logits = t.model(torch.tensor([prompt + ia[:k]], device=dev)).logits[0, -1].float()
-                top = logits.max()
-                gaps.append({"row": i, "token": k, "gap": float(logits[ia[k]] - logits[ib[k]]),
-                             "a_below_top": float(top - logits[ia[k]]), "b_below_top": float(top - logits[ib[k]])})
+                top, la, lb = logits.max(), float(logits[ia[k]]), float(logits[ib[k]])
+                u = ulp(max(abs(la), abs(lb)), torch.bfloat16)
+                gaps.append({"row": i, "token": k, "gap": la - lb, "ulp": u, "tie": abs(la - lb) <= TIE_ULPS * u,
+                             "a_below_top": float(top) - la, "b_below_top": float(top) - lb})
+            else:  # one answer is a prefix of the other: a length/stop difference, not a token choice
+                gaps.append({"row": i, "token": k, "gap": None, "tie": None, "note": "prefix (eos/length)"})
     out = {"rows_compared": len(common), "conversations_identical": conv_same / max(len(common), 1),
            "first_turn_identical": first_same / max(len(common), 1),
            "turns_identical_until_first_difference": f"{turns_same}/{turns}", "first_turn_divergences": gaps,
-           "max_abs_gap_at_divergence": max((abs(g["gap"]) for g in gaps), default=None),
+           "max_abs_gap_at_divergence": max((abs(g["gap"]) for g in gaps if g["gap"] is not None), default=None),
+           "divergences_tie": sum(g["tie"] is True for g in gaps),
+           "divergences_not_tie": [g["row"] for g in gaps if g["tie"] is False],
            "speed": {"a": speed(tok, a.pair[0], a.logs[0]), "b": speed(tok, a.pair[1], a.logs[1])}}
     if a.throughput:
         out["speed"]["b_big"] = speed(tok, *a.throughput)

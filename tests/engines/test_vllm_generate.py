@@ -101,6 +101,9 @@ def test_vllm_backend_answers_equal_hf_backend(engine, target, tmp_path):
     assert vb["written"] == hb["written"] >= 2 and vb["failed"] == hb["failed"] >= 1  # row 2: prompt too long
     assert (tmp_path / "v.jsonl").read_text() == (tmp_path / "h.jsonl").read_text()
     assert vb["generated_tokens"] == hb["generated_tokens"] > 0  # the same tokens counted the same way
+    st = vb["backend_stats"]  # one engine call per wave of turns; they add up to every generated token
+    assert st["waves"] == len(st["wave_sizes"]) >= 1 and st["largest_wave"]["prompts"] == max(st["wave_sizes"])
+    assert 0 < st["largest_wave"]["tokens"] <= vb["generated_tokens"] and st["engine_s"] >= 0
     errs = [json.loads(x)["error"] for x in (tmp_path / "v.jsonl.errors.jsonl").read_text().splitlines()]
     assert all("prompt_too_long" in e for e in errs)
 

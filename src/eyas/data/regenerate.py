@@ -161,6 +161,7 @@ def regenerate(cfg: RegenerateConfig, backend=None) -> dict:
     return {**counts, "backend": cfg.backend, "model": backend.name, "out": str(out), "errors": str(errors_path),
             "backend_startup_s": getattr(backend, "startup_s", None),
             "generated_tokens": getattr(backend, "generated_tokens", None),
+            **({"backend_stats": backend.stats()} if callable(getattr(backend, "stats", None)) else {}),
             "seconds": round(seconds, 2), "rows_per_s": round(counts["input"] / seconds, 2) if seconds else 0.0}
 
 

@@ -46,6 +46,9 @@ class VllmBackend:
         self.temperature, self.top_p, self.seed = temperature, top_p, seed
         self.max_model_len = max_model_len
         self.generated_tokens = 0  # every token the engine produced, stop tokens included
+        # one entry per engine call (a wave of turns): its size and the engine's own seconds, so the speed at
+        # full batch is visible apart from the small tail waves of many-turn conversations
+        self.waves: list[dict] = []
         if tensor_parallel_size > 1:
             from eyas.target.load import load_config
 
@@ -105,10 +108,23 @@ class VllmBackend:
                        "top_p": self.top_p, "seed": self.seed, "stop_token_ids": self.eos}
                 self.proc.stdin.write(json.dumps(req) + "\n")
                 self.proc.stdin.flush()
-                for (i, _), ids in zip(group, self._read()["outputs"]):
+                reply = self._read()
+                n = 0
+                for (i, _), ids in zip(group, reply["outputs"]):
                     out[i] = answer(self.tok, ids, self.eos)
-                    self.generated_tokens += len(ids)
+                    n += len(ids)
+                self.generated_tokens += n
+                self.waves.append({"prompts": len(group), "tokens": n, "seconds": round(reply["seconds"], 3)})
         return out
+
+    def stats(self) -> dict:
+        """Engine time and the largest wave's speed (what the engine does at full batch)."""
+        if not self.waves:
+            return {}
+        big = max(self.waves, key=lambda w: w["prompts"])
+        return {"engine_s": round(sum(w["seconds"] for w in self.waves), 2), "waves": len(self.waves),
+                "largest_wave": {**big, "tok_s": round(big["tokens"] / big["seconds"], 1) if big["seconds"] else None},
+                "wave_sizes": [w["prompts"] for w in self.waves]}
 
     def close(self) -> None:
         if self.proc.poll() is None:
