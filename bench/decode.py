@@ -44,10 +44,10 @@ def main(argv=None) -> int:
     if a.tiny:
         kw.update(categories=["writing", "math_reasoning"], per_category=1, max_new_tokens=16, tree="total=8,depth=4,topk=2",
                   device="cpu" if a.device == "auto" else a.device)
-    runs = []
+    runs, reuse = [], {}  # one load and one compile of the target step for every temperature
     for temp in a.temperatures:
         print(f"== temperature {temp}", flush=True)
-        runs.append(run(EvalConfig(**kw, temperature=temp)))
+        runs.append(run(EvalConfig(**kw, temperature=temp), reuse=reuse))
         report(runs[-1])
     out = {"runs": runs, "summary": [summary(r) for o in runs for r in o["results"]]}
     if a.out:

@@ -88,6 +88,31 @@ def test_eval_cli_writes_json_and_plots(tiny_dirs, capsys):
     assert (tiny_dirs / "plots" / "tau_by_category.png").stat().st_size > 1000
 
 
+def test_eval_reuse_shares_models_and_runner_across_temperatures(tiny_dirs, monkeypatch):
+    """bench/decode.py's loop: a second temperature reuses the loaded pair, the runner and the proposers
+    (no second load or compile) and gives exactly what a fresh run at that temperature gives."""
+    import importlib
+    evaluate = importlib.import_module("eyas.decode.evaluate")  # the package exports a function of that name
+    loads = []
+    real_load = evaluate.load_pair
+    monkeypatch.setattr(evaluate, "load_pair", lambda *a, **k: loads.append(1) or real_load(*a, **k))
+    kw = dict(target=str(tiny_dirs / "target"), draft=str(tiny_dirs / "draft"), bench=str(tiny_dirs / "bench.jsonl"),
+              max_new_tokens=8, chain=2, tree="total=6,depth=3,topk=2", device="cpu", json=True)
+    reuse: dict = {}
+    runs = [evaluate.run(evaluate.EvalConfig(**kw, temperature=t), reuse=reuse) for t in (0.0, 1.0)]
+    assert len(loads) == 1
+    runner, props = reuse["session"]["runner"], dict(reuse["session"]["proposers"])
+    assert len(props) == 2
+    again = evaluate.run(evaluate.EvalConfig(**kw, temperature=0.0), reuse=reuse)
+    assert reuse["session"]["runner"] is runner and reuse["session"]["proposers"] == props and len(loads) == 1
+    fresh = evaluate.run(evaluate.EvalConfig(**kw, temperature=1.0))
+    def strip(doc):
+        return [(r["setting"], r["tau"], r["accept_per_position"], r["steps"]) for r in doc["results"]]
+    assert strip(runs[1]) == strip(fresh)        # sampling: the same seeds, the same rounds
+    assert strip(runs[0]) == strip(again)
+    assert runs[0]["results"][0]["identical_rate"] == 1.0
+
+
 def test_eval_tree_auto(tiny_dirs, capsys):
     rc = main(["eval", "--target", str(tiny_dirs / "target"), "--draft", str(tiny_dirs / "draft"),
                "--bench", str(tiny_dirs / "bench.jsonl"), "--max-new-tokens", "6", "--tree", "auto",

@@ -149,7 +149,7 @@ class Session:
     """A loaded target + draft with one runner; generates baselines once and evaluates settings."""
 
     def __init__(self, target, draft, questions, *, max_new_tokens, temperature=0.0, device=None,
-                 compile_graphs=None, seed=0):
+                 compile_graphs=None, seed=0, reuse: dict | None = None):
         self.target, self.draft, self.questions = target, draft, questions
         self.max_new, self.temperature, self.seed = max_new_tokens, temperature, seed
         self.device = target.layout.lm_head.weight.device if device is None else torch.device(device)
@@ -161,14 +161,25 @@ class Session:
                       for q in questions)
         turns = max(len(q["turns"]) for q in questions)
         self.capacity = longest + turns * (max_new_tokens + 64) + 128
-        self.runner = TargetRunner(target.model, target.layout, draft.config.aux_layer_ids, self.capacity,
-                                   min_bucket=_MIN_BUCKET)
-        if self.compile:
-            self.runner.compile()
-            if _INNER == "compiled":
-                self.runner.compile_inner()
+        # `reuse` (a dict the caller keeps) shares the compiled runner and proposers between sessions of the
+        # same target, draft and capacity, e.g. one per temperature: nothing in them depends on the temperature,
+        # and each (width, KV bucket) compile costs ~20 s on an H200
+        self._reuse = reuse if reuse is not None else {}
+        key = (id(target.model), id(draft), self.capacity, self.compile, _INNER, _MIN_BUCKET)
+        if self._reuse.get("key") != key:
+            self._reuse.clear()
+            self._reuse.update(key=key, runner=None, proposers={}, ar_warm=False)
+        if self._reuse["runner"] is None:
+            runner = TargetRunner(target.model, target.layout, draft.config.aux_layer_ids, self.capacity,
+                                  min_bucket=_MIN_BUCKET)
+            if self.compile:
+                runner.compile()
+                if _INNER == "compiled":
+                    runner.compile_inner()
+            self._reuse["runner"] = runner
+        self.runner: TargetRunner = self._reuse["runner"]
         self.baseline: dict[tuple, tuple[list[int], GenStats]] = {}
-        self._ar_warm, self._warm_specs = False, set()   # what `warmup` already compiled at every bucket
+        self._warm_specs: set = set()   # settings whose round this session compiled/captured at every bucket
 
     def _gen(self, key):
         return torch.Generator().manual_seed(zlib.crc32(repr((self.seed,) + key).encode()))
@@ -203,9 +214,9 @@ class Session:
             ar_generate(self.runner, prompt, min(16, self.max_new), eos_ids=())
             if spec is not None:
                 self.decoder(spec).generate(prompt, min(3 * spec.depth + 4, self.max_new))
-        if self.compile and not self._ar_warm:
+        if self.compile and not self._reuse["ar_warm"]:
             warm_ar(self.runner)
-            self._ar_warm = True
+            self._reuse["ar_warm"] = True
         if self.compile and spec is not None and spec not in self._warm_specs:
             self.decoder(spec).warm(prompt)
             self._warm_specs.add(spec)
@@ -216,9 +227,11 @@ class Session:
             self._decoders = {}
         key = spec  # record only changes what the host reads: the captured graphs are shared
         if key not in self._decoders:
-            p = EagleProposer(self.draft, spec, self.capacity)
-            if self.compile and _INNER == "compiled":
-                p.compile_inner()
+            p = self._reuse["proposers"].get(spec)
+            if p is None:
+                p = self._reuse["proposers"][spec] = EagleProposer(self.draft, spec, self.capacity)
+                if self.compile and _INNER == "compiled":
+                    p.compile_inner()
             self._decoders[key] = SpecDecoder(self.runner, p, temperature=self.temperature, eos_ids=self.eos,
                                               graphs=self.compile and _GRAPHS)
         self._decoders[key].record_rounds = record
@@ -304,14 +317,23 @@ def load_pair(target, draft, device, dtype_name, cache=None, trust_remote_code=F
     return target, draft
 
 
-def run(cfg: EvalConfig) -> dict | int:
+def run(cfg: EvalConfig, reuse: dict | None = None) -> dict | int:
+    """`eyas eval`. reuse: a dict kept across calls (same target, draft and questions, another temperature):
+    the loaded models and the compiled target step and proposers are taken from it instead of rebuilt."""
     if not (Path(cfg.draft) / "config.json").is_file():  # before the target loads (minutes on a busy CPU)
         raise FileNotFoundError(f"--draft {cfg.draft}: " + ("no such directory" if not Path(cfg.draft).exists() else
                                 "no config.json in it") + " (give an `eyas train --out` dir or an `eyas import` dir)")
-    target, draft = load_pair(cfg.target, cfg.draft, cfg.device, cfg.dtype, cfg.cache_dir, cfg.trust_remote_code)
+    pair_key = (cfg.target, str(cfg.draft), cfg.device, cfg.dtype)
+    if reuse is not None and reuse.get("pair_key") == pair_key:
+        target, draft = reuse["pair"]
+    else:
+        target, draft = load_pair(cfg.target, cfg.draft, cfg.device, cfg.dtype, cfg.cache_dir, cfg.trust_remote_code)
+        if reuse is not None:
+            reuse.clear()
+            reuse.update(pair_key=pair_key, pair=(target, draft), session={})
     questions = load_bench(cfg.bench, cfg.categories, cfg.per_category)
     s = Session(target, draft, questions, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                compile_graphs=cfg.compile, seed=cfg.seed)
+                compile_graphs=cfg.compile, seed=cfg.seed, reuse=None if reuse is None else reuse["session"])
     specs = []
     if cfg.chain is not None or cfg.tree is None:
         specs.append(TreeSpec.chain(cfg.chain or 3))
