@@ -62,7 +62,8 @@ def main(argv=None) -> int:
 def summary(r: dict) -> dict:
     """Per-round ms (draft / verify / host) and the goals' ratios; the AR step from the baseline."""
     t, steps, d = r["time_s"], max(1, r["steps"]), r["decode"]
-    base_tokens = r["new_tokens"]  # the baseline generated the same turns (same lengths at T=0)
+    # the baseline's own token count (at T=0 the same as the decoder's; at T>0 its samples end elsewhere)
+    base_tokens = r["baseline_tokens_per_s"] * t["baseline_total"] or r["new_tokens"]
     ar_ms = t["baseline_total"] / max(1, base_tokens) * 1e3
     ms = {k: t[k] / steps * 1e3 for k in ("draft", "verify", "overhead")}
     return {"setting": r["setting"], "temperature": d["temperature"], "tau": r["tau"], "speedup": r["speedup"],
