@@ -140,8 +140,8 @@ _INNER = os.environ.get("EYAS_DECODE_INNER", "compiled")
 _GRAPHS = os.environ.get("EYAS_DECODE_GRAPHS", "1") != "0"
 # The target attends over a power-of-two bucket of the KV cache from this size up. Each bucket is one more
 # compile per step width at warm-up (~20 s each for SmolLM2 on an H200), so the default keeps them few
-# (Spec-Bench's capacity at 512 new tokens is 2049: buckets 1024 and 2049); EYAS_DECODE_MIN_BUCKET=1000000 attends over the whole
-# capacity (the pre-bucket behaviour), smaller values give finer buckets.
+# (Spec-Bench's capacity at 512 new tokens is 2049: buckets 1024 and 2049); EYAS_DECODE_MIN_BUCKET=1000000
+# attends over the whole capacity (the pre-bucket behaviour), smaller values give finer buckets.
 _MIN_BUCKET = int(os.environ.get("EYAS_DECODE_MIN_BUCKET", "1024"))
 
 
