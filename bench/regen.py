@@ -24,7 +24,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ helpers, also when loaded by path
 from _emit import emit  # noqa: E402
 
-from eyas.data.generate import NativeBackend
+from eyas.data.generate import Generator, NativeBackend
+from eyas.decode.evaluate import TIE_ULPS, ulp
 from eyas.data.sources import iter_conversations
 
 
@@ -62,11 +63,52 @@ def hf_generate(model, prompts: list[list[int]], max_new: int, eos: list[int], p
 
 @torch.inference_mode()
 def tie_gap(model, prompt: list[int], common: list[int], a: int, b: int) -> tuple[float, float]:
-    """|logit(a) - logit(b)| at the divergence, and 2 bf16 ulps of the larger logit (the tie threshold)."""
+    """|logit(a) - logit(b)| at the divergence, and the tie threshold: TIE_ULPS ulps of the model dtype at the
+    larger logit (the rule `eyas eval` applies to its own divergences)."""
     x = torch.tensor([prompt + common], device=model.device)
     z = model(input_ids=x).logits[0, -1].float()
     hi = max(abs(z[a].item()), abs(z[b].item()))
-    return abs(z[a].item() - z[b].item()), 2 * hi * 2.0 ** -7
+    return abs(z[a].item() - z[b].item()), TIE_ULPS * ulp(hi, next(model.parameters()).dtype)
+
+
+def run_native(gen, prompts: list[list[int]], max_new: int, on_finish=lambda *a: None, log=True) -> float:
+    """Every prompt through `gen` (continuous batching); returns the wall seconds."""
+    todo, t1, n = iter(range(len(prompts))), time.perf_counter(), [0]
+
+    def done(i, toks, reason):
+        on_finish(i, toks, reason)
+        n[0] += 1
+        if log and n[0] % max(1, len(prompts) // 10) == 0:
+            el = time.perf_counter() - t1
+            print(f"  {n[0]}/{len(prompts)} rows, {gen.stats['generated'] / el:,.0f} tok/s", flush=True)
+
+    sync = torch.cuda.synchronize if gen.device.type == "cuda" else (lambda: None)
+    sync()
+    t1 = time.perf_counter()
+    gen.run(lambda: (lambda i: None if i is None else (i, prompts[i], max_new))(next(todo, None)), done)
+    sync()
+    return time.perf_counter() - t1
+
+
+def profile_native(be, prompts: list[list[int]], max_new: int, batch: int) -> dict:
+    """torch.profiler over one batch of prompts (prefills + decode steps): the top GPU kernels, so the next
+    person sees where a decode step's milliseconds go."""
+    from torch.profiler import ProfilerActivity, profile
+    gen = Generator(be.model, batch_size=batch, capacity=be.gen.L, eos=list(be.eos), pad=be.pad,
+                    graph=be.gen.mode if be.gen.mode != "eager" else "auto")
+    run_native(gen, prompts[:batch], 8, log=False)  # warm-up outside the trace
+    gen.stats.update(steps=0, prefills=0, decode_s=0.0, prefill_s=0.0)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if be.device.startswith("cuda") else [])
+    with profile(activities=acts) as prof:
+        secs = run_native(gen, prompts[:batch], max_new, log=False)
+    key = "device_time_total" if be.device.startswith("cuda") else "cpu_time_total"
+    rows = sorted(prof.key_averages(), key=lambda e: getattr(e, key, 0), reverse=True)[:20]
+    table = [{"name": e.key[:90], "calls": e.count, "ms": round(getattr(e, key, 0) / 1e3, 2)} for e in rows]
+    print(prof.key_averages().table(sort_by=key, row_limit=20), flush=True)
+    return {"batch": batch, "rows": min(batch, len(prompts)), "max_new": max_new, "seconds": round(secs, 3),
+            "steps": gen.stats["steps"], "prefills": gen.stats["prefills"],
+            "decode_s": round(gen.stats["decode_s"], 3), "prefill_s": round(gen.stats["prefill_s"], 3),
+            "top_by_" + key: table}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", default="sharegpt", help="ShareGPT JSON path (or built-in 'sharegpt')")
     ap.add_argument("--rows", type=int, default=2048)
     ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--more-batches", type=int, nargs="*", default=[],
+                    help="also time these batch sizes on the same prompts (no HF comparison), e.g. 128 512")
+    ap.add_argument("--profile", action="store_true", help="torch.profiler table of one batch (64 new tokens)")
     ap.add_argument("--max-new", type=int, default=256)
     ap.add_argument("--max-prompt", type=int, default=768)
     ap.add_argument("--hf-sample", type=int, default=128)
@@ -95,28 +140,12 @@ def main(argv: list[str] | None = None) -> int:
     prompts = [e for e in enc if isinstance(e, list)]
     print(f"{len(prompts)} prompts ({len(convs) - len(prompts)} too long / refused)", flush=True)
 
-    done = [0]
-
-    def progress(*_):
-        done[0] += 1
-        if done[0] % max(1, len(prompts) // 10) == 0:
-            el = time.perf_counter() - t1
-            print(f"  {done[0]}/{len(prompts)} rows, {be.gen.stats['generated'] / el:,.0f} tok/s", flush=True)
-
-    todo = iter(range(len(prompts)))
     answers: list = [None] * len(prompts)
 
     def on_finish(i, toks, reason):
         answers[i] = (list(toks), reason)
-        progress()
 
-    if be.device.startswith("cuda"):
-        torch.cuda.synchronize()
-    t1 = time.perf_counter()
-    be.gen.run(lambda: (lambda i: None if i is None else (i, prompts[i], a.max_new))(next(todo, None)), on_finish)
-    if be.device.startswith("cuda"):
-        torch.cuda.synchronize()
-    secs = time.perf_counter() - t1
+    secs = run_native(be.gen, prompts, a.max_new, on_finish)
     st = dict(be.gen.stats)
     print(f"native: {st['generated']:,} tokens in {secs:.1f} s = {st['generated'] / secs:,.0f} tok/s", flush=True)
 
@@ -126,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     hf_secs = time.perf_counter() - t2
     hf_tokens = sum(map(len, ref))
     exact, ties, gaps = 0, 0, []
-    for p, r, (g, _) in zip(prompts[:n], ref, answers[:n]):
+    for row, (p, r, (g, _)) in enumerate(zip(prompts[:n], ref, answers[:n])):
         if r == g:
             exact += 1
             continue
@@ -137,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
             a_tok, b_tok = r[k], g[k]
         gap, thr = tie_gap(be.model, p, r[:k], a_tok, b_tok)
         ties += gap <= thr
-        gaps.append({"position": k, "gap": round(gap, 4), "tie_threshold": round(thr, 4)})
+        gaps.append({"row": row, "position": k, "gap": round(gap, 4), "tie_threshold": round(thr, 4),
+                     "tie": gap <= thr})
     result = {
         "bench": "regen", "target": a.target, "device": be.device, "dtype": str(be.gen.dtype), "graph": be.gen.mode,
         "rows": len(prompts), "batch": a.batch, "max_new_tokens": a.max_new, "load_and_capture_s": round(t_load, 1),
@@ -150,9 +180,23 @@ def main(argv: list[str] | None = None) -> int:
         "hf_generate": {"rows": n, "batch": a.hf_batch, "generated_tokens": hf_tokens, "seconds": round(hf_secs, 2),
                         "tok_per_s": round(hf_tokens / hf_secs, 1)},
         "match": {"rows": n, "exact": exact, "rate": round(exact / max(n, 1), 4), "differing": n - exact,
-                  "differing_at_tie": int(ties), "divergences": gaps[:32]},
+                  "differing_at_tie": int(ties),
+                  # every divergence not explained by a tie, then the first ties
+                  "divergences": [g for g in gaps if not g["tie"]] + [g for g in gaps if g["tie"]][:32]},
         "speedup_vs_hf": round((st["generated"] / secs) / max(hf_tokens / hf_secs, 1e-9), 1),
     }
+    for b in a.more_batches:  # the same prompts at another batch size: a fresh generator on the same model
+        gen = Generator(be.model, batch_size=b, capacity=be.gen.L, eos=list(be.eos), pad=be.pad, graph=a.graph)
+        s2 = run_native(gen, prompts, a.max_new, log=False)
+        g2 = gen.stats
+        result.setdefault("batch_sweep", []).append(
+            {"batch": b, "tok_per_s": round(g2["generated"] / s2, 1), "seconds": round(s2, 2),
+             "ms_per_step": round(1000 * g2["decode_s"] / max(g2["steps"], 1), 2),
+             **{k: round(g2[k], 2) for k in ("decode_s", "prefill_s", "host_s")}, "prefills": g2["prefills"]})
+        print(f"batch {b}: {result['batch_sweep'][-1]}", flush=True)
+        del gen
+    if a.profile:
+        result["profile"] = profile_native(be, prompts, 64, a.batch)
     emit(result, a.out)
     return 0
 
