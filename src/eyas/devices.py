@@ -10,7 +10,8 @@ torch is imported inside the resolvers so that configs (and `eyas --help`) stay 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Literal
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Iterator, Literal
 
 if TYPE_CHECKING:
     import torch
@@ -91,3 +92,15 @@ def fast_bf16(device: "torch.device | str") -> bool:
 def dtype_name(dtype: "torch.dtype") -> str:
     """torch.dtype -> the vocabulary's spelling (bf16, fp16, fp32)."""
     return {v: k for k, v in TORCH_NAMES.items()}[str(dtype).replace("torch.", "")]
+
+
+@contextmanager
+def varying_shape_attention() -> Iterator[None]:
+    """SDPA without its cuDNN backend, for eager forwards whose shapes change from call to call (prefills).
+    cuDNN builds an execution graph per new (batch, length) and caches it: tens to hundreds of ms per new shape
+    (a native-generator prefill cost 88 ms on the H200), while flash / memory-efficient attention have no
+    per-shape set-up. Static-shape steps (CUDA graphs, compiled decode steps) keep PyTorch's own choice."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+        yield

@@ -32,6 +32,7 @@ import torch
 
 from eyas.data.attention import grouped_attention
 from eyas.data.backends import GenerationError, HFBackend
+from eyas.devices import varying_shape_attention
 
 Request = tuple[Hashable, list[int], int]  # (key, prompt ids, max new tokens)
 
@@ -181,7 +182,7 @@ class Generator:
         causal = torch.full((T, T), neg, dtype=self.dtype, device=self.device).triu(1)
         self.cache.rows = torch.tensor(rows, device=self.device)
         try:
-            with grouped_attention(self.model):
+            with grouped_attention(self.model), varying_shape_attention():  # a new (G, T) per prefill
                 out = self.base(input_ids=ids.to(self.device), attention_mask=causal.expand(G, 1, T, T).contiguous(),
                                 position_ids=torch.arange(T, device=self.device).expand(G, T),
                                 use_cache=True, **{self._cache_kw: self.cache})

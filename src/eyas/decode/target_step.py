@@ -33,6 +33,7 @@ from contextlib import ExitStack
 import torch
 from torch import nn
 
+from eyas.devices import varying_shape_attention
 from eyas.target.capture import capture
 from eyas.target.layers import Layout
 
@@ -222,7 +223,8 @@ class TargetRunner:
         kv_len: attend over slots [0, kv_len) only (a `bucket`, above every slot used; default capacity).
         Returns (logits [T, V] fp32, aux [T, k, H]). Outputs of a compiled call are graph-owned:
         consume (or clone) them before the next call."""
-        if eager or self._compiled is None:
-            return self._step(tokens, positions, slots, ctx_len, anc, kv_len)
+        if eager or self._compiled is None:  # prefills: a new length per prompt (see varying_shape_attention)
+            with varying_shape_attention():
+                return self._step(tokens, positions, slots, ctx_len, anc, kv_len)
         torch.compiler.cudagraph_mark_step_begin()
         return self._compiled(tokens, positions, slots, ctx_len, anc, kv_len)
