@@ -264,7 +264,11 @@ def _extract(job: StoreJob, model, layout, dataset, identity, token_budget, writ
             lengths = {i: r["input_ids"].numel() for i, r in rows.items()}
             for batch in make_batches(lengths, token_budget):
                 x = _pad([rows[i] for i in batch], packed)
-                ids, pos = x["input_ids"].to(device, non_blocking=True), x["position_ids"].to(device, non_blocking=True)
+                # pinned, so the upload is truly asynchronous: from pageable memory CUDA first waits for the
+                # stream, i.e. for the previous batch's forward, and the GPU idles while this batch is launched
+                pin = (lambda t: t.pin_memory()) if copier.cuda else (lambda t: t)
+                ids = pin(x["input_ids"]).to(device, non_blocking=True)
+                pos = pin(x["position_ids"]).to(device, non_blocking=True)
                 with capture(layout, aux_ids) as cap:
                     backbone(input_ids=ids, position_ids=pos, use_cache=False)
                     aux, last = cap.aux, cap.last
