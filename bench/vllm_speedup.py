@@ -4,7 +4,11 @@
         --chains 1 2 3 4 5 --batch-sizes 1 8 32 --per-category 2 --max-new-tokens 256 --gpus 0 1 --out speedup.json
 
 Prompts: the first turn of `--per-category` Spec-Bench questions per category, through the target's chat template.
-Each engine runs in vLLM's own environment (`--python`); see eyas.engines.vllm_speedup.
+Each engine runs in vLLM's own environment (`--python`); see eyas.engines.vllm_speedup. `--engines-per-gpu N` starts
+up to N engines side by side on each GPU (each with its share of the memory; they still time one at a time).
+`--out` is rewritten after every engine with what is done so far ("complete": false; a failed engine under
+"failed"), so a sweep cut short still leaves its results; the last write says "complete": true.
+Exit status 1 when any engine failed.
 """
 import argparse
 import json
@@ -17,7 +21,14 @@ from transformers import AutoTokenizer
 from eyas.decode.bench import load_bench
 from eyas.engines.base import engine_python
 from eyas.engines.vllm import ENV_VAR, HOW_TO_CREATE
-from eyas.engines.vllm_speedup import measure
+from eyas.engines.vllm_speedup import measure, report
+
+
+def write_json(path: Path, doc: dict) -> None:
+    """Replace `path` whole (write then rename): a sweep killed mid-write still leaves the previous version."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1))
+    tmp.replace(path)
 
 
 def main(argv=None) -> int:
@@ -31,6 +42,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--gpus", nargs="+", default=["0"])
+    ap.add_argument("--engines-per-gpu", type=int, default=1,
+                    help="engines started side by side per GPU, each with 0.85/N of its memory (default 1)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     tok = AutoTokenizer.from_pretrained(a.target)
@@ -39,16 +52,25 @@ def main(argv=None) -> int:
         ids = tok.apply_chat_template([{"role": "user", "content": q["turns"][0]}], add_generation_prompt=True,
                                       tokenize=True)
         prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
-    t0 = time.perf_counter()
+    out, done, t0 = Path(a.out), {}, time.perf_counter()
+    meta = dict(prompts=len(prompts), max_new_tokens=a.max_new_tokens, engines_per_gpu=a.engines_per_gpu)
+
+    def on_result(name: str, doc: dict) -> None:
+        done[name] = doc
+        write_json(out, {**report(done), **meta, "sweep_s": time.perf_counter() - t0, "complete": False})
+
     res = measure(engine_python(a.python, ENV_VAR, HOW_TO_CREATE), a.target, a.export, prompts, a.chains,
-                  a.batch_sizes, a.max_new_tokens, a.gpus, Path(a.out).with_suffix(".logs"))
-    res.update(prompts=len(prompts), max_new_tokens=a.max_new_tokens, seconds=time.perf_counter() - t0)
-    Path(a.out).write_text(json.dumps(res, indent=1))
+                  a.batch_sizes, a.max_new_tokens, a.gpus, out.with_suffix(".logs"),
+                  engines_per_gpu=a.engines_per_gpu, on_result=on_result)
+    write_json(out, {**res, **meta, "complete": True})
     for r in res["rows"]:
-        print(f"K={r['chain']} batch={r['batch_size']:>3}: {r['tok_s']:8.1f} tok/s vs {r['base_tok_s']:8.1f} "
-              f"= {r['speedup']:.2f}x  tau {r['tau'] or 0:.2f}  same {r['identical_to_base']}")
-    print("best:", json.dumps(res["best_by_batch"]))
-    return 0
+        vs = (f" vs {r['base_tok_s']:8.1f} = {r['speedup']:.2f}x  same {r['identical_to_base']}"
+              if "speedup" in r else " (no base)")
+        print(f"K={r['chain']} batch={r['batch_size']:>3}: {r['tok_s']:8.1f} tok/s{vs}  tau {r['tau'] or 0:.2f}")
+    for name, err in res["failed"].items():
+        print(f"{name} FAILED: {(err.strip().splitlines() or [''])[-1]}")  # the traceback's last line
+    print("best:", json.dumps(res["best_by_batch"]), f"sweep {res['sweep_s']:.0f}s")
+    return 1 if res["failed"] else 0
 
 
 if __name__ == "__main__":

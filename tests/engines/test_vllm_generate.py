@@ -10,6 +10,7 @@ import json
 import os
 import stat
 import sys
+import time
 
 import pytest
 import torch
@@ -142,6 +143,10 @@ def test_speedup_summary_from_vllm_counters():
     assert k3b8["identical_to_base"] == "3/4"
     assert s["best_by_batch"]["1"]["chain"] == 3 and s["best_by_batch"]["8"]["chain"] == 1
     assert spec_stats({})["tau"] is None  # no drafts: no τ, not a division by zero
+    assert s["base_tok_s"] == {"1": 8.0, "8": 16.0}
+    alone = summarize(None, {3: spec[3]})  # the base's engine failed or has not finished: tokens/s, no speedups
+    assert [r["tok_s"] for r in alone["rows"]] == [16.0, 12.8] and alone["rows"][0]["tau"] == pytest.approx(2.5)
+    assert not any("speedup" in r for r in alone["rows"]) and alone["best_by_batch"] == {} and not alone["base_tok_s"]
 
 
 def test_tensor_parallel_that_vllm_would_refuse_is_named_before_start():
@@ -209,3 +214,134 @@ def test_serve_worker_serves_and_benches_with_counter_deltas(tmp_path):
     assert [r["metrics"]["vllm:spec_decode_num_drafts"] for r in runs] == [3, 3]
     assert runs[1]["metrics"]["vllm:spec_decode_num_accepted_tokens_per_pos"] == [3, 0]
     assert runs[0]["generated_tokens"] == 5 and spec_stats(runs[0]["metrics"])["tau"] == 2.0
+
+
+# The serving stand-in, timed: its start-up sleeps (per model, so a missing barrier shows), a model may fail to
+# start, and every construction and generate call is logged with wall-clock times to the file $FAKE_VLLM names.
+FAKE_TIMED_VLLM = FAKE_SERVING_VLLM + """
+import json, os, time
+_Serving = LLM
+_CFG = json.loads(os.environ["FAKE_VLLM"])
+
+def _event(what, **kw):
+    with open(_CFG["events"], "a") as f:
+        f.write(json.dumps({"what": what, "pid": os.getpid(), "t": time.time(), **kw}) + "\\n")
+
+class LLM(_Serving):
+    def __init__(self, model, **kw):
+        _event("init_start", model=model, util=kw["gpu_memory_utilization"])
+        time.sleep(_CFG["startup"].get(model, 0))
+        if model == _CFG.get("fail"):
+            raise RuntimeError("CUDA out of memory (stand-in)")
+        super().__init__(model, **kw)
+        _event("init_end")
+    def generate(self, prompts, params, use_tqdm=True):
+        _event("gen_start")
+        time.sleep(0.02)
+        try:
+            return super().generate(prompts, params, use_tqdm)
+        finally:
+            _event("gen_end")
+"""
+
+
+def timed_engine(tmp_path, monkeypatch, startup: dict, fail: str | None = None):
+    monkeypatch.setenv("FAKE_VLLM", json.dumps({"events": str(tmp_path / "events.jsonl"), "startup": startup,
+                                                "fail": fail}))
+    return fake_vllm_python(tmp_path, FAKE_TIMED_VLLM)
+
+
+def engine_spans(events_file) -> dict:
+    """model -> {"util", "init": (start, end), "timed": (first generate start, last generate end)}."""
+    events = [json.loads(x) for x in events_file.read_text().splitlines()]
+    model = {e["pid"]: e["model"] for e in events if e["what"] == "init_start"}
+    spans = {}
+    for e in events:
+        s = spans.setdefault(model[e["pid"]], {"init": [None, None], "timed": [None, None]})
+        kind, i = {"init_start": ("init", 0), "init_end": ("init", 1), "gen_start": ("timed", 0),
+                   "gen_end": ("timed", 1)}[e["what"]]
+        if s[kind][i] is None or i == 1:  # the first start, the last end
+            s[kind][i] = e["t"]
+        s["util"] = e.get("util", s.get("util"))
+    return spans
+
+
+def overlap(a, b) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
+
+
+def test_speedup_engines_share_a_gpu_start_together_and_time_alone(tmp_path, monkeypatch):
+    from eyas.engines.vllm_speedup import measure
+
+    # wave 1 = base, K=1, K=2 (3 per GPU); wave 2 = K=3. The base starts slowest: without the barrier K=1 would
+    # time while the base still starts; without the lock the wave's three would time together.
+    startup = {"base": 0.6, "k1": 0.1, "k2": 0.3, "k3": 0.2}
+    py = timed_engine(tmp_path, monkeypatch, startup)
+    seen = []
+    res = measure(py, "base", "k{k}", [[1, 2, 3], [4, 5], [6]], [1, 2, 3], [1, 2], 2, ["0"], tmp_path / "logs",
+                  engines_per_gpu=3, on_result=lambda name, doc: seen.append(name))
+    assert sorted(seen) == ["base", "k1", "k2", "k3"] and not res["failed"]
+    spans = engine_spans(tmp_path / "events.jsonl")
+    assert sorted(spans) == sorted(startup) and all(s["util"] == pytest.approx(0.85 / 3) for s in spans.values())
+    assert spans["k1"]["init"][1] > spans["base"]["init"][0]  # start-ups of a wave overlap (not one after another)
+    for a in spans:
+        for b in spans:
+            if a != b:
+                assert not overlap(spans[a]["timed"], spans[b]["timed"]), (a, b)
+                assert not overlap(spans[a]["timed"], spans[b]["init"]), (a, b)
+    assert {r["chain"] for r in res["rows"]} == {1, 2, 3} and all(r["speedup"] > 0 for r in res["rows"])
+    e = res["engines"]
+    assert all(e[n]["measure_s"] > 0 and e[n]["startup_s"] >= startup[n] and e[n]["barrier_timed_out"] is False
+               for n in startup)
+    assert e["k1"]["wait_s"] >= 0.4  # waited for the base to be up
+    assert res["sweep_s"] >= max(d["wall_s"] for d in e.values())
+
+
+def test_speedup_engine_failing_at_start_does_not_hold_up_its_wave(tmp_path, monkeypatch):
+    from eyas.engines.vllm_speedup import measure
+
+    py = timed_engine(tmp_path, monkeypatch, {"base": 0.3, "k1": 0.1}, fail="k2")
+    t0 = time.monotonic()
+    res = measure(py, "base", "k{k}", [[1, 2, 3], [4, 5]], [1, 2], [1], 2, ["0"], tmp_path / "logs",
+                  engines_per_gpu=3, barrier_timeout_s=120)
+    assert time.monotonic() - t0 < 60  # far from the barrier's timeout
+    assert list(res["failed"]) == ["k2"] and "CUDA out of memory (stand-in)" in res["failed"]["k2"]
+    assert [r["chain"] for r in res["rows"]] == [1] and res["rows"][0]["speedup"] > 0
+    assert res["engines"]["base"]["barrier_timed_out"] is False and res["engines"]["k1"]["barrier_timed_out"] is False
+
+
+def test_speedup_bench_writes_partial_results_after_each_engine(target, tmp_path, monkeypatch):
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("bench_vllm_speedup",
+                                                  Path(__file__).resolve().parents[2] / "bench" / "vllm_speedup.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    bench = tmp_path / "bench.jsonl"
+    bench.write_text("".join(json.dumps({"question_id": i, "category": c, "turns": [f"Say {c} {i}."]}) + "\n"
+                             for i, c in enumerate(["math", "code", "math"])))
+    export = str(tmp_path / "export-k{k}")
+    py = timed_engine(tmp_path, monkeypatch, {}, fail=export.format(k=1))
+    out, snapshots, real_measure = tmp_path / "speedup.json", [], mod.measure
+
+    def spy(*args, on_result, **kw):  # what --out holds right after each engine's callback
+        def seen(name, doc):
+            on_result(name, doc)
+            snapshots.append((name, json.loads(out.read_text())))
+        return real_measure(*args, on_result=seen, **kw)
+
+    monkeypatch.setattr(mod, "measure", spy)
+    rc = mod.main(["--target", str(target), "--export", export, "--python", str(py), "--bench", str(bench),
+                   "--per-category", "2", "--chains", "1", "2", "--batch-sizes", "1", "2", "--max-new-tokens", "3",
+                   "--out", str(out)])
+    assert rc == 1  # K=1's engine failed
+    assert [name for name, _ in snapshots] == ["base", "k1", "k2"]
+    assert all(doc["complete"] is False and doc["prompts"] == 3 for _, doc in snapshots)
+    after_base, after_k1, after_k2 = (doc for _, doc in snapshots)
+    assert after_base["rows"] == [] and set(after_base["base_tok_s"]) == {"1", "2"} and not after_base["failed"]
+    assert "CUDA out of memory" in after_k1["failed"]["k1"] and after_k1["rows"] == []
+    assert [r["chain"] for r in after_k2["rows"]] == [2, 2] and set(after_k2["best_by_batch"]) == {"1", "2"}
+    final = json.loads(out.read_text())
+    assert final["complete"] is True and final["rows"] == after_k2["rows"] and list(final["failed"]) == ["k1"]
+    assert final["sweep_s"] > 0 and set(final["engines"]) == {"base", "k1", "k2"}

@@ -4,17 +4,24 @@ One engine, greedy, with vLLM's own counters; used by serve-check and by the spe
 IN:  {"model": DIR, "speculative_config": {...} | null, "prompts": [[token ids], ...], "max_tokens": N,
       "dtype": "auto"|"float32"|..., "max_model_len": N, "seed": 0,
       optional: "enforce_eager" (default true), "gpu_memory_utilization" (0.9),
-                "batch_sizes": [1, 8, 32] (bench mode), "measure_lock": PATH}
+                "batch_sizes": [1, 8, 32] (bench mode), "barrier": {...}, "measure_lock": PATH (both below)}
      With a speculators export as "model", vLLM reads the verifier and K from the export's config.json: the
      zero-flag path eyas promises (vLLM locks method, model and K; a num_speculative_tokens override is ignored).
 OUT (serve-check): {"vllm_version", "outputs": [[generated ids], ...], "metrics": {name: value | [values]},
       "startup_s", "generate_s", "speculative_config"}
-OUT (bench mode, "batch_sizes" given): {"vllm_version", "startup_s", "speculative_config", "runs": [{"batch_size",
-      "seconds", "generated_tokens", "requests", "metrics" (deltas over this run), "outputs"}]}. `batch_size` b means b
-     requests in flight at a time. Several engines may share a GPU (each its memory share) and start side by side;
-     with `measure_lock`, only one of them times at once (an exclusive flock around the timed part).
+OUT (bench mode, "batch_sizes" given): {"vllm_version", "startup_s", "speculative_config", "wait_s", "measure_s",
+      "runs": [{"batch_size", "seconds", "generated_tokens", "requests", "metrics" (deltas over this run), "outputs"}]}.
+     `batch_size` b means b requests in flight at a time. Several engines may share a GPU (each its memory share,
+     "gpu_memory_utilization") and start side by side. Bench mode then takes, in this order:
+       "barrier": {"dir": PATH, "count": n, "timeout_s": 900, "name": id (default: the pid)}: once its engine is up,
+           the worker writes `<dir>/<name>.ready` and waits until n distinct names have a `.ready` or `.failed`
+           file there (the caller writes `<name>.failed` for an engine that died), so no engine times while another
+           of its wave still starts; OUT's "barrier_timed_out" is true when it went on after timeout_s instead;
+       "measure_lock": PATH: an exclusive flock around the timed part (warm-up and runs), so one engine times at once.
+     wait_s: seconds from engine up to holding the lock; measure_s: seconds holding it.
 """
 
+import contextlib
 import fcntl
 import json
 import os
@@ -46,12 +53,33 @@ def delta(after: dict, before: dict) -> dict:
     return out
 
 
-def bench(llm, prompts, params, batch_sizes, lock_path) -> list:
+def wait_at_barrier(barrier: dict) -> bool:
+    """Say this engine is up, then wait for the rest of its wave (ready or failed); True if the wait timed out."""
+    d = barrier["dir"]
+    open(os.path.join(d, f"{barrier.get('name', os.getpid())}.ready"), "w").close()
+    deadline = time.monotonic() + barrier.get("timeout_s", 900)
+    # distinct names: an engine that timed out here and then died has both a .ready and a .failed file
+    while len({os.path.splitext(f)[0] for f in os.listdir(d)}) < barrier["count"]:
+        if time.monotonic() > deadline:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@contextlib.contextmanager
+def exclusive(lock_path):
+    """Hold an exclusive flock on `lock_path` (nothing when None); closing the file releases it, even on a crash."""
+    if not lock_path:
+        yield
+        return
+    with open(lock_path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def bench(llm, prompts, params, batch_sizes) -> list:
     from vllm import SamplingParams
 
-    lock = open(lock_path, "w") if lock_path else None
-    if lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
     llm.generate(prompts[:2], SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)  # warm-up
     runs = []
     for b in batch_sizes:
@@ -64,8 +92,6 @@ def bench(llm, prompts, params, batch_sizes, lock_path) -> list:
                      "generated_tokens": sum(len(o) for o in outputs), "metrics": delta(metrics(llm), before),
                      "outputs": outputs})
         print(f"batch {b}: {runs[-1]['generated_tokens'] / seconds:.1f} tok/s", flush=True)
-    if lock:
-        lock.close()
     return runs
 
 
@@ -91,7 +117,13 @@ def main(inp: str, out: str) -> None:
                "method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens,
                "model": spec.model, "target": llm.llm_engine.vllm_config.model_config.model}}
     if req.get("batch_sizes"):
-        doc["runs"] = bench(llm, prompts, params, req["batch_sizes"], req.get("measure_lock"))
+        t0 = time.perf_counter()
+        if req.get("barrier"):
+            doc["barrier_timed_out"] = wait_at_barrier(req["barrier"])
+        with exclusive(req.get("measure_lock")):
+            t1 = time.perf_counter()
+            doc["runs"] = bench(llm, prompts, params, req["batch_sizes"])
+            doc.update(wait_s=t1 - t0, measure_s=time.perf_counter() - t1)
     else:
         t0 = time.perf_counter()
         results = llm.generate(prompts, params, use_tqdm=False)

@@ -1,17 +1,28 @@
 """vLLM's own speedup with an eyas draft: greedy tokens/s with and without speculative decoding.
 
 Each configuration (the plain target, then the export of each chain length K) is one vLLM engine started by
-`vllm_serve_worker.py` (bench mode) in vLLM's environment; engines start side by side and take turns timing,
-so start-ups overlap and timings do not. The report is what a user
-asks before serving a draft: tokens/s at batch 1, 8, 32 for each K, the speedup over the plain target at the
-same batch, vLLM's own τ and per-position acceptance, and whether the outputs equal the plain target's.
+`vllm_serve_worker.py` (bench mode) in vLLM's environment. Jobs go round-robin over the GPUs; on each GPU they run
+in waves of `engines_per_gpu` engines that share its memory. An engine's start-up (compile, graph capture) takes
+minutes and its timing well under one, so a wave's engines start side by side, wait at a barrier until all of the
+wave are up (or have failed), then take turns timing under one lock per GPU; the next wave starts when the last
+one has finished. Start-ups overlap; a timing never overlaps another engine's start-up or timing on its GPU.
+
+The report is what a user asks before serving a draft: tokens/s at batch 1, 8, 32 for each K, the speedup over the
+plain target at the same batch, vLLM's own τ and per-position acceptance, whether the outputs equal the plain
+target's, and each engine's seconds (start-up, waiting, timing, in all) plus the whole sweep's. `on_result` hears
+of each engine as it finishes, so a caller can keep what is done when the sweep is cut short; `report` summarises
+any subset (no base: tokens/s without speedups; a failed engine: listed under "failed").
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable
 
 from eyas.engines.base import run_in_env
 
@@ -28,52 +39,91 @@ def spec_stats(metrics: dict) -> dict:
     return {"drafts": drafts, "tau": 1.0 + acc / drafts, "accept_per_position": [p / drafts for p in per_pos]}
 
 
-def summarize(base: dict, spec: dict[int, dict]) -> dict:
-    """Rows of (K, batch) against the plain target's run at the same batch; `base`/`spec[K]` are worker outputs."""
-    base_runs = {r["batch_size"]: r for r in base["runs"]}
+def tok_s(run: dict) -> float:
+    return run["generated_tokens"] / run["seconds"]
+
+
+def summarize(base: dict | None, spec: dict[int, dict]) -> dict:
+    """Rows of (K, batch) against the plain target's run at the same batch; `base`/`spec[K]` are worker outputs.
+    Without `base` (its engine failed or has not finished) rows have tokens/s and τ but no speedup."""
+    base_runs = {r["batch_size"]: r for r in base["runs"]} if base else {}
     rows = []
     for k, doc in sorted(spec.items()):
         for r in doc["runs"]:
-            b = base_runs[r["batch_size"]]
-            tps, base_tps = r["generated_tokens"] / r["seconds"], b["generated_tokens"] / b["seconds"]
-            same = sum(o == p for o, p in zip(r["outputs"], b["outputs"]))
-            rows.append({"chain": k, "batch_size": r["batch_size"], "tok_s": tps, "base_tok_s": base_tps,
-                         "speedup": tps / base_tps, **spec_stats(r["metrics"]),
-                         "identical_to_base": f"{same}/{len(r['outputs'])}"})
+            row = {"chain": k, "batch_size": r["batch_size"], "tok_s": tok_s(r), **spec_stats(r["metrics"])}
+            b = base_runs.get(r["batch_size"])
+            if b:
+                same = sum(o == p for o, p in zip(r["outputs"], b["outputs"]))
+                row.update(base_tok_s=tok_s(b), speedup=tok_s(r) / tok_s(b),
+                           identical_to_base=f"{same}/{len(r['outputs'])}")
+            rows.append(row)
     best = {}
     for row in rows:
         b = row["batch_size"]
-        if b not in best or row["speedup"] > best[b]["speedup"]:
+        if "speedup" in row and (b not in best or row["speedup"] > best[b]["speedup"]):
             best[b] = row
-    return {"rows": rows, "best_by_batch": {str(b): {"chain": r["chain"], "speedup": r["speedup"], "tau": r["tau"]}
-                                            for b, r in sorted(best.items())}}
+    return {"base_tok_s": {str(b): tok_s(r) for b, r in sorted(base_runs.items())}, "rows": rows,
+            "best_by_batch": {str(b): {"chain": r["chain"], "speedup": r["speedup"], "tau": r["tau"]}
+                              for b, r in sorted(best.items())}}
+
+
+PER_ENGINE = ("gpu", "startup_s", "wait_s", "measure_s", "wall_s", "barrier_timed_out")
+
+
+def report(done: dict[str, dict]) -> dict:
+    """The summary of the engines finished so far ({job: worker output or {"error": ...}}), partial or whole."""
+    ok = {name: doc for name, doc in done.items() if "error" not in doc}
+    out = summarize(ok.get("base"), {int(name[1:]): doc for name, doc in ok.items() if name != "base"})
+    out["failed"] = {name: doc["error"] for name, doc in done.items() if "error" in doc}
+    out["engines"] = {name: {t: doc[t] for t in PER_ENGINE if t in doc} for name, doc in done.items()}
+    out["vllm_version"] = next((doc["vllm_version"] for doc in ok.values()), None)
+    return out
 
 
 def measure(python: Path, target: str, export: str, prompts: list[list[int]], chains: list[int],
             batch_sizes: list[int], max_tokens: int, gpus: list[str], log_dir: Path,
-            max_model_len: int = 2048) -> dict:
-    """Run the plain target and each K, spread round-robin over `gpus` (one engine per GPU at a time)."""
+            max_model_len: int = 2048, engines_per_gpu: int = 1,
+            on_result: Callable[[str, dict], None] | None = None, barrier_timeout_s: float = 900.0) -> dict:
+    """Run the plain target and each K, round-robin over `gpus`, up to `engines_per_gpu` engines per GPU at once.
+    `on_result(job, doc)` is called (one call at a time) as each engine finishes: doc is the worker's output, or
+    {"error": ...} when its engine failed; either way with "gpu" and "wall_s". A failed engine does not stop the
+    sweep: it is listed under "failed". Returns `report` of all engines plus "sweep_s"."""
     # vLLM takes K from a speculators export's own config (a speculative_config override of K is ignored), so
     # each K is its own export: `export` may name them as a pattern, e.g. "/tmp/export-k{k}".
-    jobs = [("base", target, None)] + [(f"k{k}", export.format(k=k), None) for k in chains]
+    jobs = [("base", target)] + [(f"k{k}", export.format(k=k)) for k in chains]
     log_dir.mkdir(parents=True, exist_ok=True)
+    n = max(1, engines_per_gpu)
+    # vLLM refuses to start unless free memory >= its share x total, so the shares of a wave must add up below 1.
+    share = {"gpu_memory_utilization": min(0.9, 0.85 / n)} if n > 1 else {}
+    done, one_at_a_time, t_sweep = {}, threading.Lock(), time.perf_counter()
 
-    def one(i_job):
-        i, (name, model, spec) = i_job
-        payload = {"model": model, "speculative_config": spec, "prompts": prompts, "max_tokens": max_tokens,
+    def one(name: str, model: str, g: int, wave_dir: Path, count: int) -> None:
+        payload = {"model": model, "speculative_config": None, "prompts": prompts, "max_tokens": max_tokens,
                    "batch_sizes": batch_sizes, "dtype": "bfloat16", "max_model_len": max_model_len,
-                   "enforce_eager": False, "seed": 0}
-        env = {"CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)], "VLLM_HOST_IP": os.environ.get("VLLM_HOST_IP",
-                                                                                            "127.0.0.1")}
-        return name, run_in_env(python, WORKER, payload, env=env, log=log_dir / f"{name}.log")
+                   "enforce_eager": False, "seed": 0, **share, "measure_lock": str(wave_dir.parent / f"gpu{g}.lock"),
+                   "barrier": {"dir": str(wave_dir), "name": name, "count": count, "timeout_s": barrier_timeout_s}}
+        env = {"CUDA_VISIBLE_DEVICES": gpus[g], "VLLM_HOST_IP": os.environ.get("VLLM_HOST_IP", "127.0.0.1")}
+        t0 = time.perf_counter()
+        try:
+            doc = run_in_env(python, WORKER, payload, env=env, log=log_dir / f"{name}.log")
+        except Exception as e:  # noqa: BLE001 - any failure is this engine's result, not the sweep's end
+            (wave_dir / f"{name}.failed").touch()  # counts at the barrier: the rest of the wave need not wait for it
+            doc = {"error": str(e) or repr(e)}
+        doc.update(gpu=gpus[g], wall_s=time.perf_counter() - t0)
+        with one_at_a_time:
+            done[name] = doc
+            if on_result:
+                on_result(name, doc)
 
-    # A GPU runs one engine at a time: job i waits for job i - len(gpus) by running in the same lane.
-    lanes = [[(i, j) for i, j in enumerate(jobs) if i % len(gpus) == g] for g in range(len(gpus))]
-    with ThreadPoolExecutor(len(gpus)) as pool:
-        done = dict(x for lane in pool.map(lambda lane: [one(j) for j in lane], lanes) for x in lane)
-    base = done.pop("base")
-    spec = {int(name[1:]): doc for name, doc in done.items()}
-    out = summarize(base, spec)
-    out["startup_s"] = {"base": base["startup_s"], **{f"k{k}": d["startup_s"] for k, d in spec.items()}}
-    out["vllm_version"] = base["vllm_version"]
-    return out
+    def lane(g: int, tmp: Path) -> None:
+        """GPU g's jobs in waves: a wave starts when the one before has finished, so no start-up meets a timing."""
+        mine = jobs[g::len(gpus)]
+        for w in range(0, len(mine), n):
+            wave, wave_dir = mine[w:w + n], tmp / f"gpu{g}-wave{w // n}"
+            wave_dir.mkdir()
+            with ThreadPoolExecutor(len(wave)) as pool:
+                list(pool.map(lambda job: one(*job, g, wave_dir, len(wave)), wave))
+
+    with tempfile.TemporaryDirectory(prefix="eyas-vllm-speedup-") as tmp, ThreadPoolExecutor(len(gpus)) as pool:
+        list(pool.map(lambda g: lane(g, Path(tmp)), range(len(gpus))))
+    return {**report(done), "sweep_s": time.perf_counter() - t_sweep}
