@@ -132,9 +132,10 @@ vllm_jobs() {  # issue 12's rest, when vLLM arrived with the later parts (gpu_ca
   [ -x /tmp/vpy ] || { log "no vLLM here (/tmp/vpy): vllm jobs skipped"; return 0; }
   for k in 1 2 3 4 5; do [ -e $W/export-k$k/config.json ] || python3 -m eyas.cli export --draft $DRAFT --format vllm \
     --chain $k --out $W/export-k$k > "$RES/export_k$k.log" 2>&1; done
-  job -o 420 vllm_speedup python3 bench/vllm_speedup.py --target $T --export "$W/export-k{k}" --python /tmp/vpy \
+  # six engines start side by side (70-130 s each), then take turns timing; the JSON is rewritten after each
+  job -o 360 vllm_speedup python3 bench/vllm_speedup.py --target $T --export "$W/export-k{k}" --python /tmp/vpy \
     --chains 1 2 3 4 5 --batch-sizes 1 8 32 --per-category 2 --max-new-tokens 256 --gpus $CUDA_VISIBLE_DEVICES \
-    --out "$RES/vllm_speedup.json"
+    --engines-per-gpu 6 --out "$RES/vllm_speedup.json"
   job -o 240 vllm_regen env GPU=$CUDA_VISIBLE_DEVICES RES="$RES" REGEN_ROWS=${REGEN_ROWS:-48} bash bench/gpu_vllm.sh regen
   job -o 400 vllm_serve python3 -m eyas.cli serve-check --draft $W/export-k3 --engine vllm --python /tmp/vpy \
     --per-category 2 --max-new-tokens 128 --out "$RES/serve_check_gpu.json"   # divergences now classified as ties
