@@ -120,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--more-batches", type=int, nargs="*", default=[],
                     help="also time these batch sizes on the same prompts (no HF comparison), e.g. 128 512")
     ap.add_argument("--profile", action="store_true", help="torch.profiler table of one batch (64 new tokens)")
+    ap.add_argument("--decode-sdpa", nargs="*", default=[], choices=["default", "no-cudnn"],
+                    help="also time the decode step with these SDPA backend sets (batch --batch, same prompts)")
     ap.add_argument("--max-new", type=int, default=256)
     ap.add_argument("--max-prompt", type=int, default=768)
     ap.add_argument("--hf-sample", type=int, default=128)
@@ -185,15 +187,17 @@ def main(argv: list[str] | None = None) -> int:
                   "divergences": [g for g in gaps if not g["tie"]] + [g for g in gaps if g["tie"]][:32]},
         "speedup_vs_hf": round((st["generated"] / secs) / max(hf_tokens / hf_secs, 1e-9), 1),
     }
-    for b in a.more_batches:  # the same prompts at another batch size: a fresh generator on the same model
-        gen = Generator(be.model, batch_size=b, capacity=be.gen.L, eos=list(be.eos), pad=be.pad, graph=a.graph)
+    # the same prompts through a fresh generator on the same model: other batch sizes, other decode kernels
+    for b, sdpa in [(b, "default") for b in a.more_batches] + [(a.batch, v) for v in a.decode_sdpa]:
+        gen = Generator(be.model, batch_size=b, capacity=be.gen.L, eos=list(be.eos), pad=be.pad, graph=a.graph,
+                        decode_sdpa=sdpa)
         s2 = run_native(gen, prompts, a.max_new, log=False)
         g2 = gen.stats
-        result.setdefault("batch_sweep", []).append(
-            {"batch": b, "tok_per_s": round(g2["generated"] / s2, 1), "seconds": round(s2, 2),
+        result.setdefault("sweep", []).append(
+            {"batch": b, "decode_sdpa": sdpa, "tok_per_s": round(g2["generated"] / s2, 1), "seconds": round(s2, 2),
              "ms_per_step": round(1000 * g2["decode_s"] / max(g2["steps"], 1), 2),
              **{k: round(g2[k], 2) for k in ("decode_s", "prefill_s", "host_s")}, "prefills": g2["prefills"]})
-        print(f"batch {b}: {result['batch_sweep'][-1]}", flush=True)
+        print(f"sweep: {result['sweep'][-1]}", flush=True)
         del gen
     if a.profile:
         result["profile"] = profile_native(be, prompts, 64, a.batch)

@@ -49,6 +49,13 @@ def test_prefills_run_without_cudnn_and_decode_steps_keep_the_default(monkeypatc
     assert len(prefill) + len(decode) == len(calls) and len(prefill) == 2  # a call per layer
     assert decode and all(allowed for _, allowed in decode) == torch.backends.cuda.cudnn_sdp_enabled()
 
+    gen = Generator(model, batch_size=2, capacity=64, eos=[63], graph="eager", decode_sdpa="no-cudnn")
+    calls.clear()
+    out = gen.generate([[1, 2, 3, 4, 5], [6, 7, 8]], 4)
+    assert calls and not any(allowed for _, allowed in calls)  # the A/B switch: decode steps without cuDNN too
+    assert out == Generator(model, batch_size=2, capacity=64, eos=[63], graph="eager").generate(
+        [[1, 2, 3, 4, 5], [6, 7, 8]], 4)
+
     runner = TargetRunner(model, wrap_model(model).layout, [0], 64)
     calls.clear()
     ar_generate(runner, [1, 2, 3, 4, 5, 6], 3)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import inspect
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Literal
 
@@ -91,8 +92,12 @@ class Generator:
 
     def __init__(self, model, *, batch_size: int, capacity: int, eos: list[int], pad: int = 0,
                  graph: Literal["auto", "cudagraph", "compile", "eager"] = "auto", prefill_tokens: int = 16384,
-                 refill_min: int | None = None, seed: int = 0, log: Callable[[str], None] | None = None):
+                 refill_min: int | None = None, seed: int = 0, log: Callable[[str], None] | None = None,
+                 decode_sdpa: Literal["default", "no-cudnn"] = "default"):
+        """decode_sdpa: SDPA backends of the decode step: PyTorch's choice, or without cuDNN (an A/B for
+        bench/regen.py: which kernel serves a 1-token grouped step best is a per-GPU, per-torch question)."""
         self.model, self.B, self.L = model, batch_size, capacity
+        self._sdpa = varying_shape_attention if decode_sdpa == "no-cudnn" else nullcontext
         self.eos, self.pad = set(eos), pad
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
@@ -119,7 +124,7 @@ class Generator:
         mode = graph if graph != "auto" else ("cudagraph" if self.device.type == "cuda" else "eager")
         self._graph = self._out = self._compiled = None
         self.mode = "eager"
-        with torch.inference_mode(), grouped_attention(model):
+        with torch.inference_mode(), grouped_attention(model), self._sdpa():
             self._decode()  # allocates the cache buffers (eager), before any capture
             if mode == "cudagraph":
                 self._capture()
@@ -166,7 +171,7 @@ class Generator:
         if self._graph is not None:  # the captured kernels already hold the grouped attention
             self._graph.replay()
             return self._out
-        with grouped_attention(self.model):
+        with grouped_attention(self.model), self._sdpa():
             if self._compiled is not None:
                 torch.compiler.cudagraph_mark_step_begin()
                 return self._compiled()
