@@ -13,6 +13,8 @@ Variants (--variants, each measured in the same process): `plain` = the referenc
 TTT step's [N, draft-vocab] logits; `fused` = the chunked lm-head + loss of train/loss.py; `compiled` = fused with
 the draft's decoder layer under torch.compile. A torch.profiler summary of the last variant (top ops by device
 time) goes into the JSON, and --long-seq N runs plain and fused at N tokens to show the peak memory (16k fits).
+`mask_build_ms_per_step`: building one optimizer step's K attention BlockMasks, create_block_mask over the token grid
+(the previous path) vs the direct block-grid construction training uses (train/masks.py).
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ import torch
 from eyas.aux_layers import default_aux_layer_ids
 from eyas.draft.model import Eagle3Draft, compile_flex_attention, draft_config_from_target
 from eyas.train import dist as D
-from eyas.train.ttt import TargetHead, TTTUnroll, step_valid, document_ids
+from eyas.train.masks import BlockMask, TTTBlockMasks, document_ids, ttt_block_mask_reference
+from eyas.train.ttt import TargetHead, TTTUnroll, step_valid
 
 LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
                 vocab_size=128256, rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=131072,
@@ -47,6 +50,36 @@ def draft_flops_per_token(cfg, T: int, K: int, valid_frac: float) -> float:
     per_step = 2 * (2 * H * (nh + 2 * nkv) * d + nh * d * H + 3 * H * I) + 2 * H * cfg.draft_vocab_size * valid_frac
     attn = sum(4 * nh * d * (T / 2 + k) for k in range(K))
     return 3 * (2 * cfg.num_aux * cfg.target_hidden_size * H + K * per_step + attn)
+
+
+def packed_positions(B: int, T: int, docs: int, dev) -> torch.Tensor:
+    """[B, T] position ids of `docs` equal documents per row (the last takes the remainder)."""
+    lengths = [T // docs] * (docs - 1) + [T - (T // docs) * (docs - 1)]
+    return torch.cat([torch.arange(n) for n in lengths]).expand(B, T).contiguous().to(dev)
+
+
+def mask_build_ms(pos: torch.Tensor, K: int, sync, reps: int = 3) -> dict | None:
+    """ms to build one optimizer step's K TTT BlockMasks: create_block_mask over the token grid (the previous
+    path) vs the direct block-grid construction training uses (train/masks.py). One untimed build each first."""
+    if BlockMask is None:
+        return None
+    doc = document_ids(pos)
+
+    def direct():
+        masks = TTTBlockMasks(doc)
+        return [masks(k) for k in range(K)]
+
+    out = {}
+    for name, build in (("create_block_mask", lambda: [ttt_block_mask_reference(doc, k) for k in range(K)]),
+                        ("direct", direct)):
+        build()
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            build()
+        sync()
+        out[name] = round((time.perf_counter() - t0) / reps * 1e3, 3)
+    return {**out, "reps": reps}
 
 
 def profile_summary(step, dev, top: int = 15) -> list[dict]:
@@ -143,8 +176,7 @@ def main(argv=None) -> dict:
         model = D.wrap(unroll, d, a.parallel, dev)
         # after wrapping: FSDP2 replaces the parameters with sharded ones; a fresh AdamW per variant
         opt = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=1e-4, betas=(0.9, 0.95))
-        lengths = [T // a.docs] * (a.docs - 1) + [T - (T // a.docs) * (a.docs - 1)]
-        pos = torch.cat([torch.arange(n) for n in lengths]).expand(B, T).contiguous().to(dev)
+        pos = packed_positions(B, T, a.docs, dev)
         # The same global batch whatever the world size: rows made on the CPU from one seed, rank r takes r::world.
         g = torch.Generator().manual_seed(1)
         mine = slice(d.rank, G, d.world)
@@ -222,6 +254,7 @@ def main(argv=None) -> dict:
                            else eager_layer)
         profile = {"variant": last_ok["variant"], "top_ops": profile_summary(last_ok["_step"], dev)}
     long = [measure(v, long_seq, 2, 1) for v in ("plain", "fused")] if long_seq else []
+    mask_ms = mask_build_ms(packed_positions(B, T, a.docs, dev), K, sync)
     for r in runs + long:
         r.pop("_step", None)
     ok_runs = [r for r in runs if "tokens_per_s" in r]
@@ -238,7 +271,7 @@ def main(argv=None) -> dict:
                                 "achieved_tflops", "mfu", "peak_memory_gib")},
         "peak_tflops_assumed": peak,
         "draft_params_trainable": sum(q.numel() for q in draft.parameters() if q.requires_grad),
-        "variants": runs, "long_seq": long, "profile": profile,
+        "variants": runs, "long_seq": long, "profile": profile, "mask_build_ms_per_step": mask_ms,
     }
     try:
         import speculators  # noqa: F401  (its trainer would be the comparison point)

@@ -20,6 +20,8 @@ def test_bench_train_tiny_runs_on_cpu(tmp_path, monkeypatch):
     assert res["profile"]["variant"] == "fused" and res["profile"]["top_ops"][0]["ms_per_step"] > 0
     assert res["tokens_per_s"] > 0 and res["ttt_steps"] == 3 and res["attention"] == "dense"
     assert res["draft_tflops_per_step"] >= 0 and res["draft_params_trainable"] > 0
+    masks = res["mask_build_ms_per_step"]
+    assert masks["create_block_mask"] > 0 and masks["direct"] > 0 and masks["reps"] == 3
     sys.modules.pop("train", None)
 
 

@@ -1,33 +1,16 @@
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from eyas.draft.model import Eagle3Draft, draft_config_from_target
-from eyas.train.ttt import (TargetHead, TTTUnroll, document_ids, simulated_tau, step_valid, ttt_block_mask,
-                            ttt_dense_mask)
+from eyas.train.loss import chunked_soft_ce
+from eyas.train.masks import BlockMask, TTTBlockMasks, document_ids, ttt_dense_mask
+from eyas.train.ttt import (TargetHead, TTTUnroll, counted_positions, shift_left, simulated_tau, step_valid,
+                            step_weights)
 from tests.train.fakes import AUX, tiny_target
 
 
-def test_document_ids_restart_on_position_reset():
-    pos = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3]])
-    assert document_ids(pos).tolist() == [[1, 1, 1, 2, 2, 3, 3, 3, 3]]
-
-
-def test_dense_mask_matches_brute_force():
-    pos = torch.tensor([[0, 1, 2, 3, 0, 1, 2], [0, 1, 0, 1, 2, 3, 4]])
-    doc = document_ids(pos)
-    T = pos.shape[1]
-    for k in range(3):
-        m = ttt_dense_mask(doc, k)
-        assert m.shape == (2, 1, T, (k + 1) * T)
-        for b in range(2):
-            for q in range(T):
-                for kv in range((k + 1) * T):
-                    step, s = divmod(kv, T)
-                    want = (s <= q and doc[b, s] == doc[b, q]) if step == 0 else s == q
-                    assert bool(m[b, 0, q, kv]) == want, (b, q, kv)
-
-
-@pytest.mark.skipif(ttt_block_mask is None, reason="no FlexAttention")
+@pytest.mark.skipif(BlockMask is None, reason="no FlexAttention")
 def test_flex_block_mask_equals_dense_in_the_unroll():
     target = tiny_target()
     cfg = draft_config_from_target(target.config, aux_layer_ids=AUX)
@@ -118,13 +101,132 @@ def test_simulated_tau_formula():
         simulated_tau([])
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(ttt_block_mask is None, reason="no FlexAttention")
-def test_compiled_block_mask_creation_equals_eager():
-    """Long rows build the BlockMask compiled (no [T, KT] int64 grid); it must be the same mask."""
-    pos = torch.cat([torch.arange(150), torch.arange(106)])[None]
-    doc = document_ids(pos)
-    for k in (0, 2):
-        a = ttt_block_mask(doc, k, block_size=64, compile_mask=False)
-        b = ttt_block_mask(doc, k, block_size=64, compile_mask=True)
-        assert torch.equal(a.to_dense(), b.to_dense()), k
+def _forward_before_counted_positions(unroll, input_ids, position_ids, loss_mask, aux, probs, in_vocab, target_arg):
+    """TTTUnroll.forward as it was before counted_positions (dense masks): step_valid, then valid.nonzero()
+    (fused loss) or pre[valid] (plain loss) inside every step. The reference the new forward must equal."""
+    draft, doc = unroll.draft, document_ids(position_ids)
+    hidden, past = draft.combine(aux), None
+    loss, stats = hidden.new_zeros((), dtype=torch.float32), []
+    for k, w in enumerate(step_weights(unroll.decay, unroll.steps)):
+        pre, kv = draft(shift_left(input_ids, 1 + k), hidden, position_ids + k, mask=ttt_dense_mask(doc, k), past=past)
+        past = kv if past is None else (torch.cat([past[0], kv[0]], 2), torch.cat([past[1], kv[1]], 2))
+        valid = step_valid(doc, loss_mask, in_vocab, k)
+        if unroll.loss_chunk:
+            B, T = valid.shape
+            b, t = valid.nonzero(as_tuple=True)
+            rows = b * T + t + 1 + k
+            ce, correct = chunked_soft_ce(draft.norm(pre[b, t]), draft.lm_head.weight, probs.reshape(B * T, -1),
+                                          rows, target_arg.reshape(-1)[rows], unroll.loss_chunk)
+        else:
+            logits = draft.logits(pre[valid]).float()
+            ce = -(shift_left(probs, 1 + k)[valid] * torch.log_softmax(logits, dim=-1)).sum(-1)
+            correct = logits.argmax(-1) == shift_left(target_arg, 1 + k)[valid]
+        n = valid.sum()
+        loss = loss + w * ce.sum() / n.clamp(min=1)
+        stats.append(torch.stack([ce.sum().detach(), correct.sum().float(), n.float()]))
+        hidden = pre
+    return loss, torch.stack(stats)
+
+
+def _counting_case():
+    target = tiny_target()
+    cfg = draft_config_from_target(target.config, aux_layer_ids=AUX)
+    draft = Eagle3Draft(cfg)
+    B, T = 3, 26
+    padded = torch.cat([torch.arange(5), torch.arange(9), torch.arange(4), torch.zeros(8, dtype=torch.long)])
+    pos = torch.stack([torch.cat([torch.arange(14), torch.arange(12)]), torch.arange(T), padded])
+    probs = torch.softmax(torch.randn(B, T, cfg.draft_vocab_size), -1)
+    args = (torch.randint(0, cfg.vocab_size, (B, T)), pos, torch.rand(B, T) > 0.3,
+            torch.randn(B, T, 3, cfg.target_hidden_size), probs, torch.rand(B, T) > 0.2, probs.argmax(-1))
+    return draft, args
+
+
+@pytest.mark.parametrize("chunk", [0, 5, 4096])
+def test_forward_equals_the_per_step_sync_forward_exactly(chunk):
+    """Valid positions found once for all K steps: loss, stats and every gradient bit-identical (fp32)."""
+    draft, args = _counting_case()
+    unroll = TTTUnroll(draft, 5, loss_chunk=chunk)
+    out = {}
+    before = lambda: _forward_before_counted_positions(unroll, *args)  # noqa: E731
+    for name, fwd in (("before", before), ("now", lambda: unroll(*args))):
+        draft.zero_grad(set_to_none=True)
+        loss, stats = fwd()
+        loss.backward()
+        out[name] = loss.detach(), stats, {n: p.grad.clone() for n, p in draft.named_parameters() if p.grad is not None}
+    assert torch.equal(out["now"][0], out["before"][0]) and torch.equal(out["now"][1], out["before"][1])
+    assert out["now"][1][:, 2].min() > 0 and out["now"][2].keys() == out["before"][2].keys()
+    for name, g in out["before"][2].items():
+        assert torch.equal(out["now"][2][name], g), name
+
+
+def test_counted_positions_are_nonzero_per_step():
+    doc = document_ids(torch.tensor([[0, 1, 2, 3, 0, 1, 2, 0], [0, 1, 2, 3, 4, 5, 6, 7]]))
+    lm, ok = torch.rand(2, 8) > 0.2, torch.rand(2, 8) > 0.1
+    for k, (valid, b, t) in enumerate(counted_positions(doc, lm, ok, 6)):
+        assert torch.equal(valid, step_valid(doc, lm, ok, k))
+        want = valid.nonzero(as_tuple=True)
+        assert torch.equal(b, want[0]) and torch.equal(t, want[1]), k
+
+
+class SyncCounter(TorchDispatchMode):
+    """Counts the ops that make a device->host sync on a GPU (their output size or value is data-dependent):
+    nonzero, boolean indexing, masked_select, item()/bool()/int(), and Tensor.tolist() (not an aten op, so
+    patched while the mode is on). `matmuls_before` = matmuls seen before the first sync."""
+
+    SYNCING = {"aten.nonzero.default", "aten.masked_select.default", "aten._local_scalar_dense.default",
+               "aten.unique2.default", "aten._unique2.default", "aten.nonzero_static.default"}
+    MATMULS = {"aten.mm.default", "aten.addmm.default", "aten.bmm.default"}
+
+    def __enter__(self):
+        self.calls, self.matmuls_before, self._tolist = [], 0, torch.Tensor.tolist
+
+        def counted_tolist(x):
+            self.calls.append("tolist")
+            return self._tolist(x)
+        torch.Tensor.tolist = counted_tolist
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.Tensor.tolist = self._tolist
+        return super().__exit__(*exc)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        boolean_index = func in (torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default) and any(
+            i is not None and i.dtype == torch.bool for i in args[1])
+        if str(func) in self.SYNCING or boolean_index:
+            self.calls.append(str(func))
+        elif str(func) in self.MATMULS and not self.calls:
+            self.matmuls_before += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_sync_counter_sees_the_syncing_ops():
+    x = torch.tensor([1.0, -1.0, 2.0])
+    with SyncCounter() as c:
+        x.nonzero(), x[x > 0], x.sum().item(), x.tolist(), bool(x[0] > 0)
+        x[torch.tensor([0, 2])], x.argsort(stable=True), x.cumsum(0)                   # no sync
+    assert len(c.calls) == 5, c.calls
+    assert x.tolist() == [1.0, -1.0, 2.0] and len(c.calls) == 5                         # unpatched after
+
+
+@pytest.mark.parametrize("chunk", [0, 4096])
+def test_forward_makes_one_host_sync(chunk):
+    """K = 5 steps, one sync (the counts of counted positions, one .tolist()), before any draft matmul."""
+    draft, args = _counting_case()
+    unroll = TTTUnroll(draft, 5, loss_chunk=chunk)
+    with SyncCounter() as c:
+        unroll(*args)
+    assert c.calls == ["tolist"] and c.matmuls_before == 0
+    with SyncCounter() as c:
+        _forward_before_counted_positions(unroll, *args)
+    assert len(c.calls) == 5 * (1 if chunk else 3)     # what it replaces: a nonzero, or 3 boolean indexings, a step
+    assert c.matmuls_before > 0
+
+
+@pytest.mark.skipif(BlockMask is None, reason="no FlexAttention")
+def test_block_masks_are_built_without_a_sync():
+    doc = document_ids(torch.cat([torch.arange(150), torch.arange(106)])[None].expand(2, 256))
+    with SyncCounter() as c:
+        masks = TTTBlockMasks(doc, 64)
+        [masks(k) for k in range(7)]
+    assert c.calls == []

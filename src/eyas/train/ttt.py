@@ -19,46 +19,8 @@ from torch import nn
 
 from eyas.draft.model import Eagle3Draft
 from eyas.train.loss import chunked_soft_ce
+from eyas.train.masks import TTTBlockMasks, document_ids, ttt_dense_mask
 from eyas.vocab import target_ids
-
-try:
-    from torch.nn.attention.flex_attention import BlockMask, create_block_mask
-except ImportError:  # pragma: no cover - torch < 2.5
-    BlockMask, create_block_mask = None, None
-
-
-def document_ids(position_ids: torch.Tensor) -> torch.Tensor:
-    """[B, T] -> [B, T] int ids; a new document starts wherever the position id does not continue."""
-    starts = torch.ones_like(position_ids, dtype=torch.bool)
-    starts[:, 1:] = position_ids[:, 1:] != position_ids[:, :-1] + 1
-    return torch.cumsum(starts.long(), dim=1)
-
-
-def ttt_dense_mask(doc: torch.Tensor, k: int) -> torch.Tensor:
-    """bool [B, 1, T, (k+1)T], True = attend. Key blocks: step 0 (document-causal), steps 1..k (diagonal)."""
-    B, T = doc.shape
-    causal = torch.ones(T, T, dtype=torch.bool, device=doc.device).tril()
-    prefix = (doc[:, :, None] == doc[:, None, :]) & causal          # [B, T, T]
-    eye = torch.eye(T, dtype=torch.bool, device=doc.device).expand(B, T, T)
-    return torch.cat([prefix] + [eye] * k, dim=-1)[:, None]
-
-
-def ttt_block_mask(doc: torch.Tensor, k: int, block_size: int = 128, compile_mask: bool | None = None):
-    """The same mask as a FlexAttention BlockMask (GPU path: sparse blocks, no [T, KT] tensor)."""
-    if create_block_mask is None:
-        raise RuntimeError("FlexAttention needs torch >= 2.5; use attention='dense'")
-    B, T = doc.shape
-
-    def mask_mod(b, h, q, kv):
-        step, s = kv // T, kv % T
-        prefix = (doc[b, s] == doc[b, q]) & (s <= q)
-        return torch.where(step == 0, prefix, s == q)
-
-    # Eagerly, create_block_mask evaluates mask_mod on the whole [T, (k+1)T] grid with int64 temporaries
-    # (16k tokens, k=6: ~15 GB each); compiled, it never materialises the grid. Short rows stay eager (no compile).
-    big = T * (k + 1) * T > 2 ** 28 if compile_mask is None else compile_mask
-    return create_block_mask(mask_mod, B, None, T, (k + 1) * T, device=doc.device, BLOCK_SIZE=block_size,
-                             _compile=big)
 
 
 def shift_left(x: torch.Tensor, n: int, fill=0) -> torch.Tensor:
@@ -74,6 +36,22 @@ def step_valid(doc: torch.Tensor, loss_mask: torch.Tensor, in_vocab: torch.Tenso
     s = 1 + k
     same_doc = shift_left(doc, s + 1, fill=-1) == doc      # x_{t+2+k} in t's document (and inside the row)
     return same_doc & shift_left(loss_mask, s + 1, fill=False) & shift_left(in_vocab, s, fill=False)
+
+
+def counted_positions(doc: torch.Tensor, loss_mask: torch.Tensor, in_vocab: torch.Tensor, steps: int):
+    """Every TTT step's counted positions with one device->host sync (they do not depend on the draft), instead
+    of a valid.nonzero() or pre[valid] per step. Returns per step k (valid [B, T], b [N_k], t [N_k]) with
+    (b, t) == valid.nonzero(as_tuple=True)."""
+    B, T = doc.shape
+    valid = torch.stack([step_valid(doc, loss_mask, in_vocab, k) for k in range(steps)])     # [K, B, T]
+    counts = valid.sum((1, 2)).tolist()                                                      # the one sync
+    # A stable sort of the flat [K*B*T] mask puts the counted indices first, in nonzero()'s (row-major) order.
+    flat = torch.argsort(valid.logical_not().flatten().to(torch.uint8), stable=True)[:sum(counts)]
+    out = []
+    for k, f in enumerate(flat.split(counts)):
+        f = f - k * B * T
+        out.append((valid[k], f // T, f % T))
+    return out
 
 
 class TargetHead(nn.Module):
@@ -124,14 +102,14 @@ class TTTUnroll(nn.Module):
         self.draft, self.steps, self.decay, self.attention = draft, steps, decay, attention
         self.loss_chunk = loss_chunk
 
-    def mask(self, doc: torch.Tensor, k: int):
-        return ttt_block_mask(doc, k) if self.attention == "flex" else ttt_dense_mask(doc, k)
-
     def forward(self, input_ids, position_ids, loss_mask, aux, probs, in_vocab, target_arg):
         """input_ids/position_ids/loss_mask [B, T]; aux [B, T, k, Ht]; probs [B, T, Vd]; in_vocab,
         target_arg [B, T] (from TargetHead). Returns (loss, stats [K, 3] = ce_sum, correct, count)."""
         draft = self.draft
         doc = document_ids(position_ids)
+        counted = counted_positions(doc, loss_mask, in_vocab, self.steps)   # before any draft work is queued
+        # flex: one block analysis of the document layout serves the K steps' masks
+        block_masks = TTTBlockMasks(doc) if self.attention == "flex" else None
         hidden = draft.combine(aux)                                       # [B, T, H]
         past = None
         loss = hidden.new_zeros((), dtype=torch.float32)
@@ -139,17 +117,18 @@ class TTTUnroll(nn.Module):
         stats = []
         for k in range(self.steps):
             tokens = shift_left(input_ids, 1 + k)
-            pre, (kk, vv) = draft(tokens, hidden, position_ids + k, mask=self.mask(doc, k), past=past)
+            mask = block_masks(k) if block_masks is not None else ttt_dense_mask(doc, k)
+            pre, (kk, vv) = draft(tokens, hidden, position_ids + k, mask=mask, past=past)
             past = (kk, vv) if past is None else (torch.cat([past[0], kk], 2), torch.cat([past[1], vv], 2))
-            valid = step_valid(doc, loss_mask, in_vocab, k)
+            valid, b, t = counted[k]
             # Logits only where counted: user turns and padding cost no lm_head FLOPs.
             if self.loss_chunk:
-                ce, correct = self._fused_ce(pre, valid, probs, target_arg, 1 + k)
+                ce, correct = self._fused_ce(pre, b, t, probs, target_arg, 1 + k)
             else:
-                logits = draft.logits(pre[valid]).float()                 # [N, Vd]
-                p = shift_left(probs, 1 + k)[valid]
+                logits = draft.logits(pre[b, t]).float()                  # [N, Vd]
+                p = shift_left(probs, 1 + k)[b, t]
                 ce = -(p * torch.log_softmax(logits, dim=-1)).sum(-1)
-                correct = logits.argmax(-1) == shift_left(target_arg, 1 + k)[valid]
+                correct = logits.argmax(-1) == shift_left(target_arg, 1 + k)[b, t]
             correct = correct.sum()
             n = valid.sum()
             loss = loss + weights[k] * ce.sum() / n.clamp(min=1)
@@ -157,11 +136,10 @@ class TTTUnroll(nn.Module):
             hidden = pre
         return loss, torch.stack(stats)
 
-    def _fused_ce(self, pre, valid, probs, target_arg, shift: int):
-        """The plain path's (ce, correct) for positions `valid`, target rows read `shift` positions later,
+    def _fused_ce(self, pre, b, t, probs, target_arg, shift: int):
+        """The plain path's (ce, correct) for positions (b, t), target rows read `shift` positions later,
         without a [N, Vd] logits or probs tensor (train/loss.py)."""
-        B, T = valid.shape
-        b, t = valid.nonzero(as_tuple=True)
+        B, T = pre.shape[:2]
         rows = b * T + t + shift                       # valid positions never read past their row's end
         x = self.draft.norm(pre[b, t])
         return chunked_soft_ce(x, self.draft.lm_head.weight, probs.reshape(B * T, -1), rows,
