@@ -11,7 +11,10 @@ from tests.train.fakes import AUX, tiny_target
 
 
 @pytest.mark.skipif(BlockMask is None, reason="no FlexAttention")
-def test_flex_block_mask_equals_dense_in_the_unroll():
+@pytest.mark.parametrize("mask_env", [None, "reference"])
+def test_flex_block_mask_equals_dense_in_the_unroll(monkeypatch, mask_env):
+    if mask_env:  # the escape hatch to create_block_mask per step gives the same unroll
+        monkeypatch.setenv("EYAS_TTT_MASK", mask_env)
     target = tiny_target()
     cfg = draft_config_from_target(target.config, aux_layer_ids=AUX)
     draft = Eagle3Draft(cfg)

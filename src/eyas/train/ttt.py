@@ -13,13 +13,15 @@ Loss = sum_k decay^k * mean soft cross-entropy (forward KL up to the target entr
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from eyas.draft.model import Eagle3Draft
 from eyas.train.loss import chunked_soft_ce
-from eyas.train.masks import TTTBlockMasks, document_ids, ttt_dense_mask
+from eyas.train.masks import TTTBlockMasks, document_ids, ttt_block_mask_reference, ttt_dense_mask
 from eyas.vocab import target_ids
 
 
@@ -109,7 +111,10 @@ class TTTUnroll(nn.Module):
         doc = document_ids(position_ids)
         counted = counted_positions(doc, loss_mask, in_vocab, self.steps)   # before any draft work is queued
         # flex: one block analysis of the document layout serves the K steps' masks
-        block_masks = TTTBlockMasks(doc) if self.attention == "flex" else None
+        block_masks = None
+        if self.attention == "flex":  # EYAS_TTT_MASK=reference: create_block_mask per step (the slow original)
+            block_masks = (TTTBlockMasks(doc) if os.environ.get("EYAS_TTT_MASK") != "reference"
+                           else lambda k: ttt_block_mask_reference(doc, k))
         hidden = draft.combine(aux)                                       # [B, T, H]
         past = None
         loss = hidden.new_zeros((), dtype=torch.float32)
