@@ -97,7 +97,7 @@ def profile_native(be, prompts: list[list[int]], max_new: int, batch: int) -> di
     gen = Generator(be.model, batch_size=batch, capacity=be.gen.L, eos=list(be.eos), pad=be.pad,
                     graph=be.gen.mode if be.gen.mode != "eager" else "auto")
     run_native(gen, prompts[:batch], 8, log=False)  # warm-up outside the trace
-    gen.stats.update(steps=0, prefills=0, decode_s=0.0, prefill_s=0.0)
+    gen.stats.update({k: 0 if isinstance(x, int) else 0.0 for k, x in gen.stats.items()})
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if be.device.startswith("cuda") else [])
     with profile(activities=acts) as prof:
         secs = run_native(gen, prompts[:batch], max_new, log=False)
@@ -117,11 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", default="sharegpt", help="ShareGPT JSON path (or built-in 'sharegpt')")
     ap.add_argument("--rows", type=int, default=2048)
     ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--more-batches", type=int, nargs="*", default=[],
-                    help="also time these batch sizes on the same prompts (no HF comparison), e.g. 128 512")
+    ap.add_argument("--sweep", nargs="*", default=[], metavar="K=V[,K=V]",
+                    help="also time these variants on the same prompts (no HF comparison); keys batch, graph "
+                         "(cudagraph/compile/eager), sdpa (default/no-cudnn), e.g. batch=512 graph=compile "
+                         "sdpa=no-cudnn batch=512,graph=compile")
     ap.add_argument("--profile", action="store_true", help="torch.profiler table of one batch (64 new tokens)")
-    ap.add_argument("--decode-sdpa", nargs="*", default=[], choices=["default", "no-cudnn"],
-                    help="also time the decode step with these SDPA backend sets (batch --batch, same prompts)")
     ap.add_argument("--max-new", type=int, default=256)
     ap.add_argument("--max-prompt", type=int, default=768)
     ap.add_argument("--hf-sample", type=int, default=128)
@@ -187,14 +187,21 @@ def main(argv: list[str] | None = None) -> int:
                   "divergences": [g for g in gaps if not g["tie"]] + [g for g in gaps if g["tie"]][:32]},
         "speedup_vs_hf": round((st["generated"] / secs) / max(hf_tokens / hf_secs, 1e-9), 1),
     }
-    # the same prompts through a fresh generator on the same model: other batch sizes, other decode kernels
-    for b, sdpa in [(b, "default") for b in a.more_batches] + [(a.batch, v) for v in a.decode_sdpa]:
-        gen = Generator(be.model, batch_size=b, capacity=be.gen.L, eos=list(be.eos), pad=be.pad, graph=a.graph,
-                        decode_sdpa=sdpa)
+    # the same prompts through a fresh generator on the same model: other batch sizes, decode step modes, kernels
+    for item in a.sweep:
+        v = {"batch": a.batch, "graph": a.graph, "sdpa": "default",
+             **dict(kv.split("=", 1) for kv in item.split(","))}
+        t_build = time.perf_counter()
+        gen = Generator(be.model, batch_size=int(v["batch"]), capacity=be.gen.L, eos=list(be.eos), pad=be.pad,
+                        graph=v["graph"], decode_sdpa=v["sdpa"])
+        run_native(gen, prompts[:int(v["batch"])], 4, log=False)  # compile (graph=compile) before the timing
+        t_build = time.perf_counter() - t_build
+        gen.stats.update({k: 0 if isinstance(x, int) else 0.0 for k, x in gen.stats.items()})
         s2 = run_native(gen, prompts, a.max_new, log=False)
         g2 = gen.stats
         result.setdefault("sweep", []).append(
-            {"batch": b, "decode_sdpa": sdpa, "tok_per_s": round(g2["generated"] / s2, 1), "seconds": round(s2, 2),
+            {**v, "mode": gen.mode, "build_and_warm_s": round(t_build, 1), "tok_per_s": round(g2["generated"] / s2, 1),
+             "seconds": round(s2, 2),
              "ms_per_step": round(1000 * g2["decode_s"] / max(g2["steps"], 1), 2),
              **{k: round(g2[k], 2) for k in ("decode_s", "prefill_s", "host_s")}, "prefills": g2["prefills"]})
         print(f"sweep: {result['sweep'][-1]}", flush=True)

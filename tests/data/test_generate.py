@@ -204,3 +204,12 @@ def test_self_spec_parsing_and_prepare_error():
         self_source_size("self:many")
     with pytest.raises(ValueError, match="eyas regenerate --data self:5"):
         resolve_data("self:5")
+
+
+def test_compiled_decode_step_equals_eager(model):
+    """graph="compile" (torch.compile of the decode step; on the GPU with CUDA graphs) gives the eager answers:
+    bench/regen.py times it against the CUDA-graph step."""
+    eos = 96
+    ref = Generator(model, batch_size=3, capacity=64, eos=[eos], graph="eager").generate(prompts()[:4], 12)
+    gen = Generator(model, batch_size=3, capacity=64, eos=[eos], graph="compile")
+    assert gen.mode == "compile" and gen.generate(prompts()[:4], 12) == ref
