@@ -115,6 +115,9 @@ lane0_one() {
 lane1_one() {
   export CUDA_VISIBLE_DEVICES=0
   draft
+  # the vLLM exports (one per K, ~10 s of CPU each) while lane 0 decodes, not in front of the vLLM jobs
+  for k in 1 2 3 4 5; do [ -e $W/export-k$k/config.json ] || CUDA_VISIBLE_DEVICES= python3 -m eyas.cli export \
+    --draft $DRAFT --format vllm --chain $k --out $W/export-k$k > "$RES/export_k$k.log" 2>&1; done
   flag lane1_done
 }
 
@@ -133,6 +136,7 @@ draft() {  # the SmolLM2 draft: gpu_vllm.sh's run9k recipe (held-out tau 1.759 i
 vllm_jobs() {  # issue 12's rest, when vLLM arrived with the later parts (gpu_carry.sh parts 2-4 on watch calls)
   [ -x /tmp/vpy ] || { log "no vLLM here (/tmp/vpy): vllm jobs skipped"; return 0; }
   case "${1:-all}" in speedup|all)
+    [ "$G1" = 0 ] && await lane1_done   # one GPU: lane 1 writes the exports after the draft
     for k in 1 2 3 4 5; do [ -e $W/export-k$k/config.json ] || python3 -m eyas.cli export --draft $DRAFT --format vllm \
       --chain $k --out $W/export-k$k > "$RES/export_k$k.log" 2>&1; done
     # six engines start side by side (70-130 s each), then take turns timing; the JSON is rewritten after each
