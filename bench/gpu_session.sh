@@ -54,7 +54,7 @@ else
   TRAIN_ARGS=(--steps 1000 --eval-every 200 --eval-batches 16 --batch-size 8); PREP_ROWS=()
   DEC=(--per-category 2 --max-new-tokens 512); DEC1=(--per-category 1 --max-new-tokens 512)
   COSTS_SMOL=(--shape smollm2-135m --inner compiled --context 1200 --capacity 2600 --widths 4 16 61); PROF=(); B8=()
-  COSTS=(); REGEN=(--rows 2048 --batch 256 --max-new 256 --hf-sample 64 --sweep batch=512 sdpa=no-cudnn graph=compile batch=512,graph=compile --profile); RR=(--max-samples 2000 --max-new-tokens 256 --batch-size 256)
+  COSTS=(); REGEN=(--rows 2048 --batch 256 --max-new 256 --hf-sample 64 --sweep batch=512 sdpa=no-cudnn graph=compile --profile); RR=(--max-samples 2000 --max-new-tokens 256 --batch-size 256)
   SELF=(--data self:2000 --max-new-tokens 256 --batch-size 256); MG=(); KILL_ROWS=300
 fi
 
