@@ -71,7 +71,7 @@ class TTTBlockMasks:
         the query block lies inside the row (a block with positions >= T is never full, as in create_block_mask)
       step j >= 1: query block i meets keys jT + [i·bs, min((i+1)·bs, T)): one or two key blocks (two when T is
         not a multiple of bs), always partial (one key per query)
-    Equal to create_block_mask's classification, tested in tests/train/test_masks.py.
+    Equal to create_block_mask's classification, tested in tests/train/test_ttt_masks.py.
     """
 
     def __init__(self, doc: torch.Tensor, block_size: int = 128):
