@@ -105,3 +105,13 @@ def test_each_class_name_means_one_thing():
             if isinstance(node, ast.ClassDef):
                 where.setdefault(node.name, []).append(m)
     assert not {k: v for k, v in where.items() if len(v) > 1}
+
+
+def test_test_files_have_unique_basenames():
+    """The test dirs are not packages (pytest's prepend import mode), so two test_x.py in different dirs
+    stop collection of the whole suite: a mirrored name needs a qualifier (tests/train/test_ttt_masks.py)."""
+    tests = Path(__file__).resolve().parent
+    seen: dict[str, list[str]] = {}
+    for f in tests.rglob("test_*.py"):
+        seen.setdefault(f.name, []).append(str(f.relative_to(tests)))
+    assert not {k: v for k, v in seen.items() if len(v) > 1}
