@@ -9,7 +9,8 @@ wall time (the one-off CUDA-graph capture is reported apart). Then `--hf-sample`
 HF `generate` (left-padded batches, static cache on cuda) and the token ids are compared: exact-match rate,
 and for each differing row whether the first divergence is a tie — the two candidate tokens' logits (one
 more unpadded forward of the target in its own dtype) within 2 bf16 ulps of each other, where batch shape
-or kernel order alone can flip the argmax. Writes JSON to --out.
+or kernel order alone can flip the argmax. `--sweep` times variants (batch, graph mode, SDPA backends, decode
+attention sdpa/flex) on the same prompts and says whether each gave the main run's answers. Writes JSON to --out.
 """
 
 from __future__ import annotations
@@ -118,9 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", type=int, default=2048)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--sweep", nargs="*", default=[], metavar="K=V[,K=V]",
-                    help="also time these variants on the same prompts (no HF comparison); keys batch, graph "
-                         "(cudagraph/compile/eager), sdpa (default/no-cudnn), e.g. batch=512 graph=compile "
-                         "sdpa=no-cudnn batch=512,graph=compile")
+                    help="also time these variants on the same prompts (no HF comparison; equal_to_main: the "
+                         "same answers as the main run); keys batch, graph (cudagraph/compile/eager), sdpa "
+                         "(default/no-cudnn), attn (sdpa/flex: the decode step's attention), e.g. batch=512 "
+                         "graph=compile sdpa=no-cudnn attn=flex batch=512,graph=compile")
     ap.add_argument("--profile", action="store_true", help="torch.profiler table of one batch (64 new tokens)")
     ap.add_argument("--max-new", type=int, default=256)
     ap.add_argument("--max-prompt", type=int, default=768)
@@ -189,19 +191,22 @@ def main(argv: list[str] | None = None) -> int:
     }
     # the same prompts through a fresh generator on the same model: other batch sizes, decode step modes, kernels
     for item in a.sweep:
-        v = {"batch": a.batch, "graph": a.graph, "sdpa": "default",
+        v = {"batch": a.batch, "graph": a.graph, "sdpa": "default", "attn": "sdpa",
              **dict(kv.split("=", 1) for kv in item.split(","))}
         t_build = time.perf_counter()
         gen = Generator(be.model, batch_size=int(v["batch"]), capacity=be.gen.L, eos=list(be.eos), pad=be.pad,
-                        graph=v["graph"], decode_sdpa=v["sdpa"])
+                        graph=v["graph"], decode_sdpa=v["sdpa"], decode_attention=v["attn"])
         run_native(gen, prompts[:int(v["batch"])], 4, log=False)  # compile (graph=compile) before the timing
         t_build = time.perf_counter() - t_build
         gen.stats.update({k: 0 if isinstance(x, int) else 0.0 for k, x in gen.stats.items()})
-        s2 = run_native(gen, prompts, a.max_new, log=False)
+        got: list = [None] * len(prompts)
+        s2 = run_native(gen, prompts, a.max_new, lambda i, toks, reason: got.__setitem__(i, (list(toks), reason)),
+                        log=False)
         g2 = gen.stats
+        differing = sum(x != y for x, y in zip(got, answers))
         result.setdefault("sweep", []).append(
             {**v, "mode": gen.mode, "build_and_warm_s": round(t_build, 1), "tok_per_s": round(g2["generated"] / s2, 1),
-             "seconds": round(s2, 2),
+             "seconds": round(s2, 2), "equal_to_main": differing == 0, "rows_differing_from_main": differing,
              "ms_per_step": round(1000 * g2["decode_s"] / max(g2["steps"], 1), 2),
              **{k: round(g2[k], 2) for k in ("decode_s", "prefill_s", "host_s")}, "prefills": g2["prefills"]})
         print(f"sweep: {result['sweep'][-1]}", flush=True)

@@ -16,14 +16,19 @@ from eyas.data.selfgen import PromptFilter, self_prompts, user_header
 from tests.data.templates import make_tokenizer
 
 
-@pytest.fixture(scope="module")
-def model():
+def tiny_llama(hidden_size: int = 32):
+    """A random 2-layer Llama (4 heads, 2 KV heads) in fp32; heads hidden_size / 4 wide."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                        num_attention_heads=4, num_key_value_heads=2,
+    return LlamaForCausalLM(LlamaConfig(vocab_size=97, hidden_size=hidden_size, intermediate_size=64,
+                                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                         max_position_embeddings=256)).eval()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_llama()
 
 
 def hf_greedy(model, prompt, n, eos):

@@ -8,7 +8,8 @@ one KV group can instead share the KV head as SDPA's query rows: q [B, H, 1, d] 
 k, v [B, Hkv, L, d] (transformers >= 5.24 does the same as `pack_gqa`, but not under torch.compile).
 
 `grouped_attention(model)` switches the model to this function for the generator's own forward calls and
-restores its previous implementation afterwards; only models on "sdpa" are switched.
+restores its previous implementation afterwards; only models on "sdpa" are switched. (eyas.data.flex_decode
+switches the decode step to FlexAttention the same way, through `attention_implementation`.)
 """
 
 from __future__ import annotations
@@ -60,14 +61,20 @@ def _configs(config) -> Iterator:
 
 
 @contextmanager
-def grouped_attention(model) -> Iterator[None]:
-    """Within: configs on "sdpa" use `grouped_decode_attention`; afterwards every config has its own value back."""
+def attention_implementation(model, name: str) -> Iterator[None]:
+    """Within: configs on "sdpa" use the registered function `name`; afterwards every config has its own value
+    back. Only "sdpa" configs switch: the functions here fall back to sdpa's contract, not eager's."""
     configs = list(_configs(model.config))  # parents first: a parent's setter also sets its sub-configs
     before = [c._attn_implementation for c in configs]
     for c, impl in zip(configs, before):
-        c._attn_implementation = NAME if impl == "sdpa" else impl
+        c._attn_implementation = name if impl == "sdpa" else impl
     try:
         yield
     finally:
         for c, impl in zip(configs, before):
             c._attn_implementation = impl
+
+
+def grouped_attention(model):
+    """Within: configs on "sdpa" use `grouped_decode_attention`; afterwards every config has its own value back."""
+    return attention_implementation(model, NAME)

@@ -15,6 +15,8 @@ batch stays full while answers of very different lengths finish (HF `generate` w
 
 Attention runs through `grouped_attention` (eyas.data.attention) during the generator's own forward calls:
 the decode step's explicit mask would otherwise make transformers' sdpa path repeat K/V to every query head.
+With decode_attention="flex" the decode step runs FlexAttention instead (eyas.data.flex_decode): each row reads
+only the KV blocks up to its own position, through block tables the step rewrites in place from `pos`.
 
 Greedy decoding is argmax over fp32 logits, as in HF `generate`, so answers match it token for token up to
 floating-point ties (bf16: see BENCHMARKS.md, issue #13).
@@ -33,6 +35,7 @@ import torch
 
 from eyas.data.attention import grouped_attention
 from eyas.data.backends import GenerationError, HFBackend
+from eyas.data.flex_decode import DecodeBlockMask, flex_decode
 from eyas.devices import varying_shape_attention
 
 Request = tuple[Hashable, list[int], int]  # (key, prompt ids, max new tokens)
@@ -93,9 +96,14 @@ class Generator:
     def __init__(self, model, *, batch_size: int, capacity: int, eos: list[int], pad: int = 0,
                  graph: Literal["auto", "cudagraph", "compile", "eager"] = "auto", prefill_tokens: int = 16384,
                  refill_min: int | None = None, seed: int = 0, log: Callable[[str], None] | None = None,
-                 decode_sdpa: Literal["default", "no-cudnn"] = "default"):
+                 decode_sdpa: Literal["default", "no-cudnn"] = "default",
+                 decode_attention: Literal["sdpa", "flex"] = "sdpa"):
         """decode_sdpa: SDPA backends of the decode step: PyTorch's choice, or without cuDNN (an A/B for
-        bench/regen.py: which kernel serves a 1-token grouped step best is a per-GPU, per-torch question)."""
+        bench/regen.py: which kernel serves a 1-token grouped step best is a per-GPU, per-torch question).
+        decode_attention: the decode step's attention, grouped SDPA over all L columns, or FlexAttention over
+        each row's own blocks (eyas.data.flex_decode; for models on "sdpa", prefill unchanged)."""
+        if decode_attention not in ("sdpa", "flex"):
+            raise ValueError(f"decode_attention must be 'sdpa' or 'flex', got {decode_attention!r}")
         self.model, self.B, self.L = model, batch_size, capacity
         self._sdpa = varying_shape_attention if decode_sdpa == "no-cudnn" else nullcontext
         self.eos, self.pad = set(eos), pad
@@ -116,6 +124,8 @@ class Generator:
         self.pos = torch.zeros(batch_size, dtype=torch.long, device=self.device)
         self.cache.pos, self.cache.arange = self.pos, torch.arange(batch_size, device=self.device)
         self.cols = torch.arange(capacity, device=self.device)
+        self.decode_attention = decode_attention
+        self.flex = DecodeBlockMask(self.pos, capacity) if decode_attention == "flex" else None
         self.rng = torch.Generator(device=self.device).manual_seed(seed)
         # generated excludes stop tokens (stop_tokens counts them); seconds: decode steps and prefills (each up
         # to its .tolist(), the sync), host_s the rest of run() (scheduling, on_finish callbacks)
@@ -124,18 +134,22 @@ class Generator:
         mode = graph if graph != "auto" else ("cudagraph" if self.device.type == "cuda" else "eager")
         self._graph = self._out = self._compiled = None
         self.mode = "eager"
-        with torch.inference_mode(), grouped_attention(model), self._sdpa():
-            self._decode()  # allocates the cache buffers (eager), before any capture
+        with torch.inference_mode(), self._attention(), self._sdpa():
+            self._decode()  # allocates the cache buffers (eager; compiles flex on CUDA), before any capture
             if mode == "cudagraph":
                 self._capture()
             elif mode == "compile":
-                for k, v in zip(self.cache.k, self.cache.v):
-                    torch._dynamo.mark_static_address(k)
-                    torch._dynamo.mark_static_address(v)
+                # tensors the step writes in place keep their addresses (CUDA graphs of reduce-overhead)
+                for t in [*self.cache.k, *self.cache.v, *(self.flex.tensors() if self.flex else [])]:
+                    torch._dynamo.mark_static_address(t)
                 self._compiled = torch.compile(self._decode, mode="reduce-overhead", dynamic=False)
                 self.mode = "compile"
 
     # -- forward passes -------------------------------------------------------------------------------------
+    def _attention(self):
+        """The decode step's attention: grouped SDPA, or FlexAttention with this generator's block tables."""
+        return flex_decode(self.model, self.flex) if self.flex is not None else grouped_attention(self.model)
+
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         x = self.head(h).float()
         if self.softcap:  # Gemma 2 caps its logits; its own forward does this after lm_head
@@ -144,6 +158,8 @@ class Generator:
 
     def _decode(self) -> torch.Tensor:
         """One token for every slot: tok[b] at position/column pos[b]. Returns fp32 logits [B, V]."""
+        if self.flex is not None:  # block tables from pos, in place: part of the captured / compiled step
+            self.flex.refresh()
         neg = torch.finfo(self.dtype).min
         mask = torch.zeros(self.B, self.L, dtype=self.dtype, device=self.device)
         mask = mask.masked_fill(self.cols[None, :] > self.pos[:, None], neg)[:, None, None, :]
@@ -168,10 +184,10 @@ class Generator:
             self.log(f"generate: CUDA graph capture failed ({type(e).__name__}: {str(e)[:200]}); decoding eager")
 
     def _step(self) -> torch.Tensor:
-        if self._graph is not None:  # the captured kernels already hold the grouped attention
+        if self._graph is not None:  # the captured kernels already hold the decode attention
             self._graph.replay()
             return self._out
-        with grouped_attention(self.model), self._sdpa():
+        with self._attention(), self._sdpa():
             if self._compiled is not None:
                 torch.compiler.cudagraph_mark_step_begin()
                 return self._compiled()
