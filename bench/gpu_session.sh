@@ -48,13 +48,13 @@ job() {  # job [-o SECS] NAME CMD...: run once (skipped if NAME.ok exists); -o: 
 if [ -n "$TINY" ]; then
   TRAIN_ARGS=(--steps 4 --eval-every 2 --eval-batches 1 --batch-size 2); PREP_ROWS=(--max-samples 40)
   DEC=(--tiny); DEC1=(--tiny); COSTS_SMOL=(--shape tiny --device cpu --iters 2 --context 64 --capacity 300); PROF=(--device cpu --tokens 8); B8=(--tiny); COSTS=(--device cpu --shape tiny --iters 2)
-  REGEN=(--rows 6 --batch 4 --max-new 8 --hf-sample 4 --hf-batch 2 --sweep batch=2 sdpa=no-cudnn graph=compile); RR=(--max-samples 12 --max-new-tokens 8 --batch-size 4)
+  REGEN=(--rows 6 --batch 4 --max-new 8 --hf-sample 4 --hf-batch 2 --sweep batch=2 sdpa=no-cudnn graph=compile attn=flex); RR=(--max-samples 12 --max-new-tokens 8 --batch-size 4)
   SELF=(--data self:12 --max-new-tokens 8 --batch-size 4); MG=(TINY=1 STEPS=2 TOKENS=2048); KILL_ROWS=4; LONG_SEQ=${LONG_SEQ:-256}
 else
   TRAIN_ARGS=(--steps 1000 --eval-every 200 --eval-batches 16 --batch-size 8); PREP_ROWS=()
   DEC=(--per-category 2 --max-new-tokens 512); DEC1=(--per-category 1 --max-new-tokens 512)
   COSTS_SMOL=(--shape smollm2-135m --inner compiled --context 1200 --capacity 2600 --widths 4 16 61); PROF=(); B8=()
-  COSTS=(); REGEN=(--rows 2048 --batch 256 --max-new 256 --hf-sample 64 --sweep batch=512 sdpa=no-cudnn graph=compile --profile); RR=(--max-samples 2000 --max-new-tokens 256 --batch-size 256)
+  COSTS=(); REGEN=(--rows 2048 --batch 256 --max-new 256 --hf-sample 64 --sweep batch=512 sdpa=no-cudnn graph=compile attn=flex --profile); RR=(--max-samples 2000 --max-new-tokens 256 --batch-size 256)
   SELF=(--data self:2000 --max-new-tokens 256 --batch-size 256); MG=(); KILL_ROWS=300
 fi
 
@@ -155,7 +155,7 @@ vllm_jobs() {  # issue 12's rest, when vLLM arrived with the later parts (gpu_ca
 
 gpu_tests() {  # the CUDA-only tests (graph capture, compiled steps, flex attention): new code meets the GPU early
   # -p no:timeout: the image's pytest-timeout plugin needs a newer pytest than the carried 8.3.5
-  job gpu_tests python3 -m pytest -p no:timeout -q -s -m gpu tests/decode/test_decode_gpu.py tests/target/test_target_gpu.py \
+  job gpu_tests python3 -m pytest -p no:timeout -q -s -m gpu tests/data/test_generate_gpu.py tests/decode/test_decode_gpu.py tests/target/test_target_gpu.py \
     tests/train/test_train_gpu.py
 }
 
