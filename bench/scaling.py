@@ -14,6 +14,8 @@ train resumes from its last checkpoint):
               last held-out eval in metrics.jsonl (K = --ttt).
 After each call the JSON (points so far) and a PNG (tau vs tokens, log x, one line per kind) are rewritten.
 Held-out rows are each kind's own 5% split; compare kinds on Spec-Bench with bench/decode.py on the drafts.
+Over several GPU sessions (a machine's /tmp is gone between them): each session computes a few points
+(`--kinds raw --sizes 1e6,3e6`, ...) with `--merge` the previous session's JSON, whose points are kept.
 """
 
 from __future__ import annotations
@@ -147,6 +149,21 @@ def plot(points: list[dict], png: Path) -> None:
     plt.close(fig)
 
 
+def merged_points(path: Path | None, a) -> list[dict]:
+    """Points of an earlier run made with the same recipe (target, ttt, epochs, lr, batch, vocab, max length);
+    a different recipe is an error, not a silent mix."""
+    if path is None:
+        return []
+    prev = json.loads(path.read_text())
+    recipe = {k: getattr(a, k) for k in ("ttt", "epochs", "lr", "batch", "vocab", "max_length")}
+    theirs = prev.get("recipe") or {}
+    diff = {k: (theirs.get(k), v) for k, v in recipe.items() if theirs.get(k) != v}
+    if diff or prev.get("target") != a.target:
+        raise SystemExit(f"--merge {path}: another recipe ({diff or 'target ' + str(prev.get('target'))}); "
+                         f"its points would not be comparable")
+    return list(prev.get("points", []))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="/tmp/smol-hf")
@@ -170,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train-args", default="", help="extra `eyas train` flags")
     ap.add_argument("--tiny", action="store_true", help="CPU check: random 2-layer target, sizes of a few k tokens")
     ap.add_argument("--png", type=Path, default=None, help="default: next to --out")
+    ap.add_argument("--merge", type=Path, default=None,
+                    help="an earlier run's --out JSON (e.g. another GPU session's): its points are kept and not "
+                         "recomputed, so the curve can be built over several sessions, a few points each")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "scaling.json")
     a = ap.parse_args(argv)
     a.work.mkdir(parents=True, exist_ok=True)
@@ -180,14 +200,19 @@ def main(argv: list[str] | None = None) -> int:
         a.max_length, a.vocab, a.ttt, a.epochs, a.batch, a.device = 256, 512, 2, 1.0, 2, a.device or "cpu"
     a.device = a.device or ("cuda" if __import__("torch").cuda.is_available() else "cpu")
     sizes = [int(float(s)) for s in a.sizes.split(",")]
+    earlier = merged_points(a.merge, a)
+    have = {(p["kind"], p["size"]) for p in earlier}
     r = Runner(a)
     for kind in a.kinds.split(","):
-        rows = math.ceil(max(sizes) * 1.1 / a.est_tokens_per_row)  # 10% spare for the held-out split
+        todo = [s for s in sizes if (kind, s) not in have]
+        if not todo:
+            continue
+        rows = math.ceil(max(todo) * 1.1 / a.est_tokens_per_row)  # 10% spare for the held-out split
         src = source(r, kind, rows)
         tpr = tokens_per_row(r, kind, src, rows) if src else None
         if tpr is None:
             break
-        for size in sizes:
+        for size in todo:
             prep, run = r.work / f"prep-{kind}-{size}", r.work / f"run-{kind}-{size}"
             n = math.ceil(size / tpr / 0.95)  # the train split is 95% of the rows
             if not r.eyas(f"prep:{kind}:{size}", "prepare", "--target", a.target, "--data", src, "--max-samples",
@@ -199,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                           str(a.batch), "--lr", str(a.lr), "--eval-every", "1000000", "--save-every", "200",
                           *(["--resume"] if (run / "checkpoints").is_dir() else []), "--seed", "0", "--device", a.device, "--no-progress", *a.train_args.split()):
                 break
-    points = []
+    points = [p for p in earlier if p["kind"] in a.kinds.split(",")]
     for key in r.state["done"]:
         if key.startswith("train:"):
             _, kind, size = key.split(":")
@@ -209,15 +234,17 @@ def main(argv: list[str] | None = None) -> int:
                 points.append({"kind": kind, "size": int(size), "tokens": man.get("tokens"), "rows": man.get("rows_out"),
                                "tau": ev["tau"], "acc": ev.get("acc"), "steps": ev.get("step"),
                                "train_seconds": r.state["done"][key]})
-    wanted = len(a.kinds.split(",")) * len(sizes)
+    wanted = {(k, s) for k in a.kinds.split(",") for s in sizes}
     png = a.png or a.out.with_suffix(".png")
     if points:
         plot(points, png)
-    done = len(points) == wanted
-    print("all steps done" if done else f"{len(points)}/{wanted} points; run the same command again to continue",
-          flush=True)
+    done = wanted <= {(p["kind"], p["size"]) for p in points}
+    print("all steps done" if done else
+          f"{len(points)}/{len(wanted)} points; run the same command again to continue", flush=True)
+    recipe = {k: getattr(a, k) for k in ("ttt", "epochs", "lr", "batch", "vocab", "max_length")}
     emit({"bench": "scaling", "target": a.target, "data": a.data, "kinds": a.kinds.split(","), "sizes": sizes,
-          "ttt": a.ttt, "epochs": a.epochs, "complete": done, "png": str(png) if points else None,
+          "ttt": a.ttt, "epochs": a.epochs, "complete": done, "merged_from": str(a.merge) if a.merge else None,
+          "recipe": recipe, "png": str(png) if points else None,
           "stage_seconds": r.state["done"], "points": points}, a.out)
     return 0
 
