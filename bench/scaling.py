@@ -149,19 +149,21 @@ def plot(points: list[dict], png: Path) -> None:
     plt.close(fig)
 
 
-def merged_points(path: Path | None, a) -> list[dict]:
-    """Points of an earlier run made with the same recipe (target, ttt, epochs, lr, batch, vocab, max length);
-    a different recipe is an error, not a silent mix."""
-    if path is None:
-        return []
-    prev = json.loads(path.read_text())
+def merged_points(paths: list[Path], a) -> list[dict]:
+    """Points of earlier runs made with the same recipe (target, ttt, epochs, lr, batch, vocab, max length);
+    a different recipe is an error, not a silent mix. A (kind, size) in several files: the first one wins."""
     recipe = {k: getattr(a, k) for k in ("ttt", "epochs", "lr", "batch", "vocab", "max_length")}
-    theirs = prev.get("recipe") or {}
-    diff = {k: (theirs.get(k), v) for k, v in recipe.items() if theirs.get(k) != v}
-    if diff or prev.get("target") != a.target:
-        raise SystemExit(f"--merge {path}: another recipe ({diff or 'target ' + str(prev.get('target'))}); "
-                         f"its points would not be comparable")
-    return list(prev.get("points", []))
+    out: dict[tuple, dict] = {}
+    for path in paths:
+        prev = json.loads(path.read_text())
+        theirs = prev.get("recipe") or {}
+        diff = {k: (theirs.get(k), v) for k, v in recipe.items() if theirs.get(k) != v}
+        if diff or prev.get("target") != a.target:
+            raise SystemExit(f"--merge {path}: another recipe ({diff or 'target ' + str(prev.get('target'))}); "
+                             f"its points would not be comparable")
+        for p in prev.get("points", []):
+            out.setdefault((p["kind"], p["size"]), p)
+    return list(out.values())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,9 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train-args", default="", help="extra `eyas train` flags")
     ap.add_argument("--tiny", action="store_true", help="CPU check: random 2-layer target, sizes of a few k tokens")
     ap.add_argument("--png", type=Path, default=None, help="default: next to --out")
-    ap.add_argument("--merge", type=Path, default=None,
-                    help="an earlier run's --out JSON (e.g. another GPU session's): its points are kept and not "
-                         "recomputed, so the curve can be built over several sessions, a few points each")
+    ap.add_argument("--merge", type=Path, nargs="*", default=[],
+                    help="earlier runs' --out JSONs (other GPU sessions', or a parallel process's): their points are "
+                         "kept and not recomputed, so the curve can be built over several sessions, a few points each")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "scaling.json")
     a = ap.parse_args(argv)
     a.work.mkdir(parents=True, exist_ok=True)
@@ -224,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
                           str(a.batch), "--lr", str(a.lr), "--eval-every", "1000000", "--save-every", "200",
                           *(["--resume"] if (run / "checkpoints").is_dir() else []), "--seed", "0", "--device", a.device, "--no-progress", *a.train_args.split()):
                 break
-    points = [p for p in earlier if p["kind"] in a.kinds.split(",")]
+    points = list(earlier)   # every merged point, also of kinds this call does not compute
     for key in r.state["done"]:
         if key.startswith("train:"):
             _, kind, size = key.split(":")
@@ -243,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{len(points)}/{len(wanted)} points; run the same command again to continue", flush=True)
     recipe = {k: getattr(a, k) for k in ("ttt", "epochs", "lr", "batch", "vocab", "max_length")}
     emit({"bench": "scaling", "target": a.target, "data": a.data, "kinds": a.kinds.split(","), "sizes": sizes,
-          "ttt": a.ttt, "epochs": a.epochs, "complete": done, "merged_from": str(a.merge) if a.merge else None,
+          "ttt": a.ttt, "epochs": a.epochs, "complete": done, "merged_from": [str(m) for m in a.merge],
           "recipe": recipe, "png": str(png) if points else None,
           "stage_seconds": r.state["done"], "points": points}, a.out)
     return 0

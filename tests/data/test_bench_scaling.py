@@ -36,7 +36,7 @@ def test_merged_points_are_kept_and_not_recomputed(tmp_path, monkeypatch):
               "--merge", str(earlier(tmp_path)), "--out", str(out)])
     doc = json.loads(out.read_text())
     assert ran == []                                   # nothing left to compute
-    assert doc["complete"] and [p["kind"] for p in doc["points"]] == ["raw"]   # only the kinds asked for
+    assert doc["complete"] and sorted(p["kind"] for p in doc["points"]) == ["raw", "regen"]  # all merged points
     assert (tmp_path / "scaling.png").stat().st_size > 1000
 
     ran.clear()   # a size the earlier run lacks is computed (here: its first stage is attempted)
@@ -50,3 +50,14 @@ def test_merge_refuses_another_recipe(tmp_path):
     with pytest.raises(SystemExit, match="another recipe"):
         mod.main(["--target", "T", "--kinds", "raw", "--sizes", "1000", "--work", str(tmp_path / "w"),
                   "--device", "cpu", "--merge", str(earlier(tmp_path, ttt=3)), "--out", str(tmp_path / "o.json")])
+
+
+def test_merge_of_two_sessions_keeps_the_first_of_a_repeated_point(tmp_path):
+    mod = load()
+    a = earlier(tmp_path)
+    b = tmp_path / "b.json"
+    b.write_text(json.dumps({"target": "T", "recipe": RECIPE, "points": [
+        {"kind": "raw", "size": 1000, "tau": 9.9}, {"kind": "self", "size": 3000, "tau": 1.8}]}))
+    args = mod.ap.parse_args(["--target", "T", "--merge", str(a), str(b)])
+    pts = {(p["kind"], p["size"]): p["tau"] for p in mod.merged_points(args.merge, args)}
+    assert pts == {("raw", 1000): 1.5, ("regen", 1000): 1.7, ("self", 3000): 1.8}
