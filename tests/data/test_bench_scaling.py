@@ -3,6 +3,7 @@
 import importlib.util
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -58,6 +59,6 @@ def test_merge_of_two_sessions_keeps_the_first_of_a_repeated_point(tmp_path):
     b = tmp_path / "b.json"
     b.write_text(json.dumps({"target": "T", "recipe": RECIPE, "points": [
         {"kind": "raw", "size": 1000, "tau": 9.9}, {"kind": "self", "size": 3000, "tau": 1.8}]}))
-    args = mod.ap.parse_args(["--target", "T", "--merge", str(a), str(b)])
-    pts = {(p["kind"], p["size"]): p["tau"] for p in mod.merged_points(args.merge, args)}
+    args = SimpleNamespace(target="T", **RECIPE)
+    pts = {(p["kind"], p["size"]): p["tau"] for p in mod.merged_points([a, b], args)}
     assert pts == {("raw", 1000): 1.5, ("regen", 1000): 1.7, ("self", 3000): 1.8}
