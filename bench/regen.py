@@ -72,6 +72,11 @@ def tie_gap(model, prompt: list[int], common: list[int], a: int, b: int) -> tupl
     return abs(z[a].item() - z[b].item()), TIE_ULPS * ulp(hi, next(model.parameters()).dtype)
 
 
+def zero_stats(gen) -> None:
+    """Counters back to zero after a warm-up, so the timed run reports only itself."""
+    gen.stats.update({k: 0 if isinstance(x, int) else 0.0 for k, x in gen.stats.items()})
+
+
 def run_native(gen, prompts: list[list[int]], max_new: int, on_finish=lambda *a: None, log=True) -> float:
     """Every prompt through `gen` (continuous batching); returns the wall seconds."""
     todo, t1, n = iter(range(len(prompts))), time.perf_counter(), [0]
@@ -98,7 +103,7 @@ def profile_native(be, prompts: list[list[int]], max_new: int, batch: int) -> di
     gen = Generator(be.model, batch_size=batch, capacity=be.gen.L, eos=list(be.eos), pad=be.pad,
                     graph=be.gen.mode if be.gen.mode != "eager" else "auto")
     run_native(gen, prompts[:batch], 8, log=False)  # warm-up outside the trace
-    gen.stats.update({k: 0 if isinstance(x, int) else 0.0 for k, x in gen.stats.items()})
+    zero_stats(gen)
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if be.device.startswith("cuda") else [])
     with profile(activities=acts) as prof:
         secs = run_native(gen, prompts[:batch], max_new, log=False)
@@ -198,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
                         graph=v["graph"], decode_sdpa=v["sdpa"], decode_attention=v["attn"])
         run_native(gen, prompts[:int(v["batch"])], 4, log=False)  # compile (graph=compile) before the timing
         t_build = time.perf_counter() - t_build
-        gen.stats.update({k: 0 if isinstance(x, int) else 0.0 for k, x in gen.stats.items()})
+        zero_stats(gen)
         got: list = [None] * len(prompts)
         s2 = run_native(gen, prompts, a.max_new, lambda i, toks, reason: got.__setitem__(i, (list(toks), reason)),
                         log=False)

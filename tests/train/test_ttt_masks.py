@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from eyas.train.masks import (BlockMask, TTTBlockMasks, document_ids, ttt_block_mask, ttt_block_mask_reference,
+from eyas.train.masks import (BlockMask, TTTBlockMasks, document_ids, ttt_block_mask_reference,
                               ttt_dense_mask)
 
 needs_flex = pytest.mark.skipif(BlockMask is None, reason="no FlexAttention")
@@ -112,7 +112,7 @@ def test_eager_flex_attention_with_direct_mask_equals_dense_attention():
     g = torch.Generator().manual_seed(3)
     for B, T, k in ((1, 40, 0), (3, 37, 3), (2, 64, 6)):
         doc, q, kv, dense = _attention_case(packed_positions(B, T, g), k, g)
-        out = flex_attention(q, *kv, block_mask=ttt_block_mask(doc, k, block_size=16), enable_gqa=True)
+        out = flex_attention(q, *kv, block_mask=TTTBlockMasks(doc, block_size=16)(k), enable_gqa=True)
         torch.testing.assert_close(out, dense, rtol=1e-5, atol=1e-5)
 
 
@@ -127,7 +127,7 @@ def test_compiled_flex_attention_uses_the_direct_blocks():
     pos = torch.cat([torch.arange(40), torch.arange(200), torch.arange(93)]).expand(2, 333).clone()
     pos[1, 150:] = torch.arange(183)                                     # long documents: some full blocks
     doc, q, kv, dense = _attention_case(pos, 2, g)
-    m = ttt_block_mask(doc, 2, block_size=64)
+    m = TTTBlockMasks(doc, block_size=64)(2)
     assert int(m.full_kv_num_blocks.sum()) > 0
     torch.testing.assert_close(flex(q, *kv, block_mask=m, enable_gqa=True), dense, rtol=1e-5, atol=1e-5)
     fewer = m.kv_num_blocks.clone()

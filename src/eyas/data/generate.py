@@ -124,7 +124,6 @@ class Generator:
         self.pos = torch.zeros(batch_size, dtype=torch.long, device=self.device)
         self.cache.pos, self.cache.arange = self.pos, torch.arange(batch_size, device=self.device)
         self.cols = torch.arange(capacity, device=self.device)
-        self.decode_attention = decode_attention
         self.flex = DecodeBlockMask(self.pos, capacity) if decode_attention == "flex" else None
         self.rng = torch.Generator(device=self.device).manual_seed(seed)
         # generated excludes stop tokens (stop_tokens counts them); seconds: decode steps and prefills (each up

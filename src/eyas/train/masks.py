@@ -117,7 +117,3 @@ def _ordered(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     x = blocks[:, None].to(torch.int32)
     return x.sum(-1).to(torch.int32), torch.argsort(x, dim=-1, descending=True, stable=True).to(torch.int32)
 
-
-def ttt_block_mask(doc: torch.Tensor, k: int, block_size: int = 128):
-    """One step's BlockMask by the direct construction (a training forward shares one TTTBlockMasks instead)."""
-    return TTTBlockMasks(doc, block_size)(k)
