@@ -49,13 +49,14 @@ if [ -n "$TINY" ]; then
   TRAIN_ARGS=(--steps 4 --eval-every 2 --eval-batches 1 --batch-size 2); PREP_ROWS=(--max-samples 40)
   DEC=(--tiny); DEC1=(--tiny); COSTS_SMOL=(--shape tiny --device cpu --iters 2 --context 64 --capacity 300); PROF=(--device cpu --tokens 8); B8=(--tiny); COSTS=(--device cpu --shape tiny --iters 2)
   REGEN=(--rows 6 --batch 4 --max-new 8 --hf-sample 4 --hf-batch 2 --sweep batch=2 sdpa=no-cudnn graph=compile attn=flex); RR=(--max-samples 12 --max-new-tokens 8 --batch-size 4)
-  SELF=(--data self:12 --max-new-tokens 8 --batch-size 4); MG=(TINY=1 STEPS=2 TOKENS=2048); KILL_ROWS=4; LONG_SEQ=${LONG_SEQ:-256}
+  SELF=(--data self:12 --max-new-tokens 8 --batch-size 4); MG=(TINY=1 STEPS=2 TOKENS=2048); KILL_ROWS=4; RFULL=(--max-samples 16 --max-new-tokens 8 --batch-size 4); LONG_SEQ=${LONG_SEQ:-256}
 else
   TRAIN_ARGS=(--steps 1000 --eval-every 200 --eval-batches 16 --batch-size 8); PREP_ROWS=()
   DEC=(--per-category 2 --max-new-tokens 512); DEC1=(--per-category 1 --max-new-tokens 512)
   COSTS_SMOL=(--shape smollm2-135m --inner compiled --context 1200 --capacity 2600 --widths 4 16 61); PROF=(); B8=()
   COSTS=(); REGEN=(--rows 2048 --batch 256 --max-new 256 --hf-sample 64 --sweep batch=512 sdpa=no-cudnn graph=compile attn=flex --profile); RR=(--max-samples 2000 --max-new-tokens 256 --batch-size 256)
   SELF=(--data self:2000 --max-new-tokens 256 --batch-size 256); MG=(); KILL_ROWS=300
+  RFULL=(--max-new-tokens 512 --batch-size 256)
 fi
 
 lane0() {  # ~25 min
@@ -82,43 +83,50 @@ lane0() {  # ~25 min
   flag lane0_done
 }
 
-# One GPU (nvidia-h200, when no 2-GPU machine is lent): the draft trains beside the jobs whose numbers do not depend
-# on having the GPU to themselves (the load's disk read, regenerate's resume and self:N checks); every timed job runs
-# alone after it, most needed first.
+# One GPU (nvidia-h200, when no 2-GPU machine is lent): three lanes. Lanes 1 and 2 do the work whose result is not a
+# time (the draft, the vLLM exports, serve-check's tau and identity, a resumable data regeneration for issue 13's
+# draft, capped at REGEN_FULL_S) beside lane 0's GPU tests; then lane 0 runs every timed job alone, most needed
+# first, optional ones skipped when they would end past DEADLINE_S.
+ACCEPT=${ACCEPT:-$ROOT/bench/results/gpu-h200-2026-12-01b/decode-h200-v3.json}  # SmolLM2's measured acceptance
 lane0_one() {
   export CUDA_VISIBLE_DEVICES=0
   gpu_tests                                                                                              # 2 min
-  job load8b python3 bench/load.py "${B8[@]}" --dir /tmp/eyas-bench-load --out "$RES/load-h200.json"     # 2 min
-  job regen_resume regen_resume                                                                          # 1.5 min
-  job -o 200 regen_self python3 -m eyas.cli regenerate --backend native --target $T "${SELF[@]}" --out $W/rg-self.jsonl --json
-  await draft_ready
-  # T=0 and T=1 in one process: one load and one warm-up (each KV bucket x width is a compile)
-  job decode_t01 python3 bench/decode.py --target $T --draft $DRAFT "${DEC1[@]}" --temperatures 0 1 \
-    --out "$RES/decode-h200-v2.json" --plots "$RES/plots-decode-v2"                                       # 5 min
-  job regen_native python3 bench/regen.py --target $T --data $SG "${REGEN[@]}" --out "$RES/regen-h200.json"  # 2 min
-  vllm_jobs speedup                                                                                      # issue 12
+  job -o 100 regen_resume regen_resume                                                                   # 1.5 min
+  [ -x /tmp/vpy ] && job -o 150 vllm_regen_hf env GPU=0 RES="$RES" REGEN_ROWS=${REGEN_ROWS:-48} bash bench/gpu_vllm.sh regen_hf
+  await lane1_done lane2_done; log "untimed work over: timed jobs alone from here"
   # the 8B step costs with compiled inner steps (the decoder's real path; the eager draft level was 0.76 ms)
   job -o 90 costs8b_compiled python3 bench/decode_costs.py "${COSTS[@]}" --inner compiled \
-    --accept-from "$RES/decode-h200-v2.json" --out "$RES/decode-costs-8b-compiled.json"
+    --accept-from "$ACCEPT" --out "$RES/decode-costs-8b-compiled.json"
   job -o 140 profile_new python3 bench/profile_decode.py --target $T --draft $DRAFT "${PROF[@]}" --out "$RES/profile-new.json"
   job -o 200 train8b python3 bench/train.py "${B8[@]}" --long-seq "${LONG_SEQ:-16384}" --out "$RES/train-h200-v2.json"
-  vllm_jobs rest
-  smol_costs                                                                                             # 2 min
-  # (the pre-issue-14 decoder's profile is in bench/results/gpu-h200-2026-12-01; PROFILE_OLD=1 runs it again)
-  [ -n "${PROFILE_OLD:-}" ] && [ -d $OLD/src ] && job -o 100 profile_old env PYTHONPATH=$OLD/src:/tmp/site \
-    python3 bench/profile_decode.py --target $T --draft $DRAFT --bench src/eyas/decode/spec_bench/question.jsonl \
-    "${PROF[@]}" --out "$RES/profile-old.json"
-  job -o 60 extract8b python3 bench/extract.py "${B8[@]}" --out "$RES/extract-h200-v2.json"
+  job -o 150 extract8b python3 bench/extract.py "${B8[@]}" --out "$RES/extract-h200-v2.json"
+  [ -x /tmp/vpy ] && job -o 150 vllm_regen env GPU=0 RES="$RES" REGEN_ROWS=${REGEN_ROWS:-48} bash bench/gpu_vllm.sh regen
+  job -o 180 regen_native python3 bench/regen.py --target $T --data $SG "${REGEN[@]}" --out "$RES/regen-h200.json"
+  vllm_jobs speedup                                                                                      # issue 12
+  job -o 200 decode_t01 python3 bench/decode.py --target $T --draft $DRAFT "${DEC1[@]}" --temperatures 0 1 \
+    --out "$RES/decode-h200-v2.json" --plots "$RES/plots-decode-v2"
+  smol_costs
+  job -o 120 load8b python3 bench/load.py "${B8[@]}" --dir /tmp/eyas-bench-load --out "$RES/load-h200.json"
   job -o 600 demo_gpu python3 -m eyas.cli demo --device cuda --profile gpu --target $T --data $SG --out $W/demo --json
   flag lane0_done
 }
 lane1_one() {
   export CUDA_VISIBLE_DEVICES=0
   draft
-  # the vLLM exports (one per K, ~10 s of CPU each) while lane 0 decodes, not in front of the vLLM jobs
+  # the vLLM exports (one per K, ~10 s of CPU each)
   for k in 1 2 3 4 5; do [ -e $W/export-k$k/config.json ] || CUDA_VISIBLE_DEVICES= python3 -m eyas.cli export \
     --draft $DRAFT --format vllm --chain $k --out $W/export-k$k > "$RES/export_k$k.log" 2>&1; done
+  # vLLM arrives with the parts carried on the first watch calls
+  for _ in $(seq "${VLLM_WAIT_S:-0}"); do [ -x /tmp/vpy ] && break; sleep 1; done
+  vllm_serve 0.3   # its tau and identity are not times: it shares the GPU with lane 2 (a 30 % memory share)
   flag lane1_done
+}
+lane2_one() {  # issue 13's data: the 9k ShareGPT rows answered by the target (resumable; what is done by the cap
+             # comes back in the watch calls as regen.gz.NN, for a later session to carry and train on)
+  export CUDA_VISIBLE_DEVICES=0
+  job regen_full timeout "${REGEN_FULL_S:-300}" python3 -m eyas.cli regenerate --backend native --target $T --data $SG \
+    "${RFULL[@]}" --out $W/regen-full.jsonl --json
+  flag lane2_done
 }
 
 draft() {  # the SmolLM2 draft: gpu_vllm.sh's run9k recipe (held-out tau 1.759 in 298 s on an H200), or the one an
@@ -135,22 +143,28 @@ draft() {  # the SmolLM2 draft: gpu_vllm.sh's run9k recipe (held-out tau 1.759 i
 
 vllm_jobs() {  # issue 12's rest, when vLLM arrived with the later parts (gpu_carry.sh parts 2-4 on watch calls)
   [ -x /tmp/vpy ] || { log "no vLLM here (/tmp/vpy): vllm jobs skipped"; return 0; }
+  local chains=(${VLLM_CHAINS:-1 2 3 4 5})
   case "${1:-all}" in speedup|all)
     [ "$G1" = 0 ] && await lane1_done   # one GPU: lane 1 writes the exports after the draft
-    for k in 1 2 3 4 5; do [ -e $W/export-k$k/config.json ] || python3 -m eyas.cli export --draft $DRAFT --format vllm \
+    for k in "${chains[@]}"; do [ -e $W/export-k$k/config.json ] || python3 -m eyas.cli export --draft $DRAFT --format vllm \
       --chain $k --out $W/export-k$k > "$RES/export_k$k.log" 2>&1; done
-    # six engines start side by side (70-130 s each), then take turns timing; the JSON is rewritten after each
-    job -o 360 vllm_speedup python3 bench/vllm_speedup.py --target $T --export "$W/export-k{k}" --python /tmp/vpy \
-      --chains 1 2 3 4 5 --batch-sizes 1 8 32 --per-category 2 --max-new-tokens 256 --gpus $CUDA_VISIBLE_DEVICES \
-      --engines-per-gpu 6 --out "$RES/vllm_speedup.json" ;;
+    # the engines start side by side (70-130 s each), then take turns timing; the JSON is rewritten after each
+    job -o $((120 + 40 * ${#chains[@]})) vllm_speedup python3 bench/vllm_speedup.py --target $T --export "$W/export-k{k}" --python /tmp/vpy \
+      --chains "${chains[@]}" --batch-sizes 1 8 32 --per-category 2 --max-new-tokens 256 --gpus $CUDA_VISIBLE_DEVICES \
+      --engines-per-gpu $(( ${#chains[@]} + 1 )) --out "$RES/vllm_speedup.json" ;;
   esac
   case "${1:-all}" in rest|all)
     job -o 240 vllm_regen env GPU=$CUDA_VISIBLE_DEVICES RES="$RES" REGEN_ROWS=${REGEN_ROWS:-48} bash bench/gpu_vllm.sh regen
-    [ -e $W/export-k3/config.json ] || python3 -m eyas.cli export --draft $DRAFT --format vllm --chain 3 \
-      --out $W/export-k3 > "$RES/export_k3.log" 2>&1
-    job -o 400 vllm_serve python3 -m eyas.cli serve-check --draft $W/export-k3 --engine vllm --python /tmp/vpy \
-      --per-category 2 --max-new-tokens 128 --out "$RES/serve_check_gpu.json" ;;  # divergences classified as ties
+    vllm_serve ;;
   esac
+}
+
+vllm_serve() {  # vllm_serve [GPU_MEMORY_SHARE]: serve-check of the K=3 export (divergences classified as ties)
+  [ -x /tmp/vpy ] || { log "no vLLM here (/tmp/vpy): serve-check skipped"; return 0; }
+  [ -e $W/export-k3/config.json ] || python3 -m eyas.cli export --draft $DRAFT --format vllm --chain 3 \
+    --out $W/export-k3 > "$RES/export_k3.log" 2>&1
+  job -o 400 vllm_serve python3 -m eyas.cli serve-check --draft $W/export-k3 --engine vllm --python /tmp/vpy \
+    --per-category 2 --max-new-tokens 128 ${1:+--gpu-memory-utilization $1} --out "$RES/serve_check_gpu.json"
 }
 
 gpu_tests() {  # the CUDA-only tests (graph capture, compiled steps, flex attention): new code meets the GPU early
@@ -207,6 +221,7 @@ pack_results() {
   find $p/results -name '*.log' -size +200k -exec sh -c 'tail -c 200000 "$1" > "$1.t" && mv "$1.t" "$1"' _ {} \;
   tar czf "$OUT/results.tgz" -C $p results
   # the draft once, after the 2-GPU stage (or at once on one GPU): a later session can carry it instead of training
+  [ -e "$RES/draft_restore.ok" ] && touch "$W/draft.sent"   # a restored draft came from here
   if [ -e "$FL/draft_ready" ] && [ ! -e "$W/draft.sent" ] && { [ -e "$FL/mgpu_done" ] || [ "$G1" = 0 ]; }; then
     python3 - "$DRAFT" "$W/draft-bf16.safetensors" <<'PY'
 import sys, torch
@@ -216,6 +231,10 @@ save_file({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in s
 PY
     tar cf - -C $W draft-bf16.safetensors run9k/config.json run9k/metrics.jsonl | split -b 15M -d - "$OUT/draft.tar."
     touch "$W/draft.sent"
+  fi
+  # issue 13's regenerated rows once lane 2 is over (a later session carries them: bench/GPU.md section 5)
+  if [ -e "$FL/lane2_done" ] && [ -s "$W/regen-full.jsonl" ] && [ ! -e "$W/regen.sent" ]; then
+    gzip -c "$W/regen-full.jsonl" | split -b 15M -d - "$OUT/regen.gz."; touch "$W/regen.sent"
   fi
   ls -la "$OUT"
 }
@@ -230,7 +249,8 @@ case "${1:-}" in
   start)
     take_carried
     [ -e "$W/t0" ] || date +%s > "$W/t0"
-    for n in 0 1; do setsid nohup bash "$ROOT/bench/gpu_session.sh" lane "$n" > "$W/lane$n.out" 2>&1 < /dev/null & done
+    lanes="0 1"; [ "$G1" = 0 ] && lanes="0 1 2"   # one GPU: lane 2 regenerates data beside the untimed work
+    for n in $lanes; do setsid nohup bash "$ROOT/bench/gpu_session.sh" lane "$n" > "$W/lane$n.out" 2>&1 < /dev/null & done
     sleep 1; log "lanes started" ;;
   lane) lane "$2" ;;
   take) take_carried ;;   # a call that carries only .carry/draft or .carry/old, before `start`

@@ -8,6 +8,7 @@
 #   doctor      eyas doctor --engine vllm against the carried vLLM
 #   extract_eq  prepare $EQ_ROWS rows; extract with the hf and the vllm backends; compare state by state
 #   regen       regenerate $REGEN_ROWS rows with hf and vllm (match rate), then $REGEN_BIG rows with vllm (tok/s)
+#   regen_hf    only regen's hf half (the match sample; regen then skips it)
 #   tp2         extract with vllm --tensor-parallel-size 2 (both GPUs) and compare with the hf store; SmolLM2 has 9
 #               attention heads, which no TP degree > 1 divides, so this stage builds a random 8-head Llama of the
 #               same vocabulary and template (/tmp/rand8) and compares on it
@@ -83,12 +84,17 @@ PY
         --python $VPY --tensor-parallel-size 2 --overwrite
       timed tp2_compare python3 "$D/bench/compare_stores.py" $W/s8-hf $W/s8-tp2 --reference /tmp/rand8 \
         --out "$RES/extract_eq_tp2.json" ;;
-    regen)
+    regen_hf|regen)
+      # the hf half is the match sample only (not timed): a one-GPU session runs it beside untimed work first
       export CUDA_VISIBLE_DEVICES=$GPU
       common=(--target $T --data /tmp/sharegpt.json --max-new-tokens 256 --json)
-      rm -f $W/rg-*.jsonl*
-      timed regen_hf "${EYAS[@]}" regenerate "${common[@]}" --max-samples "$REGEN_ROWS" --batch-size "$REGEN_ROWS" \
-        --out $W/rg-hf.jsonl
+      if [ ! -e $W/rg-hf.done ]; then
+        rm -f $W/rg-hf.jsonl*
+        timed regen_hf "${EYAS[@]}" regenerate "${common[@]}" --max-samples "$REGEN_ROWS" --batch-size "$REGEN_ROWS" \
+          --out $W/rg-hf.jsonl && touch $W/rg-hf.done
+      fi
+      [ "$stage" = regen_hf ] && continue
+      rm -f $W/rg-vllm-big.jsonl*
       # one vLLM run: its first REGEN_ROWS rows are the match sample (compared on the rows both wrote), all of
       # it the speed; --batch-size 4096: every first turn in one engine call (vLLM schedules them itself)
       timed regen_vllm_big "${EYAS[@]}" regenerate "${common[@]}" --max-samples "$REGEN_BIG" --backend vllm \

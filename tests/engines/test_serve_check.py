@@ -151,3 +151,28 @@ def test_served_divergences_are_classified_as_ties_or_not():
     assert r["served_divergences"][1]["gap"] is None  # vLLM's output only runs longer: not a token disagreement
     logits[0, 0, 5] = 15.0
     assert served_divergences(runner, [[1], [2], [3]], served, greedy)["served_unexplained_divergences"] == 1
+
+
+def test_gpu_memory_share_reaches_the_engine_only_when_set(tmp_path, monkeypatch):
+    """On a GPU shared with other jobs vLLM's default 0.9 share fails at start-up: the flag must reach the worker."""
+    import eyas.engines.serve_check as sc
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "target"))
+    from fixtures import tiny_tokenizer  # noqa: E402
+
+    tdir, tmodel = make_target_dir(tmp_path / "target")
+    tiny_tokenizer().save_pretrained(tdir)  # the native side templates the prompts
+    export = export_vllm(save_draft(make_draft(tmodel), tmp_path / "draft", {"target": str(tdir)}), tmp_path / "x")
+    sent = []
+
+    def fake_engine(python, worker, payload, **kw):
+        sent.append(payload)
+        raise RuntimeError("stop after the payload")
+
+    monkeypatch.setattr(sc, "run_in_env", fake_engine)
+    monkeypatch.setattr(sc, "vllm_python", lambda p: Path(sys.executable))
+    for share in (0.25, None):
+        with pytest.raises(RuntimeError, match="stop after the payload"):
+            check(ServeCheckConfig(draft=export, per_category=1, categories=["writing"], max_new_tokens=4,
+                                   gpu_memory_utilization=share))
+    assert sent[0]["gpu_memory_utilization"] == 0.25 and "gpu_memory_utilization" not in sent[1]

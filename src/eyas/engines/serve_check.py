@@ -33,7 +33,7 @@ from pydantic import Field
 from eyas.config import StageConfig
 from eyas.decode.bench import load_bench
 from eyas.decode.evaluate import Session, evaluate, logit_gap
-from eyas.devices import TORCH_NAMES, resolve_dtype
+from eyas.devices import TORCH_NAMES, resolve_device, resolve_dtype
 from eyas.draft.io import load_draft
 from eyas.engines.base import EngineError, run_in_env
 from eyas.engines.vllm import vllm_lock, vllm_python
@@ -58,7 +58,11 @@ class ServeCheckConfig(StageConfig):
     native_draft: Path | None = Field(None, description="eyas draft for native τ (default: the export's "
                                                         "eyas.source_draft; else the export re-imported)")
     dtype: Literal["fp32", "bf16"] = Field("fp32", description="dtype on both sides")
+    device: str = Field("auto", description="device of the native side: auto (cuda when available, else cpu), cpu, "
+                                            "cuda or cuda:N; eager there, as τ and identity need no compiled graphs")
     max_model_len: int = Field(2048, description="vLLM max_model_len")
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="vLLM's share of the GPU's memory "
+                                                 "(default: vLLM's 0.9; lower it when other jobs share the GPU)")
     timeout: float = Field(3600.0, description="seconds before the vLLM worker is killed")
     run_anyway: bool = Field(False, description="start vLLM even when gates 1-2 found problems "
                                                 "(to see the τ gap they cause)")
@@ -135,19 +139,21 @@ def check(cfg: ServeCheckConfig) -> dict:
         return _finish(cfg, result)
     python = vllm_python(cfg.python)
     verifier = config["speculators_config"]["verifier"]["name_or_path"]
-    dtype = resolve_dtype(cfg.dtype, "cpu")
-    target = load_target(verifier, dtype=dtype, attn_implementation="sdpa")
+    device = resolve_device(cfg.device)
+    dtype = resolve_dtype(cfg.dtype, device)
+    target = load_target(verifier, dtype=dtype, device=device, attn_implementation="sdpa")
     with tempfile.TemporaryDirectory(prefix="eyas-sc-") as tmp:
         if source is not None:
-            draft, _ = load_draft(source, dtype=dtype)
+            draft, _ = load_draft(source, dtype=dtype, device=device)
         else:  # no trained original: the export itself, as eyas reads it (checks eyas-vs-vLLM reading only)
-            draft, _ = load_draft(import_draft(cfg.draft, Path(tmp) / "native"), dtype=dtype)
+            draft, _ = load_draft(import_draft(cfg.draft, Path(tmp) / "native"), dtype=dtype, device=device)
             result["native_note"] = "no source draft: native τ uses the export re-imported by eyas"
         questions = [{**q, "turns": q["turns"][:1]} for q in load_bench(cfg.bench, cfg.categories, cfg.per_category)]
         t0 = time.perf_counter()
         # One Session gives both the token-id prompts (eyas eval's own chat-template path, so vLLM gets the
         # identical ids) and the target's greedy AR outputs that vLLM's outputs must reproduce.
-        session = Session(target, draft, questions, max_new_tokens=cfg.max_new_tokens, temperature=0.0)
+        session = Session(target, draft, questions, max_new_tokens=cfg.max_new_tokens, temperature=0.0,
+                          compile_graphs=False)
         keyed = [(key, prompt) for _, key, prompt in session.prompts()]
         prompts = [p for _, p in keyed]
         native = evaluate(target, draft, questions, chain=K, max_new_tokens=cfg.max_new_tokens, temperature=0.0,
@@ -156,6 +162,8 @@ def check(cfg: ServeCheckConfig) -> dict:
         payload = {"model": str(Path(cfg.draft).resolve()), "prompts": prompts, "max_tokens": cfg.max_new_tokens,
                    "dtype": TORCH_NAMES[cfg.dtype], "max_model_len": cfg.max_model_len, "seed": 0,
                    "speculative_config": {"num_speculative_tokens": K} if cfg.chain else None}
+        if cfg.gpu_memory_utilization is not None:
+            payload["gpu_memory_utilization"] = cfg.gpu_memory_utilization
         env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
         t0 = time.perf_counter()
         with vllm_lock():
