@@ -191,7 +191,7 @@ def _train_result(out: Path):
     from safetensors.torch import load_file
 
     from eyas.train.checkpoint import latest_checkpoint
-    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().split("\n") if x.strip()]
     log = [(m["split"], m["step"], m["loss"], m.get("acc")) for m in lines]
     ck = latest_checkpoint(out)
     return log, ck.name if ck else None, load_file(str(ck / "model.safetensors")) if ck else {}
@@ -234,7 +234,7 @@ def family_train(tally, w, store, work, kills, rng):
 
 
 def check_regenerated(out: Path, n_rows: int) -> tuple[str, str]:
-    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    rows = [json.loads(x) for x in out.read_text(encoding="utf-8").split("\n") if x.strip()]
     ids = [r["row"] for r in rows]
     if len(ids) != len(set(ids)):
         return "wrong", "a row was written twice"

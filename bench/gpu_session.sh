@@ -35,9 +35,9 @@ job() {  # job [-o SECS] NAME CMD...: run once (skipped if NAME.ok exists); -o: 
   [ -e "$RES/$name.ok" ] && return 0
   case " ${SKIP:-} " in *" $name "*) log "skip $name (SKIP)"; return 1 ;; esac
   if [ -n "$opt" ] && late "$opt"; then log "skip $name (past the deadline)"; echo "{\"job\": \"$name\", \"skipped\": true}" >> "$RES/times.jsonl"; return 1; fi
-  log "start $name"
+  log "start $name"; echo "$name" > "$W/lane${LANE:-x}.current"   # what `restart` waits for
   local t0; t0=$(date +%s.%N)
-  "$@" > "$RES/$name.log" 2>&1; local rc=$?
+  "$@" > "$RES/$name.log" 2>&1; local rc=$?; rm -f "$W/lane${LANE:-x}.current"
   local s; s=$(python3 -c "print(round($(date +%s.%N) - $t0, 1))")
   echo "{\"job\": \"$name\", \"seconds\": $s, \"rc\": $rc, \"gpu\": \"${CUDA_VISIBLE_DEVICES:-all}\"}" >> "$RES/times.jsonl"
   log "end $name rc=$rc ${s}s"; [ $rc = 0 ] && touch "$RES/$name.ok"
@@ -209,7 +209,7 @@ lane1() {  # ~25 min
 }
 
 lane() {  # lane N: from a snapshot of the code, so a later call's tree never changes a running job
-  local d="/tmp/eyas-snap/lane$1"; rm -rf "$d"; mkdir -p "$d"; cp -r "$ROOT/src" "$ROOT/bench" "$ROOT/tests" "$ROOT/pyproject.toml" "$d/"; cd "$d"
+  export LANE=$1; local d="/tmp/eyas-snap/lane$1"; rm -rf "$d"; mkdir -p "$d"; cp -r "$ROOT/src" "$ROOT/bench" "$ROOT/tests" "$ROOT/pyproject.toml" "$d/"; cd "$d"
   export PYTHONPATH="$d/src:/tmp/site" VLLM_HOST_IP=127.0.0.1 EYAS_VLLM_PYTHON=/tmp/vpy
   if [ "$G1" = 1 ]; then "lane$1"; else "lane$1_one"; fi
 }
@@ -256,9 +256,9 @@ case "${1:-}" in
   take) take_carried ;;   # a call that carries only .carry/draft or .carry/old, before `start`
   restart)  # restart lane N from the current tree (after a fix): its finished jobs are skipped; the running one is
             # waited for (up to 600 s) unless KILL=1; SKIP="job ..." leaves out jobs (e.g. one killed on purpose)
-    cur=$(grep -o "start [a-z0-9_]*" "$RES/lanes.log" | tail -1 | cut -d' ' -f2)
-    if [ -z "${KILL:-}" ] && [ -n "$cur" ] && [ ! -e "$RES/$cur.ok" ]; then
-      for _ in $(seq 600); do grep -q "end $cur " "$RES/lanes.log" && break; sleep 1; done
+    # this lane's running job (not another lane's: the last "start" in lanes.log may be any lane's)
+    if [ -z "${KILL:-}" ] && [ -e "$W/lane$2.current" ]; then
+      for _ in $(seq 600); do [ -e "$W/lane$2.current" ] || break; sleep 1; done
     fi
     sid=$(pgrep -f "[g]pu_session.sh lane $2" | head -1); [ -n "$sid" ] && pkill -9 -s "$sid"; sleep 1
     rm -f "$FL/lane$2_done"

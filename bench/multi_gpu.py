@@ -119,7 +119,7 @@ def train(a) -> dict:
 
 def compare(a) -> dict:
     def losses(run):
-        recs = [json.loads(x) for x in (Path(run) / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        recs = [json.loads(x) for x in (Path(run) / "metrics.jsonl").read_text().split("\n") if x.strip()]
         return {m["step"]: m["loss"] for m in recs if m.get("split") == "train" and "loss" in m}
     ref, res = losses(a.ref), losses(a.run_dir)
     steps = sorted(ref)

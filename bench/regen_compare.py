@@ -22,7 +22,7 @@ from eyas.target import load_target
 
 
 def rows(path):
-    return {r["row"]: r for r in map(json.loads, Path(path).read_text().splitlines())}
+    return {r["row"]: r for r in map(json.loads, filter(str.strip, Path(path).read_text(encoding="utf-8").split("\n")))}
 
 
 def answers(r):

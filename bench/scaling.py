@@ -123,7 +123,7 @@ def last_eval(run: Path) -> dict | None:
     m = run / "metrics.jsonl"
     if not m.is_file():
         return None
-    ev = [x for x in map(json.loads, m.read_text().splitlines()) if x.get("split") == "eval"]
+    ev = [x for x in map(json.loads, filter(str.strip, m.read_text().split("\n"))) if x.get("split") == "eval"]
     return ev[-1] if ev else None
 
 

@@ -222,7 +222,7 @@ def _failures(errors_file: Path) -> dict[str, int]:
     """Failed rows by reason (the text before the first ':'), from a regenerate errors file."""
     counts: dict[str, int] = {}
     if errors_file.is_file():
-        for line in errors_file.read_text().splitlines():
+        for line in filter(str.strip, errors_file.read_text(encoding="utf-8").split("\n")):
             reason = str(json.loads(line).get("error", "unknown")).split(":", 1)[0]
             counts[reason] = counts.get(reason, 0) + 1
     return counts

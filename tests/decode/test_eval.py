@@ -136,6 +136,12 @@ def test_load_bench(tmp_path):
         load_bench(bad)
     with pytest.raises(FileNotFoundError):
         load_bench(tmp_path / "none.jsonl")
+    # JSON leaves U+2028 / U+0085 raw inside strings; they must not split a row (str.splitlines would)
+    odd = tmp_path / "odd.jsonl"
+    turn = "line one\u2028line two\x85end"
+    odd.write_text(json.dumps({"question_id": 7, "category": "x", "turns": [turn]}, ensure_ascii=False) + "\r\n",
+                   encoding="utf-8")
+    assert load_bench(odd) == [{"question_id": 7, "category": "x", "turns": [turn]}]
 
 
 def test_tree_spec_parse():

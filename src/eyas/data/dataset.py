@@ -218,4 +218,4 @@ class PreparedDataset:
 
     def rejects(self) -> list[dict]:
         f = self.dir / REJECTS
-        return [json.loads(line) for line in f.read_text().splitlines() if line.strip()] if f.is_file() else []
+        return [json.loads(line) for line in f.read_text(encoding="utf-8").split("\n") if line.strip()] if f.is_file() else []

@@ -30,7 +30,8 @@ def load_bench(name_or_path: str | os.PathLike = SPEC_BENCH, categories: list[st
     if not path.is_file():
         raise FileNotFoundError(f"--bench {name_or_path}: no such file (use 'spec-bench' or a JSONL path)")
     rows = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
+    # split on "\n" only: str.splitlines() also splits inside strings at U+2028/U+0085, which JSON leaves raw
+    for i, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
         if not line.strip():
             continue
         try:

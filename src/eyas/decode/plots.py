@@ -83,7 +83,7 @@ def plot_learning_curve(metrics: str | Path, png: str | Path) -> Path | None:
     if not metrics.is_file():
         return None
     train, held_loss, held_tau = [], [], []
-    for line in metrics.read_text().splitlines():
+    for line in filter(str.strip, metrics.read_text(encoding="utf-8").split("\n")):
         m = json.loads(line)
         if "token_loss" not in m:
             continue

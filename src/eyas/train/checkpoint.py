@@ -118,7 +118,7 @@ def truncate_metrics(out: Path, step: int) -> None:
     if not path.is_file():
         return
     keep = []
-    for line in path.read_text(errors="replace").splitlines():
+    for line in path.read_text(encoding="utf-8", errors="replace").split("\n"):
         try:
             rec = json.loads(line)
         except ValueError:
