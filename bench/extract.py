@@ -136,6 +136,41 @@ def forward_capture(model, data, token_budget: int, device, dtype: str) -> float
     return sum(len(b) for b in batches) * data.ids.shape[1] / (time.perf_counter() - t0)
 
 
+KINDS = (("matmul", ("gemm", "nvjet", "cutlass", "sm90_xmma", "aten::mm", "aten::addmm")),
+         ("attention", ("flash", "fmha", "sdpa", "attention", "cudnn")))
+
+
+@torch.inference_mode()
+def forward_profile(model, data, token_budget: int, device) -> dict:
+    """Where one batch's forward time goes (torch.profiler): kernels grouped as matmul / attention / other,
+    and the top 12, so the gap between the forward and the matmul ceiling has names."""
+    from torch.profiler import ProfilerActivity, profile
+    layout = find_layout(model)
+    backbone = backbone_of(model, layout)
+    b = make_batches({i: data[i]["input_ids"].numel() for i in range(len(data))}, token_budget)[0]
+    ids = torch.stack([data[i]["input_ids"] for i in b]).to(device)
+    pos = torch.stack([data[i]["position_ids"] for i in b]).to(device)
+    backbone(input_ids=ids, position_ids=pos, use_cache=False)
+    sync(device)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        backbone(input_ids=ids, position_ids=pos, use_cache=False)
+        sync(device)
+    key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    rows = [(e.key, getattr(e, key, 0) / 1e3, e.count) for e in prof.key_averages() if getattr(e, key, 0) > 0]
+    # on CUDA only kernels carry device time; on CPU keep aten ops (the kernels' stand-ins)
+    rows = [r for r in rows if device.type == "cuda" or r[0].startswith("aten::")]
+    total = sum(ms for _, ms, _ in rows)
+    by_kind: dict[str, float] = {}
+    for name, ms, _ in rows:
+        kind = next((k for k, pats in KINDS if any(p in name.lower() for p in pats)), "other")
+        by_kind[kind] = by_kind.get(kind, 0.0) + ms
+    top = sorted(rows, key=lambda r: -r[1])[:12]
+    return {"tokens": ids.numel(), "kernel_ms": round(total, 3),
+            "by_kind_ms": {k: round(v, 3) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
+            "top": [{"name": n[:100], "ms": round(ms, 3), "calls": c} for n, ms, c in top]}
+
+
 @torch.inference_mode()
 def first_batch_states(model, data, token_budget: int, device, aux_ids) -> tuple[list[int], torch.Tensor, torch.Tensor]:
     layout = find_layout(model)
@@ -172,8 +207,8 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tiny", action="store_true", help="tiny shapes on CPU (smoke run)")
     ap.add_argument("--device", default=None)
-    ap.add_argument("--tokens", type=int, default=None, help="tokens to extract (default 65536 = 4 full batches, "
-                    "one compiled shape; tiny 4096)")
+    ap.add_argument("--tokens", type=int, default=None, help="tokens to extract (default 262144 = 16 full batches, "
+                    "one compiled shape, twice --max-pending so the writer reaches its steady state; tiny 4096)")
     ap.add_argument("--seq", type=int, default=None, help="row length (default 2048, tiny 128)")
     ap.add_argument("--token-budget", type=int, default=None, help="tokens per batch (default 16384, tiny 512)")
     ap.add_argument("--shard-mb", type=float, default=64.0, help="small shards keep the final (unoverlapped) write short")
@@ -183,13 +218,14 @@ def main(argv=None) -> dict:
                     "(auto: on for CUDA)")
     ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp8"])
     ap.add_argument("--store-dir", type=Path, default=None, help="where the stores go (default a temp dir)")
+    ap.add_argument("--no-profile", action="store_true", help="skip the profiler summary of one forward batch")
     ap.add_argument("--out", type=Path, default=None, help="JSON results file")
     a = ap.parse_args(argv)
 
     device = torch.device(a.device or ("cpu" if a.tiny or not torch.cuda.is_available() else "cuda"))
     shape = TINY if a.tiny else LLAMA_8B
     seq = a.seq or (128 if a.tiny else 2048)
-    tokens = a.tokens or (4096 if a.tiny else 65536)
+    tokens = a.tokens or (4096 if a.tiny else 262144)
     budget = a.token_budget or (512 if a.tiny else 16384)
     mm_n, mm_iters = (1024, 5) if device.type == "cpu" else (8192, 50)
 
@@ -223,13 +259,14 @@ def main(argv=None) -> dict:
                          "capture_vs_eager": compare(eager_ref, *first_batch_states(model, data, budget, device,
                                                                                     aux_ids)[1:])}
     print(f"[bench/extract] ceiling {ceiling:.0f} tok/s, forward {fwd:.0f} tok/s ({fwd / ceiling:.1%})", flush=True)
+    prof = None if a.no_profile else forward_profile(model, data, budget, device)
     result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (smoke run: numbers "
               "at tiny shapes on a shared CPU are noise, not a benchmark)",
               "torch": torch.__version__, "shape": shape, "seq": seq, "tokens": len(data) * seq,
               "token_budget": budget, "aux_layer_ids": aux_ids, "matmul_n": mm_n,
               "matmul_tflops": round(tflops, 2), "flops_per_token": fpt, "ceiling_tokens_per_s": round(ceiling, 1),
               "forward_tokens_per_s": round(fwd, 1), "forward_frac_of_ceiling": round(fwd / ceiling, 4),
-              "compiled": compiled_info, "writer_threads": a.writer_threads, "max_pending": a.max_pending,
+              "compiled": compiled_info, "forward_profile": prof, "writer_threads": a.writer_threads, "max_pending": a.max_pending,
               "stores": {}}
     root = a.store_dir or Path(tempfile.mkdtemp(prefix="eyas-bench-extract-"))
     dirs = {}
@@ -255,6 +292,15 @@ def main(argv=None) -> dict:
                 "tokens_per_s": s["tokens_per_s"], "frac_of_ceiling": round(s["tokens_per_s"] / ceiling, 4),
                 "frac_of_forward": round(s["tokens_per_s"] / fwd, 4), "seconds": s["seconds"],
                 "writer_stall_s": s["writer_stall_s"], "writer_busy_s": s["writer_busy_s"],
+                # steady state: every batch through forward, capture, copy and into the writer's queue, without
+                # the final flush (valid as a rate only when the writer never stalled the loop)
+                "loop_s": s["loop_s"], "flush_s": s["flush_s"],
+                "steady_tokens_per_s": round(s["tokens"] / s["loop_s"], 1) if s["loop_s"] else None,
+                "steady_frac_of_ceiling": round(s["tokens"] / s["loop_s"] / ceiling, 4) if s["loop_s"] else None,
+                # what the writer threads could sustain (their busy time is summed over threads): a long run goes
+                # at min(steady, this)
+                "writer_capacity_tokens_per_s": round(s["tokens"] * a.writer_threads / s["writer_busy_s"], 1)
+                if s["writer_busy_s"] else None,
                 "padding_fraction": s["padding_fraction"], "shards": s["shards"],
                 "disk_bytes_per_token": round(disk / s["tokens"], 1),
                 "formula_bytes_per_token": bytes_per_token(cfg.hidden_size, len(aux_ids), dtype),

@@ -121,11 +121,24 @@ lane1_one() {
   vllm_serve 0.3   # its tau and identity are not times: it shares the GPU with lane 2 (a 30 % memory share)
   flag lane1_done
 }
-lane2_one() {  # issue 13's data: the 9k ShareGPT rows answered by the target (resumable; what is done by the cap
-             # comes back in the watch calls as regen.gz.NN, for a later session to carry and train on)
+lane2_one() {  # issue 13's data. With regenerated rows carried (.carry/regen: regen.gz.NN from an earlier watch
+             # call): the run9k recipe on them, then its Spec-Bench tau (sharing the GPU: tau only, not speed) —
+             # regenerated vs raw data at the same steps. Without: regenerate the 9k ShareGPT rows (resumable,
+             # capped at REGEN_FULL_S; what is done comes back as regen.gz.NN for a later session).
   export CUDA_VISIBLE_DEVICES=0
-  job regen_full timeout "${REGEN_FULL_S:-300}" python3 -m eyas.cli regenerate --backend native --target $T --data $SG \
-    "${RFULL[@]}" --out $W/regen-full.jsonl --json
+  if ls /tmp/regen-parts/regen.gz.* > /dev/null 2>&1; then
+    [ -s $W/regen-full.jsonl ] || cat /tmp/regen-parts/regen.gz.* | gunzip > $W/regen-full.jsonl
+    touch $W/regen.sent   # it came from here: nothing to send back
+    job rdraft_prepare python3 -m eyas.cli prepare --target $T --data $W/regen-full.jsonl "${PREP_ROWS[@]}" \
+      --out $W/pregen --max-length 1024 --draft-vocab-size 16384 --workers 8 --overwrite --json
+    job rdraft_train python3 -m eyas.cli train --target $T --data $W/pregen --online --out $W/run-regen --ttt-steps 7 \
+      "${TRAIN_ARGS[@]}" --lr 1e-3 --no-init-head --seed 0
+    job rdraft_tau python3 bench/decode.py --target $T --draft $W/run-regen "${DEC1[@]}" --temperatures 0 \
+      --out "$RES/decode-regen-draft-tau.json"
+  else
+    job regen_full timeout "${REGEN_FULL_S:-300}" python3 -m eyas.cli regenerate --backend native --target $T \
+      --data $SG "${RFULL[@]}" --out $W/regen-full.jsonl --json
+  fi
   flag lane2_done
 }
 
@@ -242,6 +255,7 @@ PY
 take_carried() {  # what calls carry besides the parts: the previous decoder's source, a trained draft
   [ -d "$ROOT/.carry/old/src" ] && [ ! -d $OLD/src ] && cp -r "$ROOT/.carry/old" $OLD && echo "old decoder at $OLD"
   [ -d "$ROOT/.carry/draft" ] && [ ! -d /tmp/draft-parts ] && cp -r "$ROOT/.carry/draft" /tmp/draft-parts && echo "draft parts at /tmp/draft-parts"
+  [ -d "$ROOT/.carry/regen" ] && [ ! -d /tmp/regen-parts ] && cp -r "$ROOT/.carry/regen" /tmp/regen-parts && echo "regenerated rows at /tmp/regen-parts"
   return 0
 }
 

@@ -20,6 +20,7 @@ def test_bench_extract_tiny_cpu(tmp_path):
         # Disk cost = the formula plus the shard's header and small index tensors.
         assert s["formula_bytes_per_token"] <= s["disk_bytes_per_token"] < s["formula_bytes_per_token"] * 1.2
         assert s["tokens_per_s"] > 0
+        assert s["loop_s"] > 0 and s["flush_s"] >= 0 and s["steady_tokens_per_s"] >= s["tokens_per_s"]
     assert r["stores"]["fp8"]["disk_bytes_per_token"] < 0.6 * r["stores"]["bf16"]["disk_bytes_per_token"]
     assert 0 < r["fp8_vs_bf16"]["max_rel_err"] < 0.06
     # eager path (no --compile on CPU): the store holds exactly the states a plain captured forward gives

@@ -285,6 +285,7 @@ def _extract(job: StoreJob, model, layout, dataset, identity, token_budget, writ
             for j in group:
                 if j not in writer.skip:
                     writer.finish_shard(j)
+        t_loop = time.perf_counter() - t_start
     finally:
         writer.close()
         bar.close()
@@ -292,4 +293,7 @@ def _extract(job: StoreJob, model, layout, dataset, identity, token_budget, writ
     return job.finish({"rank": rank, "world": world, "dtype": dtype, "aux_layer_ids": aux_ids, "tokens": tokens,
                        "padding_fraction": round(1 - tokens / padded, 4) if padded else 0.0,
                        "seconds": round(elapsed, 3), "tokens_per_s": round(tokens / elapsed, 1) if elapsed else None,
-                       "writer_stall_s": round(writer.stall_s, 3), "writer_busy_s": round(writer.write_s, 3)})
+                       "writer_stall_s": round(writer.stall_s, 3), "writer_busy_s": round(writer.write_s, 3),
+                       # the loop (every batch handed to the writer) vs the one-off final flush of the last
+                       # batches: on a short run the flush is a large share, on a long one it vanishes
+                       "loop_s": round(t_loop, 3), "flush_s": round(elapsed - t_loop, 3)})
