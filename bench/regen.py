@@ -11,6 +11,13 @@ and for each differing row whether the first divergence is a tie — the two can
 more unpadded forward of the target in its own dtype) within 2 bf16 ulps of each other, where batch shape
 or kernel order alone can flip the argmax. `--sweep` times variants (batch, graph mode, SDPA backends, decode
 attention sdpa/flex) on the same prompts and says whether each gave the main run's answers. Writes JSON to --out.
+
+Every divergence also records the signed gap logit(HF token) - logit(native token) under the reference forward
+(> 0: the reference sides with HF), the reference's own argmax and which engine chose it. A divergence that is not
+a tie (up to `--attribute` rows) is then re-generated alone, batch 1 and no padding, by both engines: a batched
+answer that its own engine does not repeat alone, while the lone run takes the other engine's token, is that
+batched run's doing (`alone.side`); when both engines repeat themselves alone, the reference argmax decides
+(`alone.basis`). `match.unexplained_{hf,native}_side` / `unexplained_undecided` count the verdicts.
 """
 
 from __future__ import annotations
@@ -62,14 +69,106 @@ def hf_generate(model, prompts: list[list[int]], max_new: int, eos: list[int], p
     return res
 
 
+STOP = None  # token_at's answer where a sequence ended (EOS): a stop is a choice like any token
+
+
+def token_at(ans: list[int], k: int) -> int | None:
+    return ans[k] if k < len(ans) else STOP
+
+
+def first_diff(x: list[int], y: list[int]) -> int | None:
+    """The first position where two answers differ (one ending where the other goes on counts); None if equal."""
+    if x == y:
+        return None
+    return next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
+
+
 @torch.inference_mode()
-def tie_gap(model, prompt: list[int], common: list[int], a: int, b: int) -> tuple[float, float]:
-    """|logit(a) - logit(b)| at the divergence, and the tie threshold: TIE_ULPS ulps of the model dtype at the
-    larger logit (the rule `eyas eval` applies to its own divergences)."""
+def ref_logits(model, prompt: list[int], common: list[int]) -> torch.Tensor:
+    """fp32 logits of the next token after prompt + common: one unpadded forward, batch 1, no cache."""
     x = torch.tensor([prompt + common], device=model.device)
-    z = model(input_ids=x).logits[0, -1].float()
-    hi = max(abs(z[a].item()), abs(z[b].item()))
-    return abs(z[a].item() - z[b].item()), TIE_ULPS * ulp(hi, next(model.parameters()).dtype)
+    return model(input_ids=x).logits[0, -1].float()
+
+
+def divergence(be, row: int, prompt: list[int], hf: list[int], native: list[int]) -> dict:
+    """The first divergence of two answers under the reference forward of their common prefix: the signed gap
+    logit(hf token) - logit(native token), whether it is a tie, the reference argmax and who chose it (hf, native,
+    both at an exact tie, or neither)."""
+    k = first_diff(hf, native)
+    z = ref_logits(be.model, prompt, hf[:k])
+    # a side that stopped there emitted an EOS; greedy, so the one the model ranks highest
+    stop = max(be.eos, key=lambda e: z[e].item())
+    a, b = (stop if t is STOP else t for t in (token_at(hf, k), token_at(native, k)))
+    signed = z[a].item() - z[b].item()
+    thr = TIE_ULPS * ulp(max(abs(z[a].item()), abs(z[b].item())), next(be.model.parameters()).dtype)
+    # who picked the reference's top token (logits equal to the maximum count: exact bf16 ties are common)
+    hf_top, native_top = z[a] == z.max(), z[b] == z.max()
+    by = "both" if hf_top and native_top else "hf" if hf_top else "native" if native_top else "neither"
+    top = a if hf_top else b if native_top else int(z.argmax())
+
+    def tok(t):
+        return {"id": t, "text": be.tok.decode([t]), "logit": round(z[t].item(), 4), "rank": int((z > z[t]).sum())}
+
+    return {"row": row, "position": k, "gap": round(abs(signed), 4), "tie_threshold": round(thr, 4),
+            "tie": abs(signed) <= thr, "signed_gap": round(signed, 4), "hf_token": tok(a), "native_token": tok(b),
+            "ref_argmax": tok(top), "ref_argmax_by": by,
+            "context": be.tok.decode(hf[max(0, k - 12):k]), "hf_next": be.tok.decode(hf[k:k + 12]),
+            "native_next": be.tok.decode(native[k:k + 12])}
+
+
+def lone_choice(lone: list[int], common: list[int], a, b) -> str:
+    """What a lone run picks at the divergence (k = len(common)): the HF-batched token a ("hf"), the native one b
+    ("native"), a third ("other"), or nothing ("earlier": it left the common prefix before k)."""
+    if lone[:len(common)] != common:
+        return "earlier"
+    t = token_at(lone, len(common))
+    return "hf" if t == a else "native" if t == b else "other"
+
+
+def verdict(hf_alone: str, native_alone: str, ref_by: str) -> tuple[str, str | None]:
+    """(side, basis). An engine whose lone run takes the other engine's token did not repeat its own batched
+    answer: that batched run went wrong. When the lone runs settle nothing (each repeats itself, or both
+    flip), the unpadded reference forward's argmax decides; when it is a third token (or both), nobody is named."""
+    hf_off, native_off = hf_alone == "native", native_alone == "hf"
+    if hf_off != native_off:
+        return ("hf" if hf_off else "native"), "lone runs"
+    if ref_by in ("hf", "native"):
+        return ("native" if ref_by == "hf" else "hf"), "reference forward"
+    return "undecided", None
+
+
+CHOICE = {"hf": "takes HF-batched's token", "native": "takes native-batched's token", "other": "takes a third token"}
+
+
+def attribute(be, lone_gen, prompt: list[int], hf: list[int], native: list[int], d: dict, max_new: int,
+              hf_batch: int, static: bool) -> dict:
+    """Re-generate one row alone on both engines (batch 1, no padding, same max_new) and name the side whose
+    batched answer went wrong at divergence d."""
+    t0 = time.perf_counter()
+    k, common = d["position"], hf[:d["position"]]
+    a, b = token_at(hf, k), token_at(native, k)
+    runs = {"hf": hf_generate(be.model, [prompt], max_new, be.eos, be.pad, 1, static)[0],
+            "native": lone_gen.generate([prompt], max_new)[0][0]}
+    out, said = {}, []
+    for name, ans in runs.items():
+        r = {"equals": "hf_batched" if ans == hf else "native_batched" if ans == native else "neither",
+             "at_divergence": lone_choice(ans, common, a, b), "tokens": len(ans),
+             "first_diff_vs_hf_batched": first_diff(ans, hf), "first_diff_vs_native_batched": first_diff(ans, native)}
+        if r["at_divergence"] == "earlier":  # left the shared prefix first: at a tie, that is bf16 noise
+            e = divergence(be, d["row"], prompt, common, ans)
+            r.update(left_common_at=e["position"], left_common_at_tie=e["tie"])
+            said.append(f"lone {name} left the common prefix at {e['position']} ({'tie' if e['tie'] else 'no tie'})")
+        else:
+            said.append(f"lone {name} {CHOICE[r['at_divergence']]}"
+                        + (f" (equals the {r['equals'].replace('_', '-')} answer)" if r["equals"] != "neither" else ""))
+        out[name] = r
+    side, basis = verdict(out["hf"]["at_divergence"], out["native"]["at_divergence"], d["ref_argmax_by"])
+    why = {"lone runs": (f"HF batch-{hf_batch} (left-padded) diverged" if side == "hf" else
+                         "native continuous batch diverged"),
+           "reference forward": f"the lone runs do not decide; the reference argmax is {d['ref_argmax_by']}'s",
+           None: f"undecided; the reference argmax is {d['ref_argmax_by']}'s"}[basis]
+    line = f"{side} side: {why}: " + "; ".join(said) if side != "undecided" else f"{why}: " + "; ".join(said)
+    return {"side": side, "basis": basis, "verdict": line, **out, "seconds": round(time.perf_counter() - t0, 2)}
 
 
 def zero_stats(gen) -> None:
@@ -133,9 +232,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-prompt", type=int, default=768)
     ap.add_argument("--hf-sample", type=int, default=128)
     ap.add_argument("--hf-batch", type=int, default=64)
+    ap.add_argument("--attribute", type=int, default=8, metavar="N",
+                    help="re-generate up to N rows whose first divergence is not a tie alone (batch 1) on both "
+                         "engines, to name the side that went wrong")
     ap.add_argument("--graph", default="auto", choices=["auto", "cudagraph", "compile", "eager"])
     ap.add_argument("--device", default=None)
-    ap.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
+    ap.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args(argv)
 
@@ -163,20 +265,32 @@ def main(argv: list[str] | None = None) -> int:
     ref = hf_generate(be.model, prompts[:n], a.max_new, be.eos, be.pad, a.hf_batch, be.device.startswith("cuda"))
     hf_secs = time.perf_counter() - t2
     hf_tokens = sum(map(len, ref))
-    exact, ties, gaps = 0, 0, []
+    exact, gaps = 0, []
     for row, (p, r, (g, _)) in enumerate(zip(prompts[:n], ref, answers[:n])):
         if r == g:
             exact += 1
-            continue
-        k = next((i for i, (x, y) in enumerate(zip(r, g)) if x != y), min(len(r), len(g)))
-        if k >= min(len(r), len(g)):  # one stopped (EOS) where the other went on: EOS vs a token
-            a_tok, b_tok = (r + be.eos)[k], (g + be.eos)[k]
         else:
-            a_tok, b_tok = r[k], g[k]
-        gap, thr = tie_gap(be.model, p, r[:k], a_tok, b_tok)
-        ties += gap <= thr
-        gaps.append({"row": row, "position": k, "gap": round(gap, 4), "tie_threshold": round(thr, 4),
-                     "tie": gap <= thr})
+            gaps.append(divergence(be, row, p, r, g))
+    ties = sum(g["tie"] for g in gaps)
+    unexplained = [g for g in gaps if not g["tie"]]
+    t3 = time.perf_counter()
+    if unexplained and a.attribute > 0:  # the non-tie rows again, alone on both engines
+        lone_gen = Generator(be.model, batch_size=1, capacity=be.gen.L, eos=list(be.eos), pad=be.pad,
+                             graph=be.gen.mode)
+        for d in unexplained[:a.attribute]:
+            i = d["row"]
+            try:
+                chunk = min(a.hf_batch, n - i // a.hf_batch * a.hf_batch)  # the HF batch row i was answered in
+                d["alone"] = attribute(be, lone_gen, prompts[i], ref[i], answers[i][0], d, a.max_new, chunk,
+                                       be.device.startswith("cuda"))
+            except Exception as e:  # noqa: BLE001 - one failed lone run must not cost the benchmark's results
+                d["alone"] = {"side": "undecided", "basis": None, "verdict": f"error: {type(e).__name__}: {e}"[:300]}
+            print(f"row {i} at {d['position']} (signed gap {d['signed_gap']:+.3f}): {d['alone']['verdict']}",
+                  flush=True)
+        del lone_gen
+    sides = [d.get("alone", {}).get("side", "undecided") for d in unexplained]
+    print(f"{len(gaps)} differing, {ties} at a tie; not a tie: {sides.count('hf')} hf side, "
+          f"{sides.count('native')} native side, {sides.count('undecided')} undecided", flush=True)
     result = {
         "bench": "regen", "target": a.target, "device": be.device, "dtype": str(be.gen.dtype), "graph": be.gen.mode,
         "rows": len(prompts), "batch": a.batch, "max_new_tokens": a.max_new, "load_and_capture_s": round(t_load, 1),
@@ -190,6 +304,13 @@ def main(argv: list[str] | None = None) -> int:
                         "tok_per_s": round(hf_tokens / hf_secs, 1)},
         "match": {"rows": n, "exact": exact, "rate": round(exact / max(n, 1), 4), "differing": n - exact,
                   "differing_at_tie": int(ties),
+                  # non-tie divergences: whose batched answer went wrong (rows past --attribute: undecided)
+                  "unexplained": len(unexplained), "unexplained_examined": min(len(unexplained), max(a.attribute, 0)),
+                  "unexplained_hf_side": sides.count("hf"), "unexplained_native_side": sides.count("native"),
+                  "unexplained_undecided": sides.count("undecided"),
+                  "unexplained_by_reference": sum(d.get("alone", {}).get("basis") == "reference forward"
+                                                  for d in unexplained),
+                  "attribution_s": round(time.perf_counter() - t3, 1),
                   # every divergence not explained by a tie, then the first ties
                   "divergences": [g for g in gaps if not g["tie"]] + [g for g in gaps if g["tie"]][:32]},
         "speedup_vs_hf": round((st["generated"] / secs) / max(hf_tokens / hf_secs, 1e-9), 1),
