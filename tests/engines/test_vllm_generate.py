@@ -229,9 +229,10 @@ def _event(what, **kw):
 
 class LLM(_Serving):
     def __init__(self, model, **kw):
-        _event("init_start", model=model, util=kw["gpu_memory_utilization"])
-        time.sleep(_CFG["startup"].get(model, 0))
-        if model == _CFG.get("fail"):
+        name = os.path.basename(model)
+        _event("init_start", model=name, util=kw["gpu_memory_utilization"], kv=kw.get("kv_cache_memory_bytes"))
+        time.sleep(_CFG["startup"].get(name, 0))
+        if _CFG.get("fail") in (model, name):
             raise RuntimeError("CUDA out of memory (stand-in)")
         super().__init__(model, **kw)
         _event("init_end")
@@ -251,8 +252,20 @@ def timed_engine(tmp_path, monkeypatch, startup: dict, fail: str | None = None):
     return fake_vllm_python(tmp_path, FAKE_TIMED_VLLM)
 
 
+def model_dirs(root, chains) -> tuple[str, str]:
+    """A target dir and one export dir per K, each with just the config.json the driver sizes KV caches from."""
+    from tests.engines.test_vllm_speedup import DRAFT_CFG, TARGET_CFG
+
+    (root / "base").mkdir()
+    (root / "base" / "config.json").write_text(json.dumps(TARGET_CFG))
+    for k in chains:
+        (root / f"k{k}").mkdir()
+        (root / f"k{k}" / "config.json").write_text(json.dumps({"transformer_layer_config": DRAFT_CFG}))
+    return str(root / "base"), str(root / "k{k}")
+
+
 def engine_spans(events_file) -> dict:
-    """model -> {"util", "init": (start, end), "timed": (first generate start, last generate end)}."""
+    """model -> {"util", "kv", "init": (start, end), "timed": (first generate start, last generate end)}."""
     events = [json.loads(x) for x in events_file.read_text().splitlines()]
     model = {e["pid"]: e["model"] for e in events if e["what"] == "init_start"}
     spans = {}
@@ -262,7 +275,7 @@ def engine_spans(events_file) -> dict:
                    "gen_end": ("timed", 1)}[e["what"]]
         if s[kind][i] is None or i == 1:  # the first start, the last end
             s[kind][i] = e["t"]
-        s["util"] = e.get("util", s.get("util"))
+        s["util"], s["kv"] = e.get("util", s.get("util")), e.get("kv", s.get("kv"))
     return spans
 
 
@@ -278,11 +291,14 @@ def test_speedup_engines_share_a_gpu_start_together_and_time_alone(tmp_path, mon
     startup = {"base": 0.6, "k1": 0.1, "k2": 0.3, "k3": 0.2}
     py = timed_engine(tmp_path, monkeypatch, startup)
     seen = []
-    res = measure(py, "base", "k{k}", [[1, 2, 3], [4, 5], [6]], [1, 2, 3], [1, 2], 2, ["0"], tmp_path / "logs",
-                  engines_per_gpu=3, on_result=lambda name, doc: seen.append(name))
+    res = measure(py, *model_dirs(tmp_path, [1, 2, 3]), [[1, 2, 3], [4, 5], [6]], [1, 2, 3], [1, 2], 2, ["0"],
+                  tmp_path / "logs", engines_per_gpu=3, on_result=lambda name, doc: seen.append(name))
     assert sorted(seen) == ["base", "k1", "k2", "k3"] and not res["failed"]
     spans = engine_spans(tmp_path / "events.jsonl")
     assert sorted(spans) == sorted(startup) and all(s["util"] == pytest.approx(0.85 / 3) for s in spans.values())
+    # each engine got its explicit KV size (the draft's layer makes the K engines' larger), and the report says so
+    assert 0 < spans["base"]["kv"] < spans["k1"]["kv"] == spans["k3"]["kv"]
+    assert {n: d["kv_cache_memory_bytes"] for n, d in res["engines"].items()} == {n: s["kv"] for n, s in spans.items()}
     assert spans["k1"]["init"][1] > spans["base"]["init"][0]  # start-ups of a wave overlap (not one after another)
     for a in spans:
         for b in spans:
@@ -302,7 +318,7 @@ def test_speedup_engine_failing_at_start_does_not_hold_up_its_wave(tmp_path, mon
 
     py = timed_engine(tmp_path, monkeypatch, {"base": 0.3, "k1": 0.1}, fail="k2")
     t0 = time.monotonic()
-    res = measure(py, "base", "k{k}", [[1, 2, 3], [4, 5]], [1, 2], [1], 2, ["0"], tmp_path / "logs",
+    res = measure(py, *model_dirs(tmp_path, [1, 2]), [[1, 2, 3], [4, 5]], [1, 2], [1], 2, ["0"], tmp_path / "logs",
                   engines_per_gpu=3, barrier_timeout_s=120)
     assert time.monotonic() - t0 < 60  # far from the barrier's timeout
     assert list(res["failed"]) == ["k2"] and "CUDA out of memory (stand-in)" in res["failed"]["k2"]
