@@ -120,6 +120,45 @@ def test_vllm_backend_worker_crash_is_an_engine_error(tmp_path):
         VllmBackend("t", python=str(py), tokenizer=tok, log=tmp_path / "log")
 
 
+# Records what the generation worker builds its LLM with, then serves nothing.
+RECORDING_VLLM = """
+import json, os
+class SamplingParams:
+    pass
+class LLM:
+    def __init__(self, model, **kw):
+        json.dump({"model": model, **kw}, open(os.environ["FAKE_VLLM_KW"], "w"))
+"""
+
+
+def test_engine_max_seqs_flag_reaches_vllms_llm_only_when_given(target, tmp_path, monkeypatch):
+    """--engine-max-seqs -> RegenerateConfig -> the worker config the driver writes -> LLM(max_num_seqs=...);
+    unset, the worker passes nothing and vLLM keeps its own default (it depends on the GPU)."""
+    import argparse
+
+    from eyas.config import add_config_args, build_config
+    from eyas.data.regenerate import _vllm_backend
+    from eyas.engines.vllm_generate import worker_config
+
+    parser = argparse.ArgumentParser()
+    add_config_args(parser, RegenerateConfig)
+    py = fake_vllm_python(tmp_path, RECORDING_VLLM)
+    monkeypatch.setenv("FAKE_VLLM_KW", str(tmp_path / "kw.json"))
+    seen = []
+    for extra in (["--engine-max-seqs", "2048"], []):
+        args = ["--target", str(target), "--data", "x", "--out", str(tmp_path / "o.jsonl"), "--backend", "vllm",
+                "--python", str(py), *extra]
+        backend = _vllm_backend(build_config(RegenerateConfig, parser.parse_args(args)))
+        backend.close()
+        seen.append(json.loads((tmp_path / "kw.json").read_text()))
+    assert seen[0]["max_num_seqs"] == 2048 and "max_num_seqs" not in seen[1]
+    assert seen[0]["model"] == str(target) and seen[0]["tensor_parallel_size"] == 1
+    common = dict(dtype="bfloat16", max_model_len=4096, tensor_parallel_size=1, seed=0)
+    assert worker_config("t", **common, max_num_seqs=None) == {"model": "t", **common}
+    with pytest.raises(ValueError, match="engine_max_seqs"):
+        RegenerateConfig(target="t", data="x", out=tmp_path / "o", engine_max_seqs=0)
+
+
 def run(b, seconds, outputs, metrics=None):
     return {"batch_size": b, "seconds": seconds, "generated_tokens": sum(map(len, outputs)), "outputs": outputs,
             "metrics": metrics or {}}
