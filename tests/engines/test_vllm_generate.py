@@ -212,8 +212,13 @@ def test_regenerate_vllm_tp_refused_before_engine_starts(target, tmp_path):
 FAKE_SERVING_VLLM = """
 __version__ = "0.26.0"
 class SamplingParams:
-    def __init__(self, temperature=1.0, max_tokens=16, ignore_eos=False):
-        self.max_tokens = max_tokens
+    def __init__(self, temperature=1.0, max_tokens=16, ignore_eos=False, logprobs=None):
+        self.max_tokens, self.logprobs = max_tokens, logprobs
+class _LP:
+    def __init__(self, logprob, rank):
+        self.logprob, self.rank = logprob, rank
+def _top(t):  # vLLM's {id: Logprob} for one token: a runner-up tied with it, listed first, and a third
+    return {t + 100: _LP(-0.5, 2), t: _LP(-0.5, 1), t + 200: _LP(-2.0, 3)}
 class _M:
     def __init__(self, name, value):
         self.name, self.value = name, value
@@ -230,8 +235,9 @@ class LLM:
         self.llm_engine = type("E", (), {"vllm_config": _Cfg()})()
     def generate(self, prompts, params, use_tqdm=True):
         self.n += len(prompts)  # one draft per request, one accepted token at position 0
-        return [type("R", (), {"outputs": [type("O", (), {"token_ids": list(p["prompt_token_ids"][:params.max_tokens])})()]})()
-                for p in prompts]
+        out = [list(p["prompt_token_ids"][:params.max_tokens]) for p in prompts]
+        return [type("R", (), {"outputs": [type("O", (), {"token_ids": ids, "logprobs": [_top(t) for t in ids]
+                                                          if params.logprobs else None})()]})() for ids in out]
     def get_metrics(self):
         return [_M("vllm:spec_decode_num_drafts", self.n), _M("vllm:spec_decode_num_accepted_tokens", self.n),
                 _V("vllm:spec_decode_num_accepted_tokens_per_pos", [self.n, 0]), _M("vllm:other", 7)]
@@ -247,6 +253,10 @@ def test_serve_worker_serves_and_benches_with_counter_deltas(tmp_path):
     served = run_in_env(py, WORKER, req)  # serve-check's shape, unchanged
     assert served["outputs"] == [[1, 2], [4, 5], [6]] and served["metrics"]["vllm:spec_decode_num_drafts"] == 3
     assert "vllm:other" not in served["metrics"] and served["speculative_config"] is None
+    assert "logprobs" not in served  # only when asked
+    lps = run_in_env(py, WORKER, {**req, "logprobs": 2})["logprobs"]
+    # per prompt, per token, best first; on equal logprobs vLLM's own token (rank 1) leads
+    assert [len(x) for x in lps] == [2, 2, 1] and lps[1][0] == [[4, -0.5], [104, -0.5], [204, -2.0]]
     runs = run_in_env(py, WORKER, {**req, "batch_sizes": [1, 2], "measure_lock": str(tmp_path / "lock")})["runs"]
     assert [r["batch_size"] for r in runs] == [1, 2] and all(r["requests"] == 3 for r in runs)
     # deltas per run: the warm-up's 2 requests and the first run's 3 are not counted again
