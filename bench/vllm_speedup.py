@@ -5,7 +5,8 @@
 
 Prompts: the first turn of `--per-category` Spec-Bench questions per category, through the target's chat template.
 Each engine runs in vLLM's own environment (`--python`); see eyas.engines.vllm_speedup. `--engines-per-gpu N` starts
-up to N engines side by side on each GPU (each with its share of the memory; they still time one at a time).
+up to N engines side by side on each GPU (each with 0.85/N of its memory and an explicit KV cache sized for the
+largest batch, so vLLM's start-up profiling cannot see a neighbour's memory as its own; they still time one at a time).
 `--out` is rewritten after every engine with what is done so far ("complete": false; a failed engine under
 "failed"), so a sweep cut short still leaves its results; the last write says "complete": true.
 Exit status 1 when any engine failed.
@@ -43,7 +44,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--gpus", nargs="+", default=["0"])
     ap.add_argument("--engines-per-gpu", type=int, default=1,
-                    help="engines started side by side per GPU, each with 0.85/N of its memory (default 1)")
+                    help="engines started side by side per GPU, each with 0.85/N of its memory and an explicit "
+                         "KV cache from the target's config (default 1)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     tok = AutoTokenizer.from_pretrained(a.target)

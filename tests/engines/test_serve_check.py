@@ -176,3 +176,40 @@ def test_gpu_memory_share_reaches_the_engine_only_when_set(tmp_path, monkeypatch
             check(ServeCheckConfig(draft=export, per_category=1, categories=["writing"], max_new_tokens=4,
                                    gpu_memory_utilization=share))
     assert sent[0]["gpu_memory_utilization"] == 0.25 and "gpu_memory_utilization" not in sent[1]
+    assert sent[0]["logprobs"] == 2  # vLLM's own margins come back to judge divergences
+
+
+def test_divergence_is_a_cross_engine_near_tie_only_when_both_engines_margins_are_within_tolerance():
+    """fp32: eyas's gap 0.005 at logit 20 is far beyond 2 fp32 ulps (not a tie), but within NEAR_TIE_RTOL x 20 =
+    0.02; it is explained only if vLLM's own margin between the two tokens is within 0.02 as well."""
+    import types
+
+    from eyas.engines.serve_check import NEAR_TIE_RTOL, served_divergences
+
+    logits = torch.zeros(1, 1, 8)
+    logits[0, 0, 3], logits[0, 0, 5] = 20.0, 19.995   # the target prefers 3; vLLM served 5
+    model = lambda input_ids, use_cache: types.SimpleNamespace(logits=logits)  # noqa: E731
+    runner = types.SimpleNamespace(model=model, device="cpu", dtype=torch.float32)
+    greedy, served = [[7, 3, 1]], [[7, 5, 1]]
+
+    def classify(position):  # vLLM's top-2 at the divergence (token 1); positions 0 and 2 are not read
+        lp = [[[7, -0.1], [2, -3.0]], position, [[1, -0.2], [0, -2.0]]]
+        r = served_divergences(runner, [[1]], served, greedy, [lp])
+        return r["served_divergences"][0], r
+
+    assert NEAR_TIE_RTOL == 1e-3
+    d, r = classify([[5, -0.690], [3, -0.696]])        # vLLM: 5 ahead of 3 by 0.006 <= 0.02
+    assert d["tie"] is False and d["vllm_margin"] == pytest.approx(0.006) and d["gap"] == pytest.approx(0.005, abs=1e-5)
+    assert d["near_tie_tolerance"] == pytest.approx(0.02) and d["near_tie"] is True
+    assert r["served_unexplained_divergences"] == 0 and r["served_cross_engine_near_ties"] == 1
+    d, r = classify([[5, -0.2], [3, -0.7]])            # vLLM is sure of 5 (0.5): a real disagreement
+    assert d["near_tie"] is False and r["served_unexplained_divergences"] == 1
+    d, r = classify([[5, -0.2], [6, -0.21]])           # the target's token is not in vLLM's top-2: a lower bound only
+    assert d["vllm_margin"] is None and d["vllm_margin_at_least"] == pytest.approx(0.01) and d["near_tie"] is False
+    assert r["served_unexplained_divergences"] == 1
+    logits[0, 0, 5] = 19.9                             # eyas is sure of 3 (0.1 > 0.02) though vLLM is not
+    d, r = classify([[5, -0.690], [3, -0.696]])
+    assert d["near_tie"] is False and r["served_unexplained_divergences"] == 1
+    # without vLLM's logprobs (an older worker) nothing changes: no evidence, still unexplained
+    r = served_divergences(runner, [[1]], served, greedy)
+    assert r["served_divergences"][0]["near_tie"] is False and r["served_unexplained_divergences"] == 1

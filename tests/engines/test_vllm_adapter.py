@@ -53,7 +53,10 @@ def test_old_release_drift_is_caught_and_named():
                         "vllm.transformers_utils.configs.speculators.base.SpeculatorsConfig"
                         ".extract_vllm_speculative_config",
                         conn + "ExampleHiddenStatesConnector", conn + "PendingSave", conn + "extract_from_kv_cache",
-                        conn + "ExampleHiddenStatesConnector._submit_async_write"}
+                        conn + "ExampleHiddenStatesConnector._submit_async_write",
+                        "vllm.LLM.__init__", "vllm.engine.arg_utils.EngineArgs"}
+    # 0.10.1 had no explicit KV size (the speedup bench's side-by-side engines pass one)
+    assert "`kv_cache_memory_bytes`" in bad["vllm.LLM.__init__"] and "max_num_seqs" not in bad["vllm.LLM.__init__"]
     # 0.10.1 named update_eagle3's second parameter vllm_config; 0.32 renamed it pre_trained_config.
     assert "`vllm_config`" in bad[algos] and "pre_trained_config" in bad[algos]
     assert "extract_hidden_states" in bad["vllm.config.speculative.SpeculativeMethod"]

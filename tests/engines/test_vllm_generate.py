@@ -120,6 +120,45 @@ def test_vllm_backend_worker_crash_is_an_engine_error(tmp_path):
         VllmBackend("t", python=str(py), tokenizer=tok, log=tmp_path / "log")
 
 
+# Records what the generation worker builds its LLM with, then serves nothing.
+RECORDING_VLLM = """
+import json, os
+class SamplingParams:
+    pass
+class LLM:
+    def __init__(self, model, **kw):
+        json.dump({"model": model, **kw}, open(os.environ["FAKE_VLLM_KW"], "w"))
+"""
+
+
+def test_engine_max_seqs_flag_reaches_vllms_llm_only_when_given(target, tmp_path, monkeypatch):
+    """--engine-max-seqs -> RegenerateConfig -> the worker config the driver writes -> LLM(max_num_seqs=...);
+    unset, the worker passes nothing and vLLM keeps its own default (it depends on the GPU)."""
+    import argparse
+
+    from eyas.config import add_config_args, build_config
+    from eyas.data.regenerate import _vllm_backend
+    from eyas.engines.vllm_generate import worker_config
+
+    parser = argparse.ArgumentParser()
+    add_config_args(parser, RegenerateConfig)
+    py = fake_vllm_python(tmp_path, RECORDING_VLLM)
+    monkeypatch.setenv("FAKE_VLLM_KW", str(tmp_path / "kw.json"))
+    seen = []
+    for extra in (["--engine-max-seqs", "2048"], []):
+        args = ["--target", str(target), "--data", "x", "--out", str(tmp_path / "o.jsonl"), "--backend", "vllm",
+                "--python", str(py), *extra]
+        backend = _vllm_backend(build_config(RegenerateConfig, parser.parse_args(args)))
+        backend.close()
+        seen.append(json.loads((tmp_path / "kw.json").read_text()))
+    assert seen[0]["max_num_seqs"] == 2048 and "max_num_seqs" not in seen[1]
+    assert seen[0]["model"] == str(target) and seen[0]["tensor_parallel_size"] == 1
+    common = dict(dtype="bfloat16", max_model_len=4096, tensor_parallel_size=1, seed=0)
+    assert worker_config("t", **common, max_num_seqs=None) == {"model": "t", **common}
+    with pytest.raises(ValueError, match="engine_max_seqs"):
+        RegenerateConfig(target="t", data="x", out=tmp_path / "o", engine_max_seqs=0)
+
+
 def run(b, seconds, outputs, metrics=None):
     return {"batch_size": b, "seconds": seconds, "generated_tokens": sum(map(len, outputs)), "outputs": outputs,
             "metrics": metrics or {}}
@@ -173,8 +212,13 @@ def test_regenerate_vllm_tp_refused_before_engine_starts(target, tmp_path):
 FAKE_SERVING_VLLM = """
 __version__ = "0.26.0"
 class SamplingParams:
-    def __init__(self, temperature=1.0, max_tokens=16, ignore_eos=False):
-        self.max_tokens = max_tokens
+    def __init__(self, temperature=1.0, max_tokens=16, ignore_eos=False, logprobs=None):
+        self.max_tokens, self.logprobs = max_tokens, logprobs
+class _LP:
+    def __init__(self, logprob, rank):
+        self.logprob, self.rank = logprob, rank
+def _top(t):  # vLLM's {id: Logprob} for one token: a runner-up tied with it, listed first, and a third
+    return {t + 100: _LP(-0.5, 2), t: _LP(-0.5, 1), t + 200: _LP(-2.0, 3)}
 class _M:
     def __init__(self, name, value):
         self.name, self.value = name, value
@@ -191,8 +235,9 @@ class LLM:
         self.llm_engine = type("E", (), {"vllm_config": _Cfg()})()
     def generate(self, prompts, params, use_tqdm=True):
         self.n += len(prompts)  # one draft per request, one accepted token at position 0
-        return [type("R", (), {"outputs": [type("O", (), {"token_ids": list(p["prompt_token_ids"][:params.max_tokens])})()]})()
-                for p in prompts]
+        out = [list(p["prompt_token_ids"][:params.max_tokens]) for p in prompts]
+        return [type("R", (), {"outputs": [type("O", (), {"token_ids": ids, "logprobs": [_top(t) for t in ids]
+                                                          if params.logprobs else None})()]})() for ids in out]
     def get_metrics(self):
         return [_M("vllm:spec_decode_num_drafts", self.n), _M("vllm:spec_decode_num_accepted_tokens", self.n),
                 _V("vllm:spec_decode_num_accepted_tokens_per_pos", [self.n, 0]), _M("vllm:other", 7)]
@@ -208,6 +253,10 @@ def test_serve_worker_serves_and_benches_with_counter_deltas(tmp_path):
     served = run_in_env(py, WORKER, req)  # serve-check's shape, unchanged
     assert served["outputs"] == [[1, 2], [4, 5], [6]] and served["metrics"]["vllm:spec_decode_num_drafts"] == 3
     assert "vllm:other" not in served["metrics"] and served["speculative_config"] is None
+    assert "logprobs" not in served  # only when asked
+    lps = run_in_env(py, WORKER, {**req, "logprobs": 2})["logprobs"]
+    # per prompt, per token, best first; on equal logprobs vLLM's own token (rank 1) leads
+    assert [len(x) for x in lps] == [2, 2, 1] and lps[1][0] == [[4, -0.5], [104, -0.5], [204, -2.0]]
     runs = run_in_env(py, WORKER, {**req, "batch_sizes": [1, 2], "measure_lock": str(tmp_path / "lock")})["runs"]
     assert [r["batch_size"] for r in runs] == [1, 2] and all(r["requests"] == 3 for r in runs)
     # deltas per run: the warm-up's 2 requests and the first run's 3 are not counted again
@@ -229,9 +278,10 @@ def _event(what, **kw):
 
 class LLM(_Serving):
     def __init__(self, model, **kw):
-        _event("init_start", model=model, util=kw["gpu_memory_utilization"])
-        time.sleep(_CFG["startup"].get(model, 0))
-        if model == _CFG.get("fail"):
+        name = os.path.basename(model)
+        _event("init_start", model=name, util=kw["gpu_memory_utilization"], kv=kw.get("kv_cache_memory_bytes"))
+        time.sleep(_CFG["startup"].get(name, 0))
+        if _CFG.get("fail") in (model, name):
             raise RuntimeError("CUDA out of memory (stand-in)")
         super().__init__(model, **kw)
         _event("init_end")
@@ -251,8 +301,20 @@ def timed_engine(tmp_path, monkeypatch, startup: dict, fail: str | None = None):
     return fake_vllm_python(tmp_path, FAKE_TIMED_VLLM)
 
 
+def model_dirs(root, chains) -> tuple[str, str]:
+    """A target dir and one export dir per K, each with just the config.json the driver sizes KV caches from."""
+    from tests.engines.test_vllm_speedup import DRAFT_CFG, TARGET_CFG
+
+    (root / "base").mkdir()
+    (root / "base" / "config.json").write_text(json.dumps(TARGET_CFG))
+    for k in chains:
+        (root / f"k{k}").mkdir()
+        (root / f"k{k}" / "config.json").write_text(json.dumps({"transformer_layer_config": DRAFT_CFG}))
+    return str(root / "base"), str(root / "k{k}")
+
+
 def engine_spans(events_file) -> dict:
-    """model -> {"util", "init": (start, end), "timed": (first generate start, last generate end)}."""
+    """model -> {"util", "kv", "init": (start, end), "timed": (first generate start, last generate end)}."""
     events = [json.loads(x) for x in events_file.read_text().splitlines()]
     model = {e["pid"]: e["model"] for e in events if e["what"] == "init_start"}
     spans = {}
@@ -262,7 +324,7 @@ def engine_spans(events_file) -> dict:
                    "gen_end": ("timed", 1)}[e["what"]]
         if s[kind][i] is None or i == 1:  # the first start, the last end
             s[kind][i] = e["t"]
-        s["util"] = e.get("util", s.get("util"))
+        s["util"], s["kv"] = e.get("util", s.get("util")), e.get("kv", s.get("kv"))
     return spans
 
 
@@ -278,11 +340,14 @@ def test_speedup_engines_share_a_gpu_start_together_and_time_alone(tmp_path, mon
     startup = {"base": 0.6, "k1": 0.1, "k2": 0.3, "k3": 0.2}
     py = timed_engine(tmp_path, monkeypatch, startup)
     seen = []
-    res = measure(py, "base", "k{k}", [[1, 2, 3], [4, 5], [6]], [1, 2, 3], [1, 2], 2, ["0"], tmp_path / "logs",
-                  engines_per_gpu=3, on_result=lambda name, doc: seen.append(name))
+    res = measure(py, *model_dirs(tmp_path, [1, 2, 3]), [[1, 2, 3], [4, 5], [6]], [1, 2, 3], [1, 2], 2, ["0"],
+                  tmp_path / "logs", engines_per_gpu=3, on_result=lambda name, doc: seen.append(name))
     assert sorted(seen) == ["base", "k1", "k2", "k3"] and not res["failed"]
     spans = engine_spans(tmp_path / "events.jsonl")
     assert sorted(spans) == sorted(startup) and all(s["util"] == pytest.approx(0.85 / 3) for s in spans.values())
+    # each engine got its explicit KV size (the draft's layer makes the K engines' larger), and the report says so
+    assert 0 < spans["base"]["kv"] < spans["k1"]["kv"] == spans["k3"]["kv"]
+    assert {n: d["kv_cache_memory_bytes"] for n, d in res["engines"].items()} == {n: s["kv"] for n, s in spans.items()}
     assert spans["k1"]["init"][1] > spans["base"]["init"][0]  # start-ups of a wave overlap (not one after another)
     for a in spans:
         for b in spans:
@@ -302,7 +367,7 @@ def test_speedup_engine_failing_at_start_does_not_hold_up_its_wave(tmp_path, mon
 
     py = timed_engine(tmp_path, monkeypatch, {"base": 0.3, "k1": 0.1}, fail="k2")
     t0 = time.monotonic()
-    res = measure(py, "base", "k{k}", [[1, 2, 3], [4, 5]], [1, 2], [1], 2, ["0"], tmp_path / "logs",
+    res = measure(py, *model_dirs(tmp_path, [1, 2]), [[1, 2, 3], [4, 5]], [1, 2], [1], 2, ["0"], tmp_path / "logs",
                   engines_per_gpu=3, barrier_timeout_s=120)
     assert time.monotonic() - t0 < 60  # far from the barrier's timeout
     assert list(res["failed"]) == ["k2"] and "CUDA out of memory (stand-in)" in res["failed"]["k2"]

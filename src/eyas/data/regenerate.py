@@ -56,6 +56,9 @@ class RegenerateConfig(StageConfig):
     assistant_first: Literal["reject", "skip"] = Field("skip", description="rows opening with the assistant: reject, or skip those turns")
     python: str | None = Field(None, description="python of vLLM's environment (vllm; default: $EYAS_VLLM_PYTHON)")
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs per engine (vllm)")
+    engine_max_seqs: int | None = Field(None, ge=1, description="requests the engine runs at once, vLLM's max_num_seqs "
+                                        "(vllm; default: vLLM's own, 1024 on an H100/H200, 256 on smaller GPUs): "
+                                        "raise it when a wave holds more prompts and the model is small")
     cache_dir: Path | None = Field(None, description="cache for built-in targets/datasets")
     trust_remote_code: bool = Field(False, description="allow the target's own modelling code")
     json: bool = Field(False, description="print the summary as JSON")
@@ -178,7 +181,7 @@ def _vllm_backend(cfg: RegenerateConfig):
     return VllmBackend(cfg.target, python=cfg.python, dtype=TORCH_NAMES.get(cfg.dtype, "bfloat16"),  # vLLM spells them out; auto = bf16
                        max_new_tokens=cfg.max_new_tokens, max_prompt_tokens=cfg.max_prompt_tokens,
                        temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed,
-                       tensor_parallel_size=cfg.tensor_parallel_size,
+                       tensor_parallel_size=cfg.tensor_parallel_size, max_num_seqs=cfg.engine_max_seqs,
                        log=Path(cfg.out).with_name(Path(cfg.out).name + ".vllm.log"))
 
 

@@ -95,8 +95,9 @@ def logit_gap(runner: TargetRunner, prompt: list[int], ref: list[int], other: li
     gap = float(logits[ref[i]] - logits[other[i]])
     # "Lossless" in low precision: a divergence is explained iff the two tokens' logits tie within
     # TIE_ULPS units in the last place of the model dtype at their magnitude (bf16: 8 mantissa bits).
-    u = ulp(max(abs(float(logits[ref[i]])), abs(float(logits[other[i]]))), runner.dtype)
-    return {"index": i, "gap": gap, "ulp": u, "tie": abs(gap) <= TIE_ULPS * u}
+    m = max(abs(float(logits[ref[i]])), abs(float(logits[other[i]])))
+    u = ulp(m, runner.dtype)
+    return {"index": i, "gap": gap, "magnitude": m, "ulp": u, "tie": abs(gap) <= TIE_ULPS * u}
 
 
 def _summary(stats: GenStats, base: GenStats, identical: list[bool]) -> dict:

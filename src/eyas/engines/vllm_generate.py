@@ -24,13 +24,24 @@ WORKER = Path(__file__).with_name("vllm_generate_worker.py")
 PREFIX = "EYAS> "
 
 
+def worker_config(target: str, *, dtype: str, max_model_len: int, tensor_parallel_size: int, seed: int,
+                  max_num_seqs: int | None) -> dict:
+    """The engine settings `vllm_generate_worker.py` builds its LLM from. max_num_seqs only when set: vLLM's
+    default depends on the GPU (1024 on an H100/H200), and a wave larger than it queues behind it."""
+    cfg = {"model": str(target), "dtype": dtype, "max_model_len": max_model_len,
+           "tensor_parallel_size": tensor_parallel_size, "seed": seed}
+    if max_num_seqs is not None:
+        cfg["max_num_seqs"] = int(max_num_seqs)
+    return cfg
+
+
 class VllmBackend:
     """Same interface as `HFBackend.generate`: chat prompts -> [(text, finish) | GenerationError]."""
 
     def __init__(self, target: str, *, python: str | None = None, dtype: str = "bfloat16",
                  max_new_tokens: int = 512, max_prompt_tokens: int | None = None, temperature: float = 0.0,
                  top_p: float = 1.0, seed: int = 0, max_model_len: int = 4096, tensor_parallel_size: int = 1,
-                 log: Path | None = None, tokenizer=None):
+                 max_num_seqs: int | None = None, log: Path | None = None, tokenizer=None):
         if tokenizer is None:
             tokenizer = load_tokenizer(target)
         self.tok, self.name = tokenizer, target
@@ -60,8 +71,9 @@ class VllmBackend:
         python = engine_python(python, ENV_VAR, HOW_TO_CREATE)
         self._tmp = tempfile.TemporaryDirectory(prefix="eyas-vllm-gen-")
         cfg = Path(self._tmp.name) / "config.json"
-        cfg.write_text(json.dumps({"model": str(target), "dtype": dtype, "max_model_len": max_model_len,
-                                   "tensor_parallel_size": tensor_parallel_size, "seed": seed}))
+        cfg.write_text(json.dumps(worker_config(target, dtype=dtype, max_model_len=max_model_len,
+                                                tensor_parallel_size=tensor_parallel_size, seed=seed,
+                                                max_num_seqs=max_num_seqs)))
         self.log = Path(log) if log else Path(self._tmp.name) / "vllm.log"
         env = {**os.environ}
         env.pop("PYTHONPATH", None)  # the engine env must not see eyas's site-packages

@@ -2,7 +2,8 @@
 --backend vllm`, talking JSON lines over stdin/stdout.
 
     python vllm_generate_worker.py CONFIG.json
-CONFIG: {model, dtype, max_model_len, tensor_parallel_size, seed, enforce_eager}
+CONFIG: {model, dtype, max_model_len, tensor_parallel_size, seed, enforce_eager, max_num_seqs (optional: vLLM's
+default when absent)}
 Then one request per stdin line: {"prompts": [[token ids], ...], "max_tokens", "temperature", "top_p", "seed",
 "stop_token_ids"} and one reply per request on stdout, prefixed with `EYAS> ` (vLLM may print its own lines there
 too): {"outputs": [[generated token ids], ...], "seconds"}. eyas decodes the ids itself, exactly as it decodes the
@@ -22,10 +23,11 @@ def main(cfg_path: str) -> None:
     cfg = json.load(open(cfg_path))
     from vllm import LLM, SamplingParams
 
+    extra = {"max_num_seqs": int(cfg["max_num_seqs"])} if cfg.get("max_num_seqs") else {}
     llm = LLM(model=cfg["model"], dtype=cfg.get("dtype", "bfloat16"), seed=cfg.get("seed", 0),
               max_model_len=cfg.get("max_model_len", 4096), disable_log_stats=True,
               enforce_eager=cfg.get("enforce_eager", False),
-              tensor_parallel_size=cfg.get("tensor_parallel_size", 1))
+              tensor_parallel_size=cfg.get("tensor_parallel_size", 1), **extra)
     print("EYAS> " + json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         if not line.strip():

@@ -3,12 +3,15 @@
 One engine, greedy, with vLLM's own counters; used by serve-check and by the speedup bench.
 IN:  {"model": DIR, "speculative_config": {...} | null, "prompts": [[token ids], ...], "max_tokens": N,
       "dtype": "auto"|"float32"|..., "max_model_len": N, "seed": 0,
-      optional: "enforce_eager" (default true), "gpu_memory_utilization" (0.9),
+      optional: "enforce_eager" (default true), "gpu_memory_utilization" (0.9), "kv_cache_memory_bytes" (an
+                explicit KV cache: vLLM then skips its free-memory profiling; see vllm_speedup),
+                "logprobs": n (serve-check: vLLM's top-n logprobs of each generated token come back),
                 "batch_sizes": [1, 8, 32] (bench mode), "barrier": {...}, "measure_lock": PATH (both below)}
      With a speculators export as "model", vLLM reads the verifier and K from the export's config.json: the
      zero-flag path eyas promises (vLLM locks method, model and K; a num_speculative_tokens override is ignored).
 OUT (serve-check): {"vllm_version", "outputs": [[generated ids], ...], "metrics": {name: value | [values]},
-      "startup_s", "generate_s", "speculative_config"}
+      "startup_s", "generate_s", "speculative_config"}, and with "logprobs": "logprobs": per prompt, per generated
+      token, [[token id, logprob], ...] best first (vLLM's top-n, plus its own token should it not be among them)
 OUT (bench mode, "batch_sizes" given): {"vllm_version", "startup_s", "speculative_config", "wait_s", "measure_s",
       "runs": [{"batch_size", "seconds", "generated_tokens", "requests", "metrics" (deltas over this run), "outputs"}]}.
      `batch_size` b means b requests in flight at a time. Several engines may share a GPU (each its memory share,
@@ -77,6 +80,16 @@ def exclusive(lock_path):
         yield
 
 
+def top_logprobs(position) -> list:
+    """One generated token's {token id: Logprob} as [[id, logprob], ...], best first (on equal logprobs, by
+    vLLM's rank, so the token it picked comes first)."""
+    def key(item):
+        lp = item[1]
+        return -float(getattr(lp, "logprob", lp)), getattr(lp, "rank", None) or 1 << 30
+
+    return [[int(t), float(getattr(lp, "logprob", lp))] for t, lp in sorted((position or {}).items(), key=key)]
+
+
 def bench(llm, prompts, params, batch_sizes) -> list:
     from vllm import SamplingParams
 
@@ -104,12 +117,15 @@ def main(inp: str, out: str) -> None:
               max_model_len=req.get("max_model_len", 2048), disable_log_stats=False,
               enforce_eager=req.get("enforce_eager", True),
               gpu_memory_utilization=req.get("gpu_memory_utilization", 0.9))
+    if req.get("kv_cache_memory_bytes"):
+        kw["kv_cache_memory_bytes"] = int(req["kv_cache_memory_bytes"])
     if req.get("speculative_config"):
         kw["speculative_config"] = req["speculative_config"]
     t0 = time.perf_counter()
     llm = LLM(**kw)
     startup = time.perf_counter() - t0
-    params = SamplingParams(temperature=0.0, max_tokens=req["max_tokens"], ignore_eos=False)
+    extra = {"logprobs": int(req["logprobs"])} if req.get("logprobs") and not req.get("batch_sizes") else {}
+    params = SamplingParams(temperature=0.0, max_tokens=req["max_tokens"], ignore_eos=False, **extra)
     prompts = [{"prompt_token_ids": ids} for ids in req["prompts"]]
     spec = llm.llm_engine.vllm_config.speculative_config
     doc = {"vllm_version": vllm.__version__, "startup_s": startup,
@@ -129,6 +145,8 @@ def main(inp: str, out: str) -> None:
         results = llm.generate(prompts, params, use_tqdm=False)
         doc.update(generate_s=time.perf_counter() - t0, metrics=metrics(llm),
                    outputs=[list(r.outputs[0].token_ids) for r in results])
+        if extra:
+            doc["logprobs"] = [[top_logprobs(p) for p in (r.outputs[0].logprobs or [])] for r in results]
     json.dump(doc, open(out, "w"))
 
 

@@ -12,10 +12,23 @@ plain target at the same batch, vLLM's own τ and per-position acceptance, wheth
 target's, and each engine's seconds (start-up, waiting, timing, in all) plus the whole sweep's. `on_result` hears
 of each engine as it finishes, so a caller can keep what is done when the sweep is cut short; `report` summarises
 any subset (no base: tokens/s without speedups; a failed engine: listed under "failed").
+
+Engines side by side on one GPU get an explicit KV cache (`kv_cache_memory_bytes`, from `engine_memory`): the
+target's and the draft's K/V bytes per token x the largest batch x (max_model_len + slack), with a margin. vLLM's
+default sizing cannot be shared: it profiles free memory at start-up and takes `gpu_memory_utilization` x total
+minus what it measured in use, so a neighbour allocating during the profile leaves it nothing ("No available memory
+for the cache blocks", as K=5 did on an H200 with 0.26). In vLLM 0.26 `Worker.determine_available_memory`
+(v1/worker/gpu_worker.py) returns `kv_cache_memory_bytes` when set, before `memory_profiling`: the profile run
+still compiles but nothing is measured, and the "free memory rose during profiling" assert is skipped. One check
+still reads free memory: `request_memory` (v1/worker/utils.py, at `init_device`) refuses to start unless
+free >= gpu_memory_utilization x total. So each engine keeps its share 0.85/N there: it passes while every
+neighbour stays within its own share, which a fixed KV size (not "whatever was free") makes true.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import tempfile
 import threading
@@ -27,6 +40,74 @@ from typing import Callable
 from eyas.engines.base import run_in_env
 
 WORKER = Path(__file__).with_name("vllm_serve_worker.py")  # its bench mode (batch_sizes)
+
+
+# K/V element bytes of each dtype the payload may name (kv_cache_dtype "auto" = the model's dtype).
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+# Per sequence beyond max_model_len: rounding up to 16-token blocks, plus spec decode's lookahead slots (K each).
+SLACK_TOKENS = 64
+# vLLM rounds blocks down per layer group and keeps a few for itself; 10% keeps the largest batch from preempting.
+KV_MARGIN = 1.10
+
+
+def kv_bytes_per_token(config: dict, dtype: str) -> int:
+    """K and V of every attention layer of one HF config dict (its text part), for one token. Full attention is
+    assumed for every layer: sliding-window layers need less, so the estimate only errs on the safe side."""
+    c = config.get("text_config") or config
+    heads = int(c["num_attention_heads"])
+    kv_heads = int(c.get("num_key_value_heads") or heads)
+    head_dim = int(c.get("head_dim") or c["hidden_size"] // heads)
+    return int(c["num_hidden_layers"]) * 2 * kv_heads * head_dim * DTYPE_BYTES[dtype]
+
+
+def draft_layers(export_config: dict | None, target_config: dict) -> dict:
+    """The draft's attention as vLLM allocates it: the export's transformer_layer_config (one layer), else one
+    layer shaped like the target's (eyas's drafts copy the target's heads; only reached when the export is
+    unreadable, and then its engine fails anyway)."""
+    tlc = (export_config or {}).get("transformer_layer_config")
+    return tlc if tlc else {**(target_config.get("text_config") or target_config), "num_hidden_layers": 1}
+
+
+def engine_memory(engines_per_gpu: int, target_config: dict, draft_config: dict | None, batch: int,
+                  max_model_len: int, dtype: str) -> dict:
+    """The memory settings of one engine's payload: {} alone on its GPU (vLLM's own profiling is right there);
+    side by side, its share of the GPU (vLLM's start-up free-memory check) and an explicit KV cache for `batch`
+    full-length sequences of the target plus the draft's layer (`draft_config`, None for the plain target)."""
+    if engines_per_gpu <= 1:
+        return {}
+    per_token = kv_bytes_per_token(target_config, dtype)
+    if draft_config is not None:
+        per_token += kv_bytes_per_token(draft_config, dtype)
+    tokens = batch * (max_model_len + SLACK_TOKENS)
+    return {"gpu_memory_utilization": min(0.9, 0.85 / engines_per_gpu),
+            "kv_cache_memory_bytes": math.ceil(per_token * tokens * KV_MARGIN)}
+
+
+def read_config(model: str) -> dict | None:
+    """A model dir's config.json (an export's, or the target's); the target may also be a hub id or a built-in
+    name, read through transformers. None when there is none (an export that is missing)."""
+    path = Path(model) / "config.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    if Path(model).exists():
+        return None
+    from eyas.target.load import load_config
+
+    return load_config(model).to_dict()
+
+
+def plan_memory(jobs: list[tuple[str, str]], target: str, engines_per_gpu: int, batch: int, max_model_len: int,
+                dtype: str) -> dict[str, dict]:
+    """Each job's `engine_memory` (job "base" is the plain target; the others serve an export's draft too)."""
+    if engines_per_gpu <= 1:
+        return {name: {} for name, _ in jobs}
+    target_cfg = read_config(target)
+    if target_cfg is None:
+        raise FileNotFoundError(f"{target}: no config.json; {engines_per_gpu} engines per GPU need the target's "
+                                "config to size each one's KV cache")
+    return {name: engine_memory(engines_per_gpu, target_cfg,
+                                None if name == "base" else draft_layers(read_config(model), target_cfg),
+                                batch, max_model_len, dtype) for name, model in jobs}
 
 
 def spec_stats(metrics: dict) -> dict:
@@ -67,7 +148,8 @@ def summarize(base: dict | None, spec: dict[int, dict]) -> dict:
                               for b, r in sorted(best.items())}}
 
 
-PER_ENGINE = ("gpu", "startup_s", "wait_s", "measure_s", "wall_s", "barrier_timed_out")
+PER_ENGINE = ("gpu", "startup_s", "wait_s", "measure_s", "wall_s", "barrier_timed_out", "gpu_memory_utilization",
+              "kv_cache_memory_bytes")
 
 
 def report(done: dict[str, dict]) -> dict:
@@ -92,15 +174,15 @@ def measure(python: Path, target: str, export: str, prompts: list[list[int]], ch
     # each K is its own export: `export` may name them as a pattern, e.g. "/tmp/export-k{k}".
     jobs = [("base", target)] + [(f"k{k}", export.format(k=k)) for k in chains]
     log_dir.mkdir(parents=True, exist_ok=True)
-    n = max(1, engines_per_gpu)
-    # vLLM refuses to start unless free memory >= its share x total, so the shares of a wave must add up below 1.
-    share = {"gpu_memory_utilization": min(0.9, 0.85 / n)} if n > 1 else {}
+    n, dtype = max(1, engines_per_gpu), "bfloat16"
+    memory = plan_memory(jobs, target, n, max(batch_sizes), max_model_len, dtype)  # before any engine starts
     done, one_at_a_time, t_sweep = {}, threading.Lock(), time.perf_counter()
 
     def one(name: str, model: str, g: int, wave_dir: Path, count: int) -> None:
         payload = {"model": model, "speculative_config": None, "prompts": prompts, "max_tokens": max_tokens,
-                   "batch_sizes": batch_sizes, "dtype": "bfloat16", "max_model_len": max_model_len,
-                   "enforce_eager": False, "seed": 0, **share, "measure_lock": str(wave_dir.parent / f"gpu{g}.lock"),
+                   "batch_sizes": batch_sizes, "dtype": dtype, "max_model_len": max_model_len,
+                   "enforce_eager": False, "seed": 0, **memory[name],
+                   "measure_lock": str(wave_dir.parent / f"gpu{g}.lock"),
                    "barrier": {"dir": str(wave_dir), "name": name, "count": count, "timeout_s": barrier_timeout_s}}
         env = {"CUDA_VISIBLE_DEVICES": gpus[g], "VLLM_HOST_IP": os.environ.get("VLLM_HOST_IP", "127.0.0.1")}
         t0 = time.perf_counter()
@@ -109,7 +191,7 @@ def measure(python: Path, target: str, export: str, prompts: list[list[int]], ch
         except Exception as e:  # noqa: BLE001 - any failure is this engine's result, not the sweep's end
             (wave_dir / f"{name}.failed").touch()  # counts at the barrier: the rest of the wave need not wait for it
             doc = {"error": str(e) or repr(e)}
-        doc.update(gpu=gpus[g], wall_s=time.perf_counter() - t0)
+        doc.update(gpu=gpus[g], wall_s=time.perf_counter() - t0, **memory[name])  # what it was given
         with one_at_a_time:
             done[name] = doc
             if on_result:

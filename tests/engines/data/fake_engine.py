@@ -42,6 +42,7 @@ FILES: dict[str, str] = {
         "    stop_token_ids: list[int] | None = None\n"
         "    ignore_eos: bool = False\n"
         "    max_tokens: int | None = 16\n"
+        "    logprobs: int | None = None\n"
         "    extra_args: dict | None = None\n"),
     "vllm/engine/__init__.py": "",
     "vllm/engine/arg_utils.py": (
@@ -53,6 +54,8 @@ FILES: dict[str, str] = {
         "    seed: int = 0\n"
         "    max_model_len: int | None = None\n"
         "    gpu_memory_utilization: float = 0.9\n"
+        "    kv_cache_memory_bytes: int | None = None\n"
+        "    max_num_seqs: int | None = None\n"
         "    tensor_parallel_size: int = 1\n"
         "    enforce_eager: bool = False\n"
         "    disable_log_stats: bool = False\n"

@@ -1,0 +1,80 @@
+"""The speedup bench's engine payloads: engines sharing a GPU get an explicit KV cache each, sized from configs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import eyas.engines.vllm_speedup as vs
+
+# Llama-shaped: 4 layers x 2 KV heads x head_dim 8 (no head_dim key: hidden 32 / 4 heads) -> 256 bytes/token in bf16
+TARGET_CFG = {"model_type": "llama", "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "hidden_size": 32}
+# the export's transformer_layer_config: one layer, here with its own head_dim 16 -> 1 x 2 x 2 x 16 x 2 = 128 bytes
+DRAFT_CFG = {"model_type": "llama", "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "hidden_size": 32, "head_dim": 16}
+
+
+def test_kv_bytes_per_token_reads_the_text_config_and_head_dim():
+    assert vs.kv_bytes_per_token(TARGET_CFG, "bfloat16") == 4 * 2 * 2 * 8 * 2
+    assert vs.kv_bytes_per_token(DRAFT_CFG, "float32") == 1 * 2 * 2 * 16 * 4
+    # a multimodal config keeps its language model under text_config; MHA when num_key_value_heads is absent
+    mm = {"model_type": "llava", "text_config": {**TARGET_CFG, "num_key_value_heads": None}}
+    assert vs.kv_bytes_per_token(mm, "bfloat16") == 4 * 2 * 4 * 8 * 2
+
+
+def test_draft_layer_comes_from_the_export_else_one_target_layer():
+    assert vs.draft_layers({"transformer_layer_config": DRAFT_CFG}, TARGET_CFG) == DRAFT_CFG
+    assert vs.kv_bytes_per_token(vs.draft_layers(None, TARGET_CFG), "bfloat16") == 2 * 2 * 8 * 2
+
+
+def write_models(root, chains):
+    (root / "t").mkdir()
+    (root / "t" / "config.json").write_text(json.dumps(TARGET_CFG))
+    for k in chains:
+        (root / f"x{k}").mkdir()
+        (root / f"x{k}" / "config.json").write_text(json.dumps({"transformer_layer_config": DRAFT_CFG}))
+    return str(root / "t"), str(root / "x{k}")
+
+
+def payloads(tmp_path, monkeypatch, engines_per_gpu, **kw) -> dict:
+    """What `measure` hands each engine's worker (no engine runs)."""
+    sent = {}
+
+    def fake_worker(python, worker, payload, **_):
+        sent[payload["barrier"]["name"]] = payload
+        raise RuntimeError("no engine here")
+
+    monkeypatch.setattr(vs, "run_in_env", fake_worker)
+    target, export = write_models(tmp_path, [2, 5])
+    res = vs.measure("python", target, export, [[1, 2]], [2, 5], [1, 8, 32], 4, ["0"], tmp_path / "logs",
+                     max_model_len=128, engines_per_gpu=engines_per_gpu, **kw)
+    assert set(res["failed"]) == {"base", "k2", "k5"}
+    return sent
+
+
+def test_side_by_side_engines_get_their_own_kv_size(tmp_path, monkeypatch):
+    sent = payloads(tmp_path, monkeypatch, 3)
+    tokens = 32 * (128 + vs.SLACK_TOKENS)  # the largest batch, each sequence at full length plus slack
+    base, k2, k5 = (sent[n] for n in ("base", "k2", "k5"))
+    assert base["kv_cache_memory_bytes"] == pytest.approx(256 * tokens * 1.1, abs=1)
+    assert k2["kv_cache_memory_bytes"] == k5["kv_cache_memory_bytes"] == pytest.approx((256 + 128) * tokens * 1.1,
+                                                                                         abs=1)
+    assert all(isinstance(p["kv_cache_memory_bytes"], int) for p in sent.values())
+    # vLLM still wants this share free at start-up: three of them must fit on the GPU together
+    assert all(p["gpu_memory_utilization"] == pytest.approx(0.85 / 3) for p in sent.values())
+    assert base["dtype"] == "bfloat16" and base["max_model_len"] == 128
+
+
+def test_an_engine_alone_on_its_gpu_keeps_vllms_own_sizing(tmp_path, monkeypatch):
+    sent = payloads(tmp_path, monkeypatch, 1)
+    assert not any("kv_cache_memory_bytes" in p or "gpu_memory_utilization" in p for p in sent.values())
+
+
+def test_side_by_side_without_a_target_config_fails_before_any_engine(tmp_path, monkeypatch):
+    monkeypatch.setattr(vs, "run_in_env", lambda *a, **k: pytest.fail("an engine was started"))
+    (tmp_path / "t").mkdir()  # a target dir without config.json
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        vs.measure("python", str(tmp_path / "t"), str(tmp_path / "x{k}"), [[1]], [2], [1], 4, ["0"],
+                   tmp_path / "logs", engines_per_gpu=2)
