@@ -100,6 +100,26 @@ def test_incremental_with_cache_equals_full_forward():
     torch.testing.assert_close(torch.cat(outs, 1), full, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("kv_heads", [2, 1, 4])
+def test_static_cache_in_place_equals_full_forward(kv_heads):
+    """Decoding's path: k/v written into a static cache at explicit slots (out of order, stale junk in the
+    others), attention over the cache in place with GQA by grouped query heads."""
+    draft = random_draft(llama_config(num_key_value_heads=kv_heads)).eval()
+    ids, aux, pos = torch.randint(0, 80, (1, 9)), torch.randn(1, 9, 3, 32), torch.arange(9)[None]
+    full, _ = draft(ids, draft.combine(aux), pos)
+    S, slot = 16, torch.tensor([5, 0, 9, 2, 14, 7, 11, 3, 8])           # position t lives at slot[t]
+    cache = tuple(torch.randn(1, kv_heads, S, 8) for _ in range(2))
+    outs = []
+    for t0, t1 in ((0, 4), (4, 5), (5, 9)):                               # a prefill, one step, three at once
+        mask = torch.zeros(t1 - t0, S, dtype=torch.bool)
+        for i in range(t0, t1):
+            mask[i - t0, slot[:i + 1]] = True
+        o, _ = draft(ids[:, t0:t1], draft.combine(aux[:, t0:t1]), pos[:, t0:t1], mask=mask[None, None],
+                     past=cache, cache_slots=slot[t0:t1])
+        outs.append(o)
+    torch.testing.assert_close(torch.cat(outs, 1), full, rtol=1e-5, atol=1e-5)
+
+
 def test_state_dict_keys_are_the_vllm_names():
     keys = set(random_draft(llama_config()).state_dict())
     assert keys == {"embed_tokens.weight", "fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d",

@@ -92,11 +92,11 @@ class EagleProposer:
         see = cols[None, :] < ctx_len
         extra = torch.zeros(T, self.size, dtype=torch.bool, device=tokens.device)
         extra[:, self.scratch:] = anc
-        mask = torch.cat([see | extra, self_mask], dim=1)[None, None]
-        pre, (k, v) = self.draft(tokens[None], hidden[None].to(self.dtype), positions[None], mask=mask,
-                                 past=(self.kbuf, self.vbuf))
-        self.kbuf.index_copy_(2, write, k)
-        self.vbuf.index_copy_(2, write, v)
+        # The draft writes this call's k/v at `write` and attends over the cache in place (no copy of it);
+        # those slots are >= ctx_len and outside anc, so their columns are exactly self_mask's.
+        mask = (see | extra).index_copy(1, write, self_mask)[None, None]              # [1, 1, T, size]
+        pre, _ = self.draft(tokens[None], hidden[None].to(self.dtype), positions[None], mask=mask,
+                            past=(self.kbuf, self.vbuf), cache_slots=write)
         pre = pre[0].index_select(0, pick)
         logp = torch.log_softmax(self.draft.logits(pre).float(), dim=-1)
         top, ids = topk_rows(logp, self.spec.topk)                       # [R, k] over the draft vocab

@@ -137,7 +137,7 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(2 * H, self.nkv * d, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(self.nh * d, H, bias=False)
 
-    def forward(self, x, cos, sin, past: tuple[torch.Tensor, torch.Tensor] | None, mask):
+    def forward(self, x, cos, sin, past: tuple[torch.Tensor, torch.Tensor] | None, mask, slots=None):
         # x [B, T, 2H] -> q [B, nh, T, d], k/v [B, nkv, T, d]
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.nh, self.d).transpose(1, 2)
@@ -145,6 +145,11 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(B, T, self.nkv, self.d).transpose(1, 2)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         new = (k, v)
+        if slots is not None:  # past is a static cache [B, nkv, S, d]: write this call in place, attend over it
+            past[0].index_copy_(2, slots, k)
+            past[1].index_copy_(2, slots, v)
+            o = self._grouped_sdpa(q, past[0], past[1], mask)
+            return self.o_proj(o.transpose(1, 2).reshape(B, T, self.nh * self.d)), new
         if past is not None:  # keys/values of earlier positions or earlier TTT steps: [B, nkv, S, d]
             k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
         if BlockMask is not None and isinstance(mask, BlockMask):
@@ -155,6 +160,16 @@ class Attention(nn.Module):
                 k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.o_proj(o.transpose(1, 2).reshape(B, T, self.nh * self.d)), new
+
+    def _grouped_sdpa(self, q, k, v, mask):
+        # q [B, nh, T, d], k/v [B, nkv, S, d], mask bool [B|1, 1, T, S] -> [B, nh, T, d]. GQA without
+        # repeating K/V per query head (which copies the whole cache, x nh/nkv, on every call): the rep query
+        # heads of KV head g become rep*T query rows of one head; row r*T + t is query t of head g*rep + r.
+        B, _, T, d = q.shape
+        rep = self.nh // self.nkv
+        qg = q.reshape(B, self.nkv, rep * T, d)
+        mg = mask.repeat(1, 1, rep, 1) if rep > 1 else mask
+        return F.scaled_dot_product_attention(qg, k, v, attn_mask=mg).view(B, self.nh, T, d)
 
 
 class MLP(nn.Module):
@@ -182,7 +197,7 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(H, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, emb, hidden, cos, sin, past, mask):
+    def forward(self, emb, hidden, cos, sin, past, mask, slots=None):
         # emb, hidden [B, T, H] -> pre-norm output [B, T, H], this call's (k, v)
         e = self.input_layernorm(emb)
         if self.norm_before_residual:
@@ -191,7 +206,7 @@ class DecoderLayer(nn.Module):
         else:
             res = hidden
             h = self.hidden_norm(hidden)
-        a, kv = self.self_attn(torch.cat([e, h], dim=-1), cos, sin, past, mask)
+        a, kv = self.self_attn(torch.cat([e, h], dim=-1), cos, sin, past, mask, slots)
         res = a + res
         return self.mlp(self.post_attention_layernorm(res)) + res, kv
 
@@ -230,12 +245,15 @@ class Eagle3Draft(nn.Module):
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
     def forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
-                mask=None, past: tuple[torch.Tensor, torch.Tensor] | None = None):
+                mask=None, past: tuple[torch.Tensor, torch.Tensor] | None = None,
+                cache_slots: torch.Tensor | None = None):
         """One draft step over T positions.
 
         input_ids [B, T] target-vocab ids; hidden [B, T, H] (combine(aux) at step 0, else the previous
         step's pre-norm output); position_ids [B, T]; mask: bool [B|1, 1, T, S+T] (True = attend) or a
         FlexAttention BlockMask, or None for plain causal without `past`; past: (k, v) [B, nkv, S, d].
+        cache_slots [T] (decoding): `past` is a static cache; this step's k/v are written into it at these
+        slots and attention runs over the cache alone, mask bool [B|1, 1, T, S] (a row sees its own slot).
         Returns pre-norm hidden [B, T, H] and this step's (k, v) for the caller's cache.
         """
         emb = self.embed_tokens(input_ids).to(hidden.dtype)
@@ -243,7 +261,7 @@ class Eagle3Draft(nn.Module):
         if mask is None and past is None:
             T = input_ids.shape[1]
             mask = torch.ones(T, T, dtype=torch.bool, device=input_ids.device).tril()[None, None]
-        pre, kv = self.layers[0](emb, hidden, cos, sin, past, mask)
+        pre, kv = self.layers[0](emb, hidden, cos, sin, past, mask, cache_slots)
         return pre, kv
 
     def logits(self, pre: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,170 @@
+"""One draft level as the proposer now runs it (this call's k/v written into the static cache, attention
+over the cache in place, GQA by grouping query heads) equals the level it replaced (attention over
+cat(cache, this call's k/v) with K/V repeated per query head), which copied the whole cache, x nh/nkv,
+on every level. fp32 on CPU: grouping the heads is bit-identical; attending in place moves this call's
+keys to their slots, so the softmax sums run in another order (a few ulps); KV writes are bit-identical."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import random_draft, tiny_llama
+
+import eyas.decode.proposer as proposer_module
+from eyas.decode.proposer import EagleProposer
+from eyas.decode.topk import topk_rows
+from eyas.decode.tree import TreeSpec
+from eyas.draft.model import Attention, Eagle3Draft, draft_config_from_target
+
+
+def old_step(self, tokens, hidden, positions, write, ctx_len, anc, self_mask, pick):
+    """EagleProposer._step before the in-place cache (commit bbc08b6), verbatim."""
+    T = tokens.shape[0]
+    cols = torch.arange(self.size, device=tokens.device)
+    see = cols[None, :] < ctx_len
+    extra = torch.zeros(T, self.size, dtype=torch.bool, device=tokens.device)
+    extra[:, self.scratch:] = anc
+    mask = torch.cat([see | extra, self_mask], dim=1)[None, None]
+    pre, (k, v) = self.draft(tokens[None], hidden[None].to(self.dtype), positions[None], mask=mask,
+                             past=(self.kbuf, self.vbuf))
+    self.kbuf.index_copy_(2, write, k)
+    self.vbuf.index_copy_(2, write, v)
+    pre = pre[0].index_select(0, pick)
+    logp = torch.log_softmax(self.draft.logits(pre).float(), dim=-1)
+    top, ids = topk_rows(logp, self.spec.topk)
+    return pre, top, self.draft.to_target_ids(ids)
+
+
+def gqa_draft(heads=8, kv_heads=2):
+    """A draft with nh/nkv = 4 (Llama-3.1-8B's ratio); conftest's tiny drafts have 2."""
+    from transformers import LlamaConfig
+    torch.manual_seed(5)
+    tcfg = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                       num_attention_heads=heads, num_key_value_heads=kv_heads)
+    d = Eagle3Draft(draft_config_from_target(tcfg, aux_layer_ids=[1, 2, 3]))
+    with torch.no_grad():
+        for p in d.parameters():
+            p.normal_(0.0, 0.3)
+    return d.eval()
+
+
+def drafts():
+    return {"rep2": random_draft(tiny_llama(), scale=3.0)[0], "rep4": gqa_draft()}
+
+
+def level_args(prop, k, lvl, g):
+    """Level `lvl` (1-based) of a tree round: k rows at their scratch slots, seeing random earlier-level slots."""
+    H = prop.draft.config.hidden_size
+    anc = torch.zeros(k, prop.S, dtype=torch.bool)
+    anc[:, :(lvl - 1) * k] = torch.rand(k, (lvl - 1) * k, generator=g) < 0.4
+    return dict(tokens=torch.randint(0, 96, (k,), generator=g), hidden=torch.randn(k, H, generator=g),
+                positions=torch.full((k,), 30 + lvl), write=prop.scratch + (lvl - 1) * k + torch.arange(k),
+                ctx_len=torch.tensor(30), anc=anc, self_mask=torch.eye(k, dtype=torch.bool), pick=torch.arange(k))
+
+
+def catchup_args(prop, m, g):
+    """The catch-up's rows: m real rows at start.., pads at junk slots (as _catchup builds them)."""
+    rows, H, start = prop.pad, prop.draft.config.hidden_size, 27
+    ar = torch.arange(rows)
+    real = ar < m
+    self_mask = ((ar[:, None] >= ar[None, :]) & real[None, :]) | torch.eye(rows, dtype=torch.bool)
+    return dict(tokens=torch.randint(0, 96, (rows,), generator=g), hidden=torch.randn(rows, H, generator=g),
+                positions=start + ar, write=torch.where(real, start + ar, prop.junk + ar), ctx_len=torch.tensor(start),
+                anc=torch.zeros(rows, prop.S, dtype=torch.bool), self_mask=self_mask, pick=torch.tensor([m - 1]))
+
+
+@pytest.mark.parametrize("name", ["rep2", "rep4"])
+@pytest.mark.parametrize("case", ["level1", "level3", "catchup"])
+def test_level_in_place_equals_concatenated_cache(name, case):
+    draft = drafts()[name]
+    k = 4
+    prop = EagleProposer(draft, TreeSpec(total=20, depth=5, topk=k), 48)
+    g = torch.Generator().manual_seed(11)
+    prop.kbuf.copy_(torch.randn(prop.kbuf.shape, generator=g))  # stale junk everywhere: masks must hide it
+    prop.vbuf.copy_(torch.randn(prop.vbuf.shape, generator=g))
+    args = catchup_args(prop, 3, g) if case == "catchup" else level_args(prop, k, int(case[-1]), g)
+    kv0 = prop.kbuf.clone(), prop.vbuf.clone()
+    with torch.no_grad():
+        ref = old_step(prop, **args)
+        ref_kv = prop.kbuf.clone(), prop.vbuf.clone()
+        prop.kbuf.copy_(kv0[0])
+        prop.vbuf.copy_(kv0[1])
+        got = prop._step(**args)
+    assert torch.equal(prop.kbuf, ref_kv[0]) and torch.equal(prop.vbuf, ref_kv[1])
+    for a, b in zip(got[:2], ref[:2]):  # pre, top-k log-probs: fp32 summation order only (a few ulps of the scale)
+        torch.testing.assert_close(a, b, rtol=0, atol=2e-6 * float(b.abs().max()))
+    assert torch.equal(got[2], ref[2])                                   # top-k token ids
+
+
+@pytest.mark.parametrize("name", ["rep2", "rep4"])
+def test_grouped_query_attention_is_bit_identical_to_repeated_kv(name):
+    at = drafts()[name].layers[0].self_attn
+    g = torch.Generator().manual_seed(2)
+    B, T, S = 2, 5, 37
+    q = torch.randn(B, T, at.nh, at.d, generator=g).transpose(1, 2)      # strided, as the projections give it
+    k, v = (torch.randn(B, at.nkv, S, at.d, generator=g) for _ in range(2))
+    mask = torch.rand(B, 1, T, S, generator=g) < 0.6
+    mask[..., 0] = True
+    rep = at.nh // at.nkv
+    ref = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), attn_mask=mask)
+    assert torch.equal(Attention._grouped_sdpa(at, q, k, v, mask), ref)
+
+
+def test_tree_round_equals_concatenated_cache(monkeypatch):
+    """A whole round (catch-up, then every level of the tree) with the old and the new level: same trees."""
+    draft = drafts()["rep4"]
+    spec = TreeSpec(total=20, depth=5, topk=4)
+    aux = torch.randn(12, 3, 64, generator=torch.Generator().manual_seed(4))
+    seq = list(range(10, 23))
+    out = []
+    for step in (old_step, EagleProposer._step):
+        monkeypatch.setattr(proposer_module.EagleProposer, "_step", step)
+        prop = EagleProposer(draft, spec, 48)
+        with torch.no_grad():
+            prop.observe(seq, aux[:9], 0)
+            prop.observe(seq, aux[9:12], 9)  # a round's catch-up (padded to the static shape)
+            t = prop.propose()
+        out.append(t)
+    assert out[0].tokens == out[1].tokens and out[0].parents == out[1].parents
+    torch.testing.assert_close(out[0].scores, out[1].scores, rtol=0, atol=2e-6 * max(map(abs, out[0].scores)))
+
+
+def test_decode_costs_times_each_setting_at_its_width(tmp_path):
+    """bench/decode_costs.py (CPU, tiny): a chain's level at width 1, a tree's at its topk, each setting's
+    whole draft round, and predictions from both."""
+    import importlib.util
+    import json
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location("decode_costs", Path(__file__).parents[2] / "bench" / "decode_costs.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "costs.json"
+    assert mod.main(["--shape", "tiny", "--device", "cpu", "--iters", "1", "--context", "24", "--capacity", "160",
+                     "--widths", "4", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert set(doc["draft_level_s"]) == {"1", "10"} and doc["draft_vocab"] == 512
+    assert set(doc["draft_round_s"]) == set(mod.DEFAULT_PROFILES) == {p["setting"] for p in doc["predictions"]}
+    for p in doc["predictions"]:
+        assert p["round_measured_draft_s"] > 0 and p["efficiency_measured_draft"] > 0
+
+
+@pytest.mark.parametrize("width", [1, 10])
+def test_level_ledger_reads_each_weight_once_and_no_cache_copy(width):
+    """bench/draft_level_ops.py: the level's matmuls read the layer and lm_head weights (bf16) once, and
+    nothing else moves more than the KV cache itself (no per-head copy of it)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+    bench = Path(__file__).parents[2] / "bench"
+    sys.path.insert(0, str(bench))
+    spec = importlib.util.spec_from_file_location("draft_level_ops", bench / "draft_level_ops.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows, prop = mod.level_ledger("llama-3.1-8b", width, 32000, 1024, 512)   # fake tensors: no memory
+    c = prop.draft.config
+    H, I, Vd = c.hidden_size, c.intermediate_size, c.draft_vocab_size
+    weights = 2 * (2 * H * (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
+                   + c.num_attention_heads * c.head_dim * H + 3 * H * I + Vd * H)
+    mm = sum(b for name, _, b, _ in rows if name == "mm")
+    assert weights <= mm <= 1.05 * weights                      # + the (small) activations
+    cache = prop.kbuf.numel() * prop.kbuf.element_size() * 2
+    assert max(b for name, _, b, _ in rows if name != "mm") <= 1.1 * cache
