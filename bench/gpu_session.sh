@@ -95,7 +95,7 @@ lane0_one() {
   [ -x /tmp/vpy ] && job -o 150 vllm_regen_hf env GPU=0 RES="$RES" REGEN_ROWS=${REGEN_ROWS:-48} bash bench/gpu_vllm.sh regen_hf
   await lane1_done lane2_done; log "untimed work over: timed jobs alone from here"
   # the 8B step costs with compiled inner steps (the decoder's real path; the eager draft level was 0.76 ms)
-  job -o 90 costs8b_compiled python3 bench/decode_costs.py "${COSTS[@]}" --inner compiled \
+  job -o 240 costs8b_compiled python3 bench/decode_costs.py "${COSTS[@]}" --inner compiled \
     --accept-from "$ACCEPT" --out "$RES/decode-costs-8b-compiled.json"
   # 2k-token rows, 8 per step: the MFU at a realistic step size (16k tokens per step met the goal, 2k x 1 did not)
   job -o 150 train8b_b8 python3 bench/train.py "${B8[@]}" --batch "${TRAIN_B8:-8}" --variants plain,fused --no-profile \
