@@ -193,8 +193,29 @@ def run(a) -> dict:
               f"efficiency {speedup / tau:.2f}" + (f"  (measured draft round: {pred['speedup_measured_draft']:.2f}x, "
                                                    f"efficiency {pred['efficiency_measured_draft']:.2f})"
                                                    if "round_measured_draft_s" in pred else ""), flush=True)
+    res["shallower_trees"] = shallower(profiles(a.accept_from), specs, costs)
     res["seconds"] = time.perf_counter() - t0
     return res
+
+
+def shallower(profs: dict[str, list[float]], specs: dict[str, TreeSpec], costs: Costs) -> list[dict]:
+    """Each recorded tree cut to depth d < its own: its first d acceptance positions are exactly what the cut
+    tree accepts when it keeps the same nodes, and a lower bound when the freed node budget widens the shallow
+    levels — so these speedups are lower bounds too. At a large target every level costs a weight read, and the
+    deep levels' acceptance (here a few %) no longer pays for them."""
+    out = []
+    for label, acc in profs.items():
+        s = specs[label]
+        for d in range(2, s.depth):
+            cut = TreeSpec(total=min(s.total, s.topk + (d - 1) * s.topk ** 2), depth=d, topk=s.topk)
+            tau = 1.0 + sum(acc[:d])
+            t_round = costs.round_time(cut)
+            speedup = tau * costs.ar_step / t_round
+            out.append({"from": label, "depth": d, "tau_lower_bound": tau, "round_s": t_round,
+                        "speedup_lower_bound": speedup, "efficiency": speedup / tau})
+            print(f"  {label} cut to depth {d}: tau >= {tau:.2f}  round {t_round * 1e3:.2f} ms  "
+                  f"speedup >= {speedup:.2f}x  efficiency {speedup / tau:.2f}", flush=True)
+    return out
 
 
 def main(argv=None) -> int:

@@ -145,6 +145,14 @@ def test_decode_costs_times_each_setting_at_its_width(tmp_path):
     assert set(doc["draft_round_s"]) == set(mod.DEFAULT_PROFILES) == {p["setting"] for p in doc["predictions"]}
     for p in doc["predictions"]:
         assert p["round_measured_draft_s"] > 0 and p["efficiency_measured_draft"] > 0
+    # every recorded tree cut to each shallower depth: the first d acceptance positions, fewer levels priced
+    cuts = {(c["from"], c["depth"]): c for c in doc["shallower_trees"]}
+    tree = "tree(total=60,depth=7,topk=10)"
+    assert sorted(d for f, d in cuts if f == tree) == [2, 3, 4, 5, 6] and sorted(d for f, d in cuts if f == "chain-3") == [2]
+    acc = mod.DEFAULT_PROFILES[tree]
+    assert cuts[(tree, 3)]["tau_lower_bound"] == pytest.approx(1 + sum(acc[:3]))
+    assert cuts[(tree, 2)]["round_s"] < cuts[(tree, 6)]["round_s"] < next(
+        p["round_s"] for p in doc["predictions"] if p["setting"] == tree)
 
 
 @pytest.mark.parametrize("width", [1, 10])
