@@ -57,10 +57,10 @@ class DemoConfig(StageConfig):
     regen_backend: Literal["hf", "native"] = Field("hf", description="regenerate backend (gpu profile: native)")
 
 
-# The gpu profile: sizes for about 10 minutes on one H200 (regenerate ~2 min at >=30k tok/s, train ~5 min),
+# The gpu profile: sizes for about 10 minutes on one H200 (regenerate ~2 min: 35k tok/s at batch 512, train ~5 min),
 # aiming at tree tau >= 3 (BENCHMARKS.md, issue #13). Only fields the user did not set are replaced.
 GPU_PROFILE: dict[str, Any] = {
-    "max_samples": 4000, "regen_backend": "native", "regen_max_new_tokens": 384, "regen_batch_size": 256,
+    "max_samples": 4000, "regen_backend": "native", "regen_max_new_tokens": 384, "regen_batch_size": 512,
     "max_length": 2048, "draft_vocab_size": 32000, "ttt_steps": 7, "epochs": 2.0, "lr": 3e-4,
     "train_batch_size": 8, "eval_per_category": 3, "eval_max_new_tokens": 128,
 }
