@@ -96,10 +96,11 @@ PY
       [ "$stage" = regen_hf ] && continue
       rm -f $W/rg-vllm-big.jsonl*
       # one vLLM run: its first REGEN_ROWS rows are the match sample (compared on the rows both wrote), all of
-      # it the speed; --batch-size 4096: every first turn in one engine call (vLLM schedules them itself);
-      # --engine-max-seqs 2048: vLLM's default 1,024 in flight capped the 1,909-prompt wave (21.8k tok/s)
+      # it the speed; continuous batching: eyas keeps max_num_seqs + 1/4 requests in the engine and a finished
+      # turn's follow-up goes in at once (backend_stats: in-flight mean and timeline, tok/s over engine time);
+      # --engine-max-seqs 2048: vLLM's default 1,024 running capped the old 1,909-prompt first wave (21.8k tok/s)
       timed regen_vllm_big "${EYAS[@]}" regenerate "${common[@]}" --max-samples "$REGEN_BIG" --backend vllm \
-        --python $VPY --batch-size 4096 --engine-max-seqs "${ENGINE_MAX_SEQS:-2048}" --out $W/rg-vllm-big.jsonl
+        --python $VPY --engine-max-seqs "${ENGINE_MAX_SEQS:-2048}" --out $W/rg-vllm-big.jsonl
       timed regen_compare python3 "$D/bench/regen_compare.py" --target $T --out "$RES/regen_vllm.json" \
         --pair $W/rg-hf.jsonl $W/rg-vllm-big.jsonl --logs "$RES/regen_hf.log" "$RES/regen_vllm_big.log" \
         --throughput $W/rg-vllm-big.jsonl "$RES/regen_vllm_big.log" ;;

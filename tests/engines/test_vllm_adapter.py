@@ -182,6 +182,21 @@ def test_renamed_internal_of_subclassed_connector_is_caught(tmp_path):
     assert list(bad) == [name] and "['_kv_cache']" in bad[name]
 
 
+def test_engine_step_api_drift_is_caught_for_regenerate_only(tmp_path):
+    py = fake_engine.make_fake_vllm(tmp_path, replace={
+        ("vllm/v1/engine/llm_engine.py", "def has_unfinished_requests(self)"): "def has_unfinished(self)",
+        ("vllm/v1/engine/llm_engine.py", "def add_request(self, request_id, prompt, params"):
+            "def add_request(self, request_id, inputs, params",
+        ("vllm/sampling_params.py", "    FINAL_ONLY = 2\n"): ""})
+    adapter = VllmAdapter(py)
+    assert failing(adapter.probe(used_by="serve-check")) == {}
+    bad = failing(adapter.probe(used_by="regenerate"))
+    eng = "vllm.v1.engine.llm_engine.LLMEngine."
+    assert set(bad) == {eng + "has_unfinished_requests", eng + "add_request", "vllm.sampling_params.RequestOutputKind"}
+    assert bad[eng + "has_unfinished_requests"].startswith("absent") and "`inputs`" in bad[eng + "add_request"]
+    assert "FINAL_ONLY" in bad["vllm.sampling_params.RequestOutputKind"]
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not REAL_VLLM.exists(), reason="no real vLLM env")
 def test_real_vllm_env_matches_its_recorded_release():

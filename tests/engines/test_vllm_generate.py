@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import sys
 import time
@@ -22,49 +23,101 @@ from eyas.engines.vllm_speedup import spec_stats, summarize
 from tests.data.templates import make_target_dir
 from tests.data.test_regenerate import conv
 
-FAKE_VLLM = '''
-import torch
-from transformers import AutoModelForCausalLM
-__version__ = "0.26.0"
+# vLLM's sampling_params module in miniature: the worker imports RequestOutputKind from it.
+FAKE_SAMPLING = '''
+class RequestOutputKind:  # an Enum in vLLM
+    CUMULATIVE, DELTA, FINAL_ONLY = 0, 1, 2
 
 class SamplingParams:
-    def __init__(self, temperature=1.0, top_p=1.0, max_tokens=16, seed=None, stop_token_ids=None, ignore_eos=False):
-        self.max_tokens, self.stop = max_tokens, set(stop_token_ids or [])
+    def __init__(self, temperature=1.0, top_p=1.0, max_tokens=16, seed=None, stop_token_ids=None, ignore_eos=False,
+                 output_kind=RequestOutputKind.CUMULATIVE):
+        self.max_tokens, self.stop, self.output_kind = max_tokens, set(stop_token_ids or []), output_kind
+'''
 
-class _Out:
-    def __init__(self, ids, finish):
-        self.token_ids, self.finish_reason, self.text = ids, finish, "<vllm detokenizes differently>"
+# vLLM's engine loop in miniature: LLM.llm_engine takes requests with the caller's ids, runs up to max_num_seqs of
+# them (the rest wait, first come first served), and each step() advances every running request by one token and
+# returns those that finished (FINAL_ONLY), their token ids the way vLLM gives them (the stop token included).
+# Tokens: greedy from the tiny model with transformers (the reference answer), or, with $FAKE_VLLM_SCRIPT, a
+# scripted answer (see test_vllm_stream.py). With $FAKE_VLLM_EVENTS every add and finish is logged there.
+FAKE_VLLM = '''
+import json, os, time
+from types import SimpleNamespace
+import torch
+from vllm.sampling_params import RequestOutputKind, SamplingParams
+__version__ = "0.26.0"
+_SCRIPT = json.loads(os.environ.get("FAKE_VLLM_SCRIPT") or "null")
 
-class _Req:
-    def __init__(self, out):
-        self.outputs = [out]
+def _event(**kw):
+    if os.environ.get("FAKE_VLLM_EVENTS"):
+        with open(os.environ["FAKE_VLLM_EVENTS"], "a") as f:
+            f.write(json.dumps({"t": time.time(), **kw}) + "\\n")
+
+class _Engine:
+    def __init__(self, model, max_num_seqs):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        self.vllm_config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs))
+        self.waiting, self.running = [], []
+        if _SCRIPT:
+            self.tok = AutoTokenizer.from_pretrained(model)
+        else:
+            self.m = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+
+    def add_request(self, request_id, prompt, params):
+        assert params.output_kind == RequestOutputKind.FINAL_ONLY and isinstance(request_id, str)
+        ids = list(prompt["prompt_token_ids"])
+        if _SCRIPT:
+            text = self.tok.decode(ids)
+            if "REFUSE" in text:
+                raise ValueError("the stand-in engine refuses this prompt")
+            n = _SCRIPT["slow"] if "slow" in text else _SCRIPT["quick"]
+            script = [_SCRIPT["word"]] * n + [_SCRIPT["eos"]]
+        else:
+            script = None
+        self.waiting.append(SimpleNamespace(id=request_id, ids=ids, new=[], params=params, script=script))
+        _event(ev="add", id=request_id, prompt=ids)
+
+    def has_unfinished_requests(self):
+        return bool(self.waiting or self.running)
+
+    def _next(self, r):
+        if r.script:
+            return r.script[len(r.new)]
+        with torch.no_grad():
+            return int(self.m(torch.tensor([r.ids + r.new])).logits[0, -1].argmax())
+
+    def step(self):
+        while self.waiting and len(self.running) < self.vllm_config.scheduler_config.max_num_seqs:
+            self.running.append(self.waiting.pop(0))
+        if _SCRIPT:
+            time.sleep(_SCRIPT["step_s"])
+        done = []
+        for r in self.running:
+            r.new.append(self._next(r))
+            if r.new[-1] in r.params.stop or len(r.new) >= r.params.max_tokens:
+                done.append(r)
+        out = []
+        for r in done:
+            self.running.remove(r)
+            _event(ev="finish", id=r.id, n=len(r.new))
+            finish = "stop" if r.new[-1] in r.params.stop else "length"
+            c = SimpleNamespace(token_ids=list(r.new), finish_reason=finish, text="<vllm detokenizes differently>")
+            out.append(SimpleNamespace(request_id=r.id, outputs=[c], finished=True))
+        return out
 
 class LLM:
     def __init__(self, model, **kw):
         assert kw["tensor_parallel_size"] == 1
-        self.m = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
-
-    def generate(self, prompts, params, use_tqdm=True):
-        res = []
-        for p in prompts:  # one at a time: no padding, the reference greedy answer
-            ids, new = torch.tensor([p["prompt_token_ids"]]), []
-            with torch.no_grad():
-                for _ in range(params.max_tokens):
-                    t = int(self.m(ids).logits[0, -1].argmax())
-                    new.append(t)
-                    if t in params.stop:
-                        break
-                    ids = torch.cat([ids, torch.tensor([[t]])], 1)
-            res.append(_Req(_Out(new, "stop" if new[-1] in params.stop else "length")))
-        return res
+        self.llm_engine = _Engine(model, kw.get("max_num_seqs") or 256)
 '''
 
 
 def fake_vllm_python(root, source: str, extra_path: str = ""):
-    """A `python` whose `import vllm` is the stand-in `source`, like a venv with vllm installed."""
+    """A `python` whose `import vllm` is the stand-in `source` (and `vllm.sampling_params` FAKE_SAMPLING), like
+    a venv with vllm installed."""
     pkg = root / "fakevllm" / "vllm"
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text(source)
+    (pkg / "sampling_params.py").write_text(FAKE_SAMPLING)
     py = root / "python"
     # -P drops the script dir; the wrapper puts the stand-in first.
     py.write_text(f"#!/bin/sh\nPYTHONPATH={pkg.parent}{extra_path} exec {sys.executable} \"$@\"\n")
@@ -100,13 +153,17 @@ def test_vllm_backend_answers_equal_hf_backend(engine, target, tmp_path):
                     backend=HFBackend(str(target), model=t.model, tokenizer=t.tokenizer, device="cpu",
                                       max_new_tokens=7, max_prompt_tokens=300, batch_size=1))
     assert vb["written"] == hb["written"] >= 2 and vb["failed"] == hb["failed"] >= 1  # row 2: prompt too long
-    assert (tmp_path / "v.jsonl").read_text() == (tmp_path / "h.jsonl").read_text()
+    by_row = lambda p: {r["row"]: r for r in map(json.loads, p.read_text().splitlines())}  # noqa: E731
+    # rows are written as they finish (continuous batching), so the same rows in another order
+    assert by_row(tmp_path / "v.jsonl") == by_row(tmp_path / "h.jsonl")
     assert vb["generated_tokens"] == hb["generated_tokens"] > 0  # the same tokens counted the same way
-    st = vb["backend_stats"]  # one engine call per wave of turns; they add up to every generated token
-    assert st["waves"] == len(st["wave_sizes"]) >= 1 and st["largest_wave"]["prompts"] == max(st["wave_sizes"])
-    assert 0 < st["largest_wave"]["tokens"] <= vb["generated_tokens"] and st["engine_s"] >= 0
-    errs = [json.loads(x)["error"] for x in (tmp_path / "v.jsonl.errors.jsonl").read_text().splitlines()]
-    assert all("prompt_too_long" in e for e in errs)
+    st = vb["backend_stats"]  # one engine request per answered turn; the window held them all at once
+    assert st["requests"] == vb["turns"] and st["errors"] == 0 and st["engine_s"] > 0 and st["tok_s"] > 0
+    assert st["engine_max_seqs"] == 256 and st["window"] == 256 + 64
+    assert 1 <= st["in_flight_mean"] <= st["in_flight_max"] <= 3
+    assert st["worker"]["steps"] >= 7 and st["worker"]["in_flight_per_step"] >= 1
+    errs = [json.loads(x) for x in (tmp_path / "v.jsonl.errors.jsonl").read_text().splitlines()]
+    assert [e["row"] for e in errs] == [2] and re.fullmatch(r"prompt_too_long: \d+ tokens > 300", errs[0]["error"])
 
 
 def test_vllm_backend_worker_crash_is_an_engine_error(tmp_path):
@@ -123,17 +180,20 @@ def test_vllm_backend_worker_crash_is_an_engine_error(tmp_path):
 # Records what the generation worker builds its LLM with, then serves nothing.
 RECORDING_VLLM = """
 import json, os
-class SamplingParams:
-    pass
+from types import SimpleNamespace
+from vllm.sampling_params import SamplingParams
 class LLM:
     def __init__(self, model, **kw):
         json.dump({"model": model, **kw}, open(os.environ["FAKE_VLLM_KW"], "w"))
+        seqs = SimpleNamespace(max_num_seqs=kw.get("max_num_seqs", 256))
+        self.llm_engine = SimpleNamespace(vllm_config=SimpleNamespace(scheduler_config=seqs))
 """
 
 
 def test_engine_max_seqs_flag_reaches_vllms_llm_only_when_given(target, tmp_path, monkeypatch):
     """--engine-max-seqs -> RegenerateConfig -> the worker config the driver writes -> LLM(max_num_seqs=...);
-    unset, the worker passes nothing and vLLM keeps its own default (it depends on the GPU)."""
+    unset, the worker passes nothing and vLLM keeps its own default (it depends on the GPU). The in-flight window
+    follows what the engine reports, unless --engine-in-flight sets it."""
     import argparse
 
     from eyas.config import add_config_args, build_config
@@ -144,14 +204,16 @@ def test_engine_max_seqs_flag_reaches_vllms_llm_only_when_given(target, tmp_path
     add_config_args(parser, RegenerateConfig)
     py = fake_vllm_python(tmp_path, RECORDING_VLLM)
     monkeypatch.setenv("FAKE_VLLM_KW", str(tmp_path / "kw.json"))
-    seen = []
-    for extra in (["--engine-max-seqs", "2048"], []):
+    seen, windows = [], []
+    for extra in (["--engine-max-seqs", "2048"], [], ["--engine-in-flight", "5"]):
         args = ["--target", str(target), "--data", "x", "--out", str(tmp_path / "o.jsonl"), "--backend", "vllm",
                 "--python", str(py), *extra]
         backend = _vllm_backend(build_config(RegenerateConfig, parser.parse_args(args)))
         backend.close()
         seen.append(json.loads((tmp_path / "kw.json").read_text()))
+        windows.append((backend.engine_max_seqs, backend.window))
     assert seen[0]["max_num_seqs"] == 2048 and "max_num_seqs" not in seen[1]
+    assert windows == [(2048, 2048 + 512), (256, 256 + 64), (256, 5)]  # the engine's own 256 when unset
     assert seen[0]["model"] == str(target) and seen[0]["tensor_parallel_size"] == 1
     common = dict(dtype="bfloat16", max_model_len=4096, tensor_parallel_size=1, seed=0)
     assert worker_config("t", **common, max_num_seqs=None) == {"model": "t", **common}

@@ -330,6 +330,10 @@ class NativeBackend(HFBackend):
         HFBackend and the engines count them."""
         return self.gen.stats["generated"] + self.gen.stats["stop_tokens"]
 
+    def run(self, next_request, on_finish) -> dict:
+        """`Generator.run` with this backend's sampling settings (what regenerate's continuous mode calls)."""
+        return self.gen.run(next_request, on_finish, temperature=self.temperature, top_p=self.top_p)
+
     def generate(self, prompts):
         enc = [self.encode(p) for p in prompts]
         ok = [i for i, e in enumerate(enc) if not isinstance(e, GenerationError)]

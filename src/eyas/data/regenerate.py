@@ -58,7 +58,10 @@ class RegenerateConfig(StageConfig):
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs per engine (vllm)")
     engine_max_seqs: int | None = Field(None, ge=1, description="requests the engine runs at once, vLLM's max_num_seqs "
                                         "(vllm; default: vLLM's own, 1024 on an H100/H200, 256 on smaller GPUs): "
-                                        "raise it when a wave holds more prompts and the model is small")
+                                        "raise it when the model is small and the GPU has room for more")
+    engine_in_flight: int | None = Field(None, ge=1, description="requests eyas keeps in the engine, running or queued "
+                                         "(vllm; default: its max_num_seqs and a quarter more, so a freed slot is "
+                                         "refilled at once and a follow-up turn waits behind few others)")
     cache_dir: Path | None = Field(None, description="cache for built-in targets/datasets")
     trust_remote_code: bool = Field(False, description="allow the target's own modelling code")
     json: bool = Field(False, description="print the summary as JSON")
@@ -182,6 +185,7 @@ def _vllm_backend(cfg: RegenerateConfig):
                        max_new_tokens=cfg.max_new_tokens, max_prompt_tokens=cfg.max_prompt_tokens,
                        temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed,
                        tensor_parallel_size=cfg.tensor_parallel_size, max_num_seqs=cfg.engine_max_seqs,
+                       max_in_flight=cfg.engine_in_flight,
                        log=Path(cfg.out).with_name(Path(cfg.out).name + ".vllm.log"))
 
 
@@ -213,8 +217,9 @@ def _runner(cfg: RegenerateConfig, backend):
 
 
 def _run_native(backend, convs: Iterator[Conversation], cfg: RegenerateConfig, write, bar) -> None:
-    """Continuous batching across conversations: a finished turn's follow-up joins the queue at once, so
-    slots never wait for a wavefront; conversations are written as they finish (resume keys on row)."""
+    """Continuous batching across conversations (native generator, or vLLM's engine: `backend.run` with the
+    Generator's contract): a finished turn's follow-up goes to the front of the queue at once, so slots never
+    wait for a wavefront; conversations are written as they finish (resume keys on row)."""
     from collections import deque
 
     live: dict[int, Conversation] = {}
@@ -244,7 +249,7 @@ def _run_native(backend, convs: Iterator[Conversation], cfg: RegenerateConfig, w
         else:
             follow.append(c)
 
-    backend.gen.run(next_request, on_finish, temperature=backend.temperature, top_p=backend.top_p)
+    backend.run(next_request, on_finish)
 
 
 def _run_batched(backend: HFBackend, convs: Iterator[Conversation], cfg: RegenerateConfig, write,
@@ -308,7 +313,7 @@ BACKENDS: dict[str, tuple] = {
     "hf": (_hf_backend, _run_batched),
     "native": (_native_backend, _run_native),
     "openai": (_openai_backend, lambda b, convs, cfg, write, bar: _run_openai(b, convs, cfg.concurrency, write)),
-    "vllm": (_vllm_backend, _run_batched),
+    "vllm": (_vllm_backend, _run_native),
 }
 
 

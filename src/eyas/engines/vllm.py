@@ -1,7 +1,7 @@
 """The vLLM adapter: where vLLM lives, which versions eyas was tested with, and every vLLM entry point eyas calls.
 
-`ENTRY_POINTS` lists each vLLM function/class eyas's serve-check and vLLM extraction backend call, with the
-parameters eyas relies on. `VllmAdapter.probe()` runs `probe_worker.py` in vLLM's own env (imports and
+`ENTRY_POINTS` lists each vLLM function/class eyas's serve-check, vLLM extraction backend, regenerate backend and
+speedup bench call, with the parameters eyas relies on. `VllmAdapter.probe()` runs `probe_worker.py` in vLLM's own env (imports and
 `inspect.signature` only, no model) and `check_signatures` judges what it reports. The same judge runs in the
 tests on signatures recorded from vLLM's source at release tags (`engines/signatures/vllm-*.json`, written by
 `python -m eyas.engines.signatures.record`), so API drift between releases is caught before any weight loads.
@@ -94,7 +94,35 @@ ENTRY_POINTS: tuple[EntryPoint, ...] = (
                "vllm/entrypoints/llm.py", positional=("prompts", "sampling_params"), keywords=("use_tqdm",)),
     EntryPoint("vllm.SamplingParams", "vllm", "SamplingParams", "serve-check, vllm extraction, regenerate (vllm)",
                "vllm/sampling_params.py",
-               keywords=("temperature", "max_tokens", "ignore_eos", "top_p", "seed", "stop_token_ids", "logprobs")),
+               keywords=("temperature", "max_tokens", "ignore_eos", "top_p", "seed", "stop_token_ids", "logprobs",
+                         "output_kind")),
+    # --- regenerate (vllm_generate_worker.py): continuous batching by stepping LLM.llm_engine itself. Requests
+    # go in with eyas's own ids (RequestOutput.request_id echoes them), FINAL_ONLY so a step returns finished
+    # requests only; the engine's max_num_seqs sizes eyas's in-flight window.
+    EntryPoint("vllm.LLM", "vllm", "LLM", "regenerate (vllm: steps LLM.llm_engine)", "vllm/entrypoints/llm.py",
+               kind="attrs", values=("llm_engine",)),
+    EntryPoint("vllm.v1.engine.llm_engine.LLMEngine", "vllm.v1.engine.llm_engine", "LLMEngine",
+               "regenerate (vllm: reads vllm_config)", "vllm/v1/engine/llm_engine.py", kind="attrs",
+               values=("vllm_config",)),
+    EntryPoint("vllm.v1.engine.llm_engine.LLMEngine.add_request", "vllm.v1.engine.llm_engine",
+               "LLMEngine.add_request", "regenerate (vllm)", "vllm/v1/engine/llm_engine.py",
+               positional=("request_id", "prompt", "params")),
+    EntryPoint("vllm.v1.engine.llm_engine.LLMEngine.step", "vllm.v1.engine.llm_engine", "LLMEngine.step",
+               "regenerate (vllm)", "vllm/v1/engine/llm_engine.py"),
+    EntryPoint("vllm.v1.engine.llm_engine.LLMEngine.has_unfinished_requests", "vllm.v1.engine.llm_engine",
+               "LLMEngine.has_unfinished_requests", "regenerate (vllm)", "vllm/v1/engine/llm_engine.py"),
+    EntryPoint("vllm.sampling_params.RequestOutputKind", "vllm.sampling_params", "RequestOutputKind",
+               "regenerate (vllm: finished requests only)", "vllm/sampling_params.py", kind="attrs",
+               values=("FINAL_ONLY",)),
+    EntryPoint("vllm.outputs.RequestOutput", "vllm.outputs", "RequestOutput", "regenerate (vllm)", "vllm/outputs.py",
+               keywords=("request_id", "outputs", "finished"), reads_only=True),
+    EntryPoint("vllm.outputs.CompletionOutput", "vllm.outputs", "CompletionOutput", "regenerate (vllm)",
+               "vllm/outputs.py", keywords=("token_ids", "finish_reason"), reads_only=True),
+    EntryPoint("vllm.config.VllmConfig", "vllm.config", "VllmConfig", "regenerate (vllm: the engine's max_num_seqs)",
+               "vllm/config/vllm.py", keywords=("scheduler_config",), reads_only=True),
+    EntryPoint("vllm.config.SchedulerConfig", "vllm.config", "SchedulerConfig",
+               "regenerate (vllm: the engine's max_num_seqs)", "vllm/config/scheduler.py", keywords=("max_num_seqs",),
+               reads_only=True),
     # speculative_config={...} is read into SpeculativeConfig; serve-check reads method/model/K back from it.
     EntryPoint("vllm.config.SpeculativeConfig", "vllm.config", "SpeculativeConfig",
                "serve-check (reads the loaded draft), vllm extraction (draft_model_config)",

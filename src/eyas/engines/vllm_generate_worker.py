@@ -1,45 +1,123 @@
 """Runs INSIDE the vLLM environment (stdlib + vllm only): a long-lived generation server for `eyas regenerate
---backend vllm`, talking JSON lines over stdin/stdout.
+--backend vllm`, with requests streaming in and answers streaming out (continuous batching).
 
     python vllm_generate_worker.py CONFIG.json
 CONFIG: {model, dtype, max_model_len, tensor_parallel_size, seed, enforce_eager, max_num_seqs (optional: vLLM's
 default when absent)}
-Then one request per stdin line: {"prompts": [[token ids], ...], "max_tokens", "temperature", "top_p", "seed",
-"stop_token_ids"} and one reply per request on stdout, prefixed with `EYAS> ` (vLLM may print its own lines there
-too): {"outputs": [[generated token ids], ...], "seconds"}. eyas decodes the ids itself, exactly as it decodes the
-hf backend's, so both backends' texts compare token for token. An empty line or EOF ends it.
+stdin, one JSON object per line:
+    {"id": N, "prompt": [token ids], "max_tokens", "temperature", "top_p", "seed", "stop_token_ids"}
+    {"close": true} (or an empty line, or EOF): finish what is in flight, report, exit
+stdout, each line prefixed with `EYAS> ` (vLLM may print its own lines there too):
+    {"ready": true, "max_num_seqs": N}                      once the engine is up
+    {"id": N, "tokens": [generated ids], "finish": "stop" | "length" | "error: ..."}   as each request ends
+    {"closed": true, "steps", "step_s", "busy_s", "in_flight_per_step"}                last
+A reader thread queues stdin; the main loop adds whatever is queued to vLLM's engine, steps it, and prints each
+finished request at once, so eyas can send a conversation's next turn while the others still run. It blocks on
+the queue only when the engine has nothing to do. eyas decodes the ids itself (they include the stop token, as
+vLLM returns them), exactly as it decodes the hf backend's, so both backends' texts compare token for token.
 """
 
 import json
 import os
+import queue
 import sys
+import threading
 import time
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 
 
+def emit(obj: dict) -> None:
+    print("EYAS> " + json.dumps(obj), flush=True)
+
+
+def read_stdin(inbox: "queue.Queue") -> None:
+    """Every request line onto the queue; None once the driver closes (or goes away)."""
+    try:
+        for line in sys.stdin:
+            if not line.strip():
+                break
+            msg = json.loads(line)
+            if msg.get("close"):
+                break
+            inbox.put(msg)
+    finally:
+        inbox.put(None)
+
+
 def main(cfg_path: str) -> None:
     cfg = json.load(open(cfg_path))
     from vllm import LLM, SamplingParams
+    from vllm.sampling_params import RequestOutputKind
 
     extra = {"max_num_seqs": int(cfg["max_num_seqs"])} if cfg.get("max_num_seqs") else {}
     llm = LLM(model=cfg["model"], dtype=cfg.get("dtype", "bfloat16"), seed=cfg.get("seed", 0),
               max_model_len=cfg.get("max_model_len", 4096), disable_log_stats=True,
               enforce_eager=cfg.get("enforce_eager", False),
               tensor_parallel_size=cfg.get("tensor_parallel_size", 1), **extra)
-    print("EYAS> " + json.dumps({"ready": True}), flush=True)
-    for line in sys.stdin:
-        if not line.strip():
-            break
-        req = json.loads(line)
-        params = SamplingParams(temperature=req.get("temperature", 0.0), top_p=req.get("top_p", 1.0),
-                                max_tokens=req["max_tokens"], seed=req.get("seed"),
-                                stop_token_ids=req.get("stop_token_ids"))
+    engine = llm.llm_engine
+    emit({"ready": True, "max_num_seqs": engine.vllm_config.scheduler_config.max_num_seqs})
+
+    inbox: queue.Queue = queue.Queue()
+    threading.Thread(target=read_stdin, args=(inbox,), daemon=True).start()
+    live: dict[str, int] = {}  # vLLM request id -> eyas's id
+    closing = False
+    steps = held = 0
+    step_s = busy_s = 0.0
+    busy_since = None
+
+    def add(msg: dict) -> None:
+        # FINAL_ONLY: a step returns a request once, when it has finished (no per-token copies)
+        params = SamplingParams(temperature=msg.get("temperature", 0.0), top_p=msg.get("top_p", 1.0),
+                                max_tokens=msg["max_tokens"], seed=msg.get("seed"),
+                                stop_token_ids=msg.get("stop_token_ids"), output_kind=RequestOutputKind.FINAL_ONLY)
+        rid = str(msg["id"])
+        try:  # eyas's own id: vLLM's RequestOutput.request_id gives back the id it was added with
+            engine.add_request(rid, {"prompt_token_ids": msg["prompt"]}, params)
+        except Exception as e:  # noqa: BLE001 - a request vLLM refuses fails its row, not the run
+            emit({"id": msg["id"], "tokens": [], "finish": f"error: {type(e).__name__}: {str(e)[:300]}"})
+            return
+        live[rid] = msg["id"]
+
+    while True:
+        # idle: wait for the driver; busy: take whatever has come in since the last step, then step again
+        if not live and not closing:
+            msg = inbox.get()
+            closing = msg is None
+            if msg is not None:
+                add(msg)
+        while not closing:
+            try:
+                msg = inbox.get_nowait()
+            except queue.Empty:
+                break
+            closing = msg is None
+            if msg is not None:
+                add(msg)
+        if not live:
+            if closing:
+                break
+            continue
+        if not engine.has_unfinished_requests():  # never seen; without it the driver would wait forever
+            for rid, key in live.items():
+                emit({"id": key, "tokens": [], "finish": "error: vLLM dropped the request"})
+            live.clear()
+            continue
         t0 = time.perf_counter()
-        res = llm.generate([{"prompt_token_ids": ids} for ids in req["prompts"]], params, use_tqdm=False)
-        outs = [list(r.outputs[0].token_ids) for r in res]
-        print("EYAS> " + json.dumps({"outputs": outs, "seconds": time.perf_counter() - t0}), flush=True)
+        busy_since = busy_since or t0
+        outs = engine.step()
+        t1 = time.perf_counter()
+        steps, held, step_s = steps + 1, held + len(live), step_s + t1 - t0
+        for out in outs:
+            if out.finished and out.request_id in live:
+                c = out.outputs[0]
+                emit({"id": live.pop(out.request_id), "tokens": list(c.token_ids), "finish": c.finish_reason})
+        if not live:
+            busy_s += t1 - busy_since
+            busy_since = None
+    emit({"closed": True, "steps": steps, "step_s": round(step_s, 3), "busy_s": round(busy_s, 3),
+          "in_flight_per_step": round(held / steps, 1) if steps else None})
 
 
 if __name__ == "__main__":

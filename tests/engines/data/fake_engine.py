@@ -24,6 +24,7 @@ FILES: dict[str, str] = {
         "class LLM:\n"
         "    def __init__(self, model: str, *, tokenizer=None, dtype='auto', seed=0, tensor_parallel_size=1,\n"
         "                 gpu_memory_utilization=0.9, enforce_eager=False, **kwargs):\n"
+        "        self.llm_engine = None\n"
         "        raise RuntimeError('the probe must never construct an LLM')\n"
         "    @overload\n"
         "    def generate(self, prompts: str) -> list: ...\n"
@@ -43,7 +44,34 @@ FILES: dict[str, str] = {
         "    ignore_eos: bool = False\n"
         "    max_tokens: int | None = 16\n"
         "    logprobs: int | None = None\n"
-        "    extra_args: dict | None = None\n"),
+        "    extra_args: dict | None = None\n"
+        "    output_kind: int = 0\n"
+        "class RequestOutputKind:  # an Enum in vLLM: a plain class lists the same names live and recorded\n"
+        "    CUMULATIVE = 0\n"
+        "    DELTA = 1\n"
+        "    FINAL_ONLY = 2\n"),
+    "vllm/outputs.py": (
+        "from dataclasses import dataclass\n"
+        "@dataclass\n"
+        "class CompletionOutput:\n"
+        "    index: int\n"
+        "    text: str\n"
+        "    token_ids: list\n"
+        "    finish_reason: str | None = None\n"
+        "class RequestOutput:\n"
+        "    def __init__(self, request_id, prompt, prompt_token_ids, outputs, finished, metrics=None):\n"
+        "        self.request_id, self.outputs, self.finished = request_id, outputs, finished\n"),
+    "vllm/v1/engine/__init__.py": "",
+    "vllm/v1/engine/llm_engine.py": (
+        "class LLMEngine:\n"
+        "    def __init__(self, vllm_config, executor_class=None, log_stats=False):\n"
+        "        self.vllm_config = vllm_config\n"
+        "    def add_request(self, request_id, prompt, params, arrival_time=None, lora_request=None, priority=0):\n"
+        "        raise RuntimeError('never called by the probe')\n"
+        "    def step(self):\n"
+        "        return []\n"
+        "    def has_unfinished_requests(self):\n"
+        "        return False\n"),
     "vllm/engine/__init__.py": "",
     "vllm/engine/arg_utils.py": (
         "from dataclasses import dataclass\n"
@@ -76,7 +104,22 @@ FILES: dict[str, str] = {
         "class Vector(Metric):\n"
         "    values: list\n"),
     "vllm/config/__init__.py": ("from vllm.config.kv_transfer import KVTransferConfig\n"
-                                "from vllm.config.speculative import SpeculativeConfig\n"),
+                                "from vllm.config.scheduler import SchedulerConfig\n"
+                                "from vllm.config.speculative import SpeculativeConfig\n"
+                                "from vllm.config.vllm import VllmConfig\n"),
+    "vllm/config/scheduler.py": (
+        "from dataclasses import dataclass\n"
+        "@dataclass\n"
+        "class SchedulerConfig:\n"
+        "    max_num_seqs: int = 128\n"
+        "    max_num_batched_tokens: int = 2048\n"),
+    "vllm/config/vllm.py": (
+        "from dataclasses import dataclass, field\n"
+        "from vllm.config.scheduler import SchedulerConfig\n"
+        "@dataclass\n"
+        "class VllmConfig:\n"
+        "    scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)\n"
+        "    speculative_config: object = None\n"),
     "vllm/config/kv_transfer.py": (
         "from dataclasses import dataclass, field\n"
         "@dataclass\n"
