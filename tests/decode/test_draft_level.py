@@ -11,27 +11,19 @@ from conftest import random_draft, tiny_llama
 
 import eyas.decode.proposer as proposer_module
 from eyas.decode.proposer import EagleProposer
-from eyas.decode.topk import topk_rows
 from eyas.decode.tree import TreeSpec
 from eyas.draft.model import Attention, Eagle3Draft, draft_config_from_target
 
 
-def old_step(self, tokens, hidden, positions, write, ctx_len, anc, self_mask, pick):
-    """EagleProposer._step before the in-place cache (commit bbc08b6), verbatim."""
-    T = tokens.shape[0]
-    cols = torch.arange(self.size, device=tokens.device)
-    see = cols[None, :] < ctx_len
-    extra = torch.zeros(T, self.size, dtype=torch.bool, device=tokens.device)
-    extra[:, self.scratch:] = anc
-    mask = torch.cat([see | extra, self_mask], dim=1)[None, None]
-    pre, (k, v) = self.draft(tokens[None], hidden[None].to(self.dtype), positions[None], mask=mask,
-                             past=(self.kbuf, self.vbuf))
-    self.kbuf.index_copy_(2, write, k)
-    self.vbuf.index_copy_(2, write, v)
-    pre = pre[0].index_select(0, pick)
-    logp = torch.log_softmax(self.draft.logits(pre).float(), dim=-1)
-    top, ids = topk_rows(logp, self.spec.topk)
-    return pre, top, self.draft.to_target_ids(ids)
+def old_step(self, *args, **kw):
+    """EagleProposer._step through its escape hatch (EYAS_DRAFT_CACHE=copy): the level before the in-place
+    cache (commit bbc08b6) — attention over cat(cache, new k/v), then the k/v written."""
+    was = proposer_module._CACHE_COPY
+    proposer_module._CACHE_COPY = True
+    try:
+        return EagleProposer._step(self, *args, **kw)
+    finally:
+        proposer_module._CACHE_COPY = was
 
 
 def gqa_draft(heads=8, kv_heads=2):
@@ -116,8 +108,8 @@ def test_tree_round_equals_concatenated_cache(monkeypatch):
     aux = torch.randn(12, 3, 64, generator=torch.Generator().manual_seed(4))
     seq = list(range(10, 23))
     out = []
-    for step in (old_step, EagleProposer._step):
-        monkeypatch.setattr(proposer_module.EagleProposer, "_step", step)
+    for copy in (True, False):
+        monkeypatch.setattr(proposer_module, "_CACHE_COPY", copy)
         prop = EagleProposer(draft, spec, 48)
         with torch.no_grad():
             prop.observe(seq, aux[:9], 0)
@@ -176,3 +168,20 @@ def test_level_ledger_reads_each_weight_once_and_no_cache_copy(width):
     assert weights <= mm <= 1.05 * weights                      # + the (small) activations
     cache = prop.kbuf.numel() * prop.kbuf.element_size() * 2
     assert max(b for name, _, b, _ in rows if name != "mm") <= 1.1 * cache
+
+
+
+def test_cache_copy_escape_hatch_is_the_old_path(monkeypatch):
+    """EYAS_DRAFT_CACHE=copy really takes the old path: its ledger moves a repeated (x nh/nkv) cache."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+    bench = Path(__file__).parents[2] / "bench"
+    sys.path.insert(0, str(bench))
+    spec = importlib.util.spec_from_file_location("draft_level_ops", bench / "draft_level_ops.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr(proposer_module, "_CACHE_COPY", True)
+    rows, prop = mod.level_ledger("llama-3.1-8b", 10, 32000, 1024, 512)
+    cache = prop.kbuf.numel() * prop.kbuf.element_size() * 2
+    assert max(b for name, _, b, _ in rows if name != "mm") > 1.5 * cache

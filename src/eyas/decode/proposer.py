@@ -15,12 +15,18 @@ scratch region that the next round simply overwrites.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from eyas.decode.target_step import raise_recompile_limit
 from eyas.decode.topk import topk_rows
 from eyas.decode.tree import Tree, TreeSpec
 from eyas.draft.model import Eagle3Draft
+
+# EYAS_DRAFT_CACHE=copy: draft levels concatenate the cache with the new k/v (two copies of the cache per level)
+# instead of attending over it in place — the pre-2026-12-01 path, kept as an escape hatch for a GPU session
+_CACHE_COPY = os.environ.get("EYAS_DRAFT_CACHE", "inplace") == "copy"
 
 
 class EagleProposer:
@@ -92,11 +98,18 @@ class EagleProposer:
         see = cols[None, :] < ctx_len
         extra = torch.zeros(T, self.size, dtype=torch.bool, device=tokens.device)
         extra[:, self.scratch:] = anc
-        # The draft writes this call's k/v at `write` and attends over the cache in place (no copy of it);
-        # those slots are >= ctx_len and outside anc, so their columns are exactly self_mask's.
-        mask = (see | extra).index_copy(1, write, self_mask)[None, None]              # [1, 1, T, size]
-        pre, _ = self.draft(tokens[None], hidden[None].to(self.dtype), positions[None], mask=mask,
-                            past=(self.kbuf, self.vbuf), cache_slots=write)
+        if _CACHE_COPY:  # the previous path (escape hatch): attend over cache ++ new k/v, then write them
+            mask = torch.cat([see | extra, self_mask], dim=1)[None, None]               # [1, 1, T, size+T]
+            pre, (k, v) = self.draft(tokens[None], hidden[None].to(self.dtype), positions[None], mask=mask,
+                                     past=(self.kbuf, self.vbuf))
+            self.kbuf.index_copy_(2, write, k)
+            self.vbuf.index_copy_(2, write, v)
+        else:
+            # The draft writes this call's k/v at `write` and attends over the cache in place (no copy of it);
+            # those slots are >= ctx_len and outside anc, so their columns are exactly self_mask's.
+            mask = (see | extra).index_copy(1, write, self_mask)[None, None]              # [1, 1, T, size]
+            pre, _ = self.draft(tokens[None], hidden[None].to(self.dtype), positions[None], mask=mask,
+                                past=(self.kbuf, self.vbuf), cache_slots=write)
         pre = pre[0].index_select(0, pick)
         logp = torch.log_softmax(self.draft.logits(pre).float(), dim=-1)
         top, ids = topk_rows(logp, self.spec.topk)                       # [R, k] over the draft vocab
