@@ -364,15 +364,10 @@ def timed_engine(tmp_path, monkeypatch, startup: dict, fail: str | None = None):
 
 
 def model_dirs(root, chains) -> tuple[str, str]:
-    """A target dir and one export dir per K, each with just the config.json the driver sizes KV caches from."""
-    from tests.engines.test_vllm_speedup import DRAFT_CFG, TARGET_CFG
+    """test_vllm_speedup's models, named as the fake engine's start-up table keys them (base, k1, k2, ...)."""
+    from tests.engines.test_vllm_speedup import write_models
 
-    (root / "base").mkdir()
-    (root / "base" / "config.json").write_text(json.dumps(TARGET_CFG))
-    for k in chains:
-        (root / f"k{k}").mkdir()
-        (root / f"k{k}" / "config.json").write_text(json.dumps({"transformer_layer_config": DRAFT_CFG}))
-    return str(root / "base"), str(root / "k{k}")
+    return write_models(root, chains, target="base", export="k")
 
 
 def engine_spans(events_file) -> dict:

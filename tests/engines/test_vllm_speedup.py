@@ -29,13 +29,14 @@ def test_draft_layer_comes_from_the_export_else_one_target_layer():
     assert vs.kv_bytes_per_token(vs.draft_layers(None, TARGET_CFG), "bfloat16") == 2 * 2 * 8 * 2
 
 
-def write_models(root, chains):
-    (root / "t").mkdir()
-    (root / "t" / "config.json").write_text(json.dumps(TARGET_CFG))
+def write_models(root, chains, target="t", export="x"):
+    """A target dir and one export dir per K, each with just the config.json the driver sizes KV caches from."""
+    (root / target).mkdir()
+    (root / target / "config.json").write_text(json.dumps(TARGET_CFG))
     for k in chains:
-        (root / f"x{k}").mkdir()
-        (root / f"x{k}" / "config.json").write_text(json.dumps({"transformer_layer_config": DRAFT_CFG}))
-    return str(root / "t"), str(root / "x{k}")
+        (root / f"{export}{k}").mkdir()
+        (root / f"{export}{k}" / "config.json").write_text(json.dumps({"transformer_layer_config": DRAFT_CFG}))
+    return str(root / target), str(root / (export + "{k}"))
 
 
 def payloads(tmp_path, monkeypatch, engines_per_gpu, **kw) -> dict:
