@@ -26,6 +26,7 @@ from torch.utils.flop_counter import flop_registry
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from capture import SHAPES  # noqa: E402
+from decode_costs import level_inputs  # noqa: E402
 
 from eyas.decode.proposer import EagleProposer  # noqa: E402
 from eyas.decode.tree import TreeSpec  # noqa: E402
@@ -91,12 +92,7 @@ def level_ledger(shape: str, width: int, draft_vocab: int, capacity: int, contex
                                                         depth=depth, topk=width), capacity)
     finally:
         torch.set_default_dtype(torch.float32)
-    dev, k, H = torch.device("cpu"), width, draft.config.hidden_size
-    lvl = dict(tokens=torch.zeros(k, dtype=torch.long, device=dev), hidden=torch.zeros(k, H, device=dev,
-               dtype=torch.bfloat16), positions=torch.full((k,), context, device=dev),
-               write=prop.scratch + torch.arange(k, device=dev), ctx_len=torch.tensor(context, device=dev),
-               anc=torch.zeros(k, prop.S, dtype=torch.bool, device=dev),
-               self_mask=torch.eye(k, dtype=torch.bool, device=dev), pick=torch.arange(k, device=dev))
+    lvl = level_inputs(prop, context, torch.device("cpu"), torch.bfloat16)  # decode_costs' level, as it times it
     with fake:
         lvl = {n: fake.from_tensor(t) for n, t in lvl.items()}
         with torch.no_grad(), Ledger() as led:
