@@ -100,10 +100,10 @@ lane0_one() {
   # 2k-token rows, 8 per step: the MFU at a realistic step size (16k tokens per step met the goal, 2k x 1 did not)
   job -o 150 train8b_b8 python3 bench/train.py "${B8[@]}" --batch "${TRAIN_B8:-8}" --variants plain,fused --no-profile \
     --out "$RES/train-h200-b8.json"
-  job -o 200 extract8b python3 bench/extract.py "${B8[@]}" --out "$RES/extract-h200-v3.json"                # 262k tokens
   [ -x /tmp/vpy ] && job -o 150 vllm_regen env GPU=0 RES="$RES" REGEN_ROWS=${REGEN_ROWS:-48} bash bench/gpu_vllm.sh regen
   job -o 240 regen_native python3 bench/regen.py --target $T --data $SG "${REGEN[@]}" --out "$RES/regen-h200.json"
   vllm_jobs speedup                                                                                      # issue 12
+  job -o 200 extract8b python3 bench/extract.py "${B8[@]}" --out "$RES/extract-h200-v3.json"                # 262k tokens
   job -o 140 profile_new python3 bench/profile_decode.py --target $T --draft $DRAFT "${PROF[@]}" --out "$RES/profile-new.json"
   job -o 200 train8b python3 bench/train.py "${B8[@]}" --long-seq "${LONG_SEQ:-16384}" --out "$RES/train-h200-v2.json"
   job -o 200 decode_t01 python3 bench/decode.py --target $T --draft $DRAFT "${DEC1[@]}" --temperatures 0 1 \

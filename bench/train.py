@@ -169,7 +169,8 @@ def main(argv=None) -> dict:
         if gpu:
             torch.cuda.synchronize()
 
-    def make_step(variant: str, T: int):
+    def make_step(variant: str, T: int, G: int = G):
+        B = G // d.world
         # dynamic=False: one kernel per TTT step's key length (7 shapes), never a symbolic-shape flex kernel
         draft.layers[0] = torch.compile(eager_layer, dynamic=False) if variant == "compiled" else eager_layer
         unroll = TTTUnroll(draft, K, attention=attention, loss_chunk=0 if variant == "plain" else a.loss_chunk)
@@ -205,13 +206,13 @@ def main(argv=None) -> dict:
     name = torch.cuda.get_device_name(dev) if gpu else platform.processor() or "cpu"
     peak = a.peak_tflops or next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
 
-    def measure(variant: str, T: int, n_steps: int, n_warm: int) -> dict:
+    def measure(variant: str, T: int, n_steps: int, n_warm: int, G: int = G) -> dict:
         print(f"[bench/train] {variant} seq {T}: {n_warm} warm-up + {n_steps} timed steps", flush=True)
         if gpu:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
         try:
-            step, pos, loss_mask = make_step(variant, T)
+            step, pos, loss_mask = make_step(variant, T, G)
             t_c = time.perf_counter()
             for _ in range(n_warm):
                 step()
@@ -233,7 +234,7 @@ def main(argv=None) -> dict:
         valid = sum(float(step_valid(doc, loss_mask, torch.ones_like(loss_mask), k).float().mean())
                     for k in range(K)) / K
         flops = draft_flops_per_token(cfg, T, K, valid) * G * T
-        r = {"variant": variant, "seq": T, "warmup_s": round(warm_s, 2),
+        r = {"variant": variant, "seq": T, "rows": G, "warmup_s": round(warm_s, 2),
              "step_s": round(head_s + draft_s, 4), "target_head_s": round(head_s, 4), "draft_step_s": round(draft_s, 4),
              "tokens_per_s": round(G * T / (head_s + draft_s), 1), "losses": [round(t[2], 5) for t in times],
              "draft_tflops_per_step": round(flops / 1e12, 3),
@@ -253,7 +254,8 @@ def main(argv=None) -> dict:
         draft.layers[0] = (torch.compile(eager_layer, dynamic=False) if last_ok["variant"] == "compiled"
                            else eager_layer)
         profile = {"variant": last_ok["variant"], "top_ops": profile_summary(last_ok["_step"], dev)}
-    long = [measure(v, long_seq, 2, 1) for v in ("plain", "fused")] if long_seq else []
+    # one row of long_seq tokens whatever --batch is: the claim is that one 16k-token sequence fits
+    long = [measure(v, long_seq, 2, 1, G=1) for v in ("plain", "fused")] if long_seq else []
     mask_ms = mask_build_ms(packed_positions(B, T, a.docs, dev), K, sync)
     for r in runs + long:
         r.pop("_step", None)

@@ -185,3 +185,22 @@ def test_cache_copy_escape_hatch_is_the_old_path(monkeypatch):
     rows, prop = mod.level_ledger("llama-3.1-8b", 10, 32000, 1024, 512)
     cache = prop.kbuf.numel() * prop.kbuf.element_size() * 2
     assert max(b for name, _, b, _ in rows if name != "mm") > 1.5 * cache
+
+
+def test_grouped_query_attention_takes_any_output_layout(monkeypatch):
+    # CUDA's fused SDPA kernels return [B, H, T, d] laid out as [B, T, H, d] (strided); the CPU math path returns
+    # it contiguous. A .view on that output broke the draft level on the H200 only (2026-12-01): emulate it here.
+    at = drafts()["rep2"].layers[0].self_attn
+    g = torch.Generator().manual_seed(3)
+    B, T, S = 2, 4, 19
+    q = torch.randn(B, at.nh, T, at.d, generator=g)
+    k, v = (torch.randn(B, at.nkv, S, at.d, generator=g) for _ in range(2))
+    mask = torch.ones(B, 1, T, S, dtype=torch.bool)
+    ref = Attention._grouped_sdpa(at, q, k, v, mask)
+    sdpa = F.scaled_dot_product_attention
+
+    def strided_sdpa(*a, **kw):
+        o = sdpa(*a, **kw)
+        return o.transpose(1, 2).contiguous().transpose(1, 2)             # same values, CUDA's memory layout
+    monkeypatch.setattr(F, "scaled_dot_product_attention", strided_sdpa)
+    assert torch.equal(Attention._grouped_sdpa(at, q, k, v, mask), ref)

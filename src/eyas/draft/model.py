@@ -169,7 +169,7 @@ class Attention(nn.Module):
         rep = self.nh // self.nkv
         qg = q.reshape(B, self.nkv, rep * T, d)
         mg = mask.repeat(1, 1, rep, 1) if rep > 1 else mask
-        return F.scaled_dot_product_attention(qg, k, v, attn_mask=mg).view(B, self.nh, T, d)
+        return F.scaled_dot_product_attention(qg, k, v, attn_mask=mg).reshape(B, self.nh, T, d)
 
 
 class MLP(nn.Module):
