@@ -13,6 +13,10 @@ compiled, and checks the bf16 store's first rows against the eager states.
 Ceiling: tokens/s = measured matmul FLOP/s / FLOPs per token, where FLOPs per token = 2 x (decoder
 linear parameters) + attention (2 x hidden x seq per layer, causal average). The lm_head is not in
 it: extraction never runs it.
+
+Shape bound (bench/_gemm.py): one decoder layer's GEMMs (separate, and with q/k/v and gate/up fused) and its
+causal attention timed the ceiling's way at the run's batch shape; tokens / (layers x (GEMMs + attention)) is
+what a forward with no other cost could reach, so it says how much of the ceiling cuBLAS allows at these shapes.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ helpers, also when loaded by path
 from _emit import emit  # noqa: E402
+from _gemm import matmul_tflops, shape_bound, summary, sync  # noqa: E402
 from capture import random_llama  # noqa: E402
 
 from eyas.store import HiddenStateStore, bytes_per_token, target_identity
@@ -41,11 +46,6 @@ LLAMA_8B = dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, 
                 intermediate_size=14336, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0)
 TINY = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
             intermediate_size=128, vocab_size=512, max_position_embeddings=512)
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def build_model(shape: dict, device: torch.device):
@@ -68,19 +68,6 @@ class RandomRows:
     def __getitem__(self, i):
         n = self.ids.shape[1]
         return {"input_ids": self.ids[i], "loss_mask": torch.ones(n, dtype=torch.bool), "position_ids": torch.arange(n)}
-
-
-def matmul_tflops(device: torch.device, n: int, iters: int) -> float:
-    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    for _ in range(3):
-        a @ b
-    sync(device)
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        a @ b
-    sync(device)
-    return 2 * n**3 * iters / (time.perf_counter() - t0) / 1e12
 
 
 def flops_per_token(model, cfg, seq: int) -> float:
@@ -236,6 +223,10 @@ def main(argv=None) -> dict:
     fpt = flops_per_token(model, cfg, seq)
     tflops = matmul_tflops(device, mm_n, mm_iters)
     ceiling = tflops * 1e12 / fpt
+    # the same timing at the forward's own shapes: M = the first batch's tokens (make_batches' packing)
+    rows = len(make_batches({i: data[i]["input_ids"].numel() for i in range(len(data))}, budget)[0])
+    bound = shape_bound(cfg, rows, seq, ceiling, device, mm_iters)
+    print(f"[bench/extract] {summary(bound)}", flush=True)
     plain_forward(model, data, budget, device)           # a whole warm-up pass: allocator, kernels, clocks
     fwd = eager_fwd = plain_forward(model, data, budget, device)
     compiled = a.compile == "on" or (a.compile == "auto" and device.type == "cuda")
@@ -265,6 +256,7 @@ def main(argv=None) -> dict:
               "torch": torch.__version__, "shape": shape, "seq": seq, "tokens": len(data) * seq,
               "token_budget": budget, "aux_layer_ids": aux_ids, "matmul_n": mm_n,
               "matmul_tflops": round(tflops, 2), "flops_per_token": fpt, "ceiling_tokens_per_s": round(ceiling, 1),
+              "shape_bound": bound,
               "forward_tokens_per_s": round(fwd, 1), "forward_frac_of_ceiling": round(fwd / ceiling, 4),
               "compiled": compiled_info, "forward_profile": prof, "writer_threads": a.writer_threads, "max_pending": a.max_pending,
               "stores": {}}
