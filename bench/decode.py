@@ -18,6 +18,7 @@ import json
 import sys
 from pathlib import Path
 
+from eyas.decode.divergence import COUNTS, recheck_lines
 from eyas.decode.evaluate import EvalConfig, run
 
 
@@ -37,10 +38,13 @@ def main(argv=None) -> int:
     ap.add_argument("--tiny", action="store_true", help="CPU smoke: 2 categories x 1 question, 16 tokens, small tree")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--plots", type=Path, default=None)
+    recheck = EvalConfig.model_fields["recheck"]  # `eyas eval --recheck`: its default and words, from the config
+    ap.add_argument("--recheck", type=int, default=recheck.default, help=recheck.description)
     a = ap.parse_args(argv)
     kw = dict(target=a.target, draft=a.draft, bench=a.bench, max_new_tokens=a.max_new_tokens, per_category=a.per_category,
               categories=a.categories,
-              chain=a.chain, tree=a.tree, device=a.device, compile=a.compile, out=None, json=True, plots=a.plots)
+              chain=a.chain, tree=a.tree, device=a.device, compile=a.compile, out=None, json=True, plots=a.plots,
+              recheck=a.recheck)
     if a.tiny:
         kw.update(categories=["writing", "math_reasoning"], per_category=1, max_new_tokens=16, tree="total=8,depth=4,topk=2",
                   device="cpu" if a.device == "auto" else a.device)
@@ -70,6 +74,7 @@ def summary(r: dict) -> dict:
             "efficiency": r["speedup"] / r["tau"] if r["tau"] else None,
             "identical_rate": r.get("identical_rate"), "tie_aware_identical_rate": r.get("tie_aware_identical_rate"),
             "unexplained_divergences": r.get("unexplained_divergences"),
+            **{k: r[k] for k in COUNTS if k in r},   # the recheck's verdicts (absent with --recheck 0)
             "round_ms": {"draft": ms["draft"], "verify": ms["verify"], "host": ms["overhead"]},
             "draft_level_ms": ms["draft"] / d["depth"], "ar_token_ms": ar_ms, "verify_over_ar": ms["verify"] / ar_ms}
 
@@ -86,6 +91,8 @@ def report(out: dict) -> None:
               f"{rm['host']:.3f}  ({s['ar_token_ms']:.3f}); verify/AR {s['verify_over_ar']:.2f}, "
               f"level {s['draft_level_ms']:.3f} ms, efficiency {s['efficiency'] or 0:.2f}")
         print("   per category tau: " + ", ".join(f"{c}={v['tau']:.2f}" for c, v in sorted(r["per_category"].items())))
+        for line in recheck_lines(r):   # unexplained divergences and their recheck verdicts (loud for "decoder")
+            print("   " + line)
     for p in out.get("cost_model", {}).get("predicted_vs_measured", []):
         print(f"cost model {p['setting']:28} from {p.get('replayed', 'all'):28} predicted tau {p['tau']:.2f} "
               f"speedup {p['speedup']:.2f} | measured tau {p['measured_tau']:.2f} speedup {p['measured_speedup']:.2f}")

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ helpers, also
 from _emit import emit  # noqa: E402
 
 from eyas.data.generate import Generator, NativeBackend
-from eyas.decode.evaluate import TIE_ULPS, ulp
+from eyas.decode.divergence import TIE_ULPS, ulp
 from eyas.data.sources import iter_conversations
 
 

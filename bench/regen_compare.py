@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from eyas.data.backends import prompt_ids
-from eyas.decode.evaluate import TIE_ULPS, ulp
+from eyas.decode.divergence import TIE_ULPS, ulp
 from eyas.target import load_target
 
 

@@ -1,4 +1,7 @@
-"""Tiny in-process targets (Llama, Qwen3-MoE, Gemma3 multimodal wrapper) and drafts for decode tests."""
+"""Tiny in-process targets (Llama, Qwen3-MoE, Gemma3 multimodal wrapper) and drafts for decode tests; a saved
+target (char tokenizer + ChatML template), draft dir and bench file for `eyas eval` tests."""
+
+import json
 
 import pytest
 import torch
@@ -53,6 +56,40 @@ def random_draft(model, seed=1, scale=1.0):
             p.mul_(scale)
     d.init_from_target(target.layout.embed.weight, target.layout.lm_head.weight)
     return d.eval(), target
+
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def char_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    vocab = {"<unk>": 0, "<|im_start|>": 1, "<|im_end|>": 2}
+    for c in map(chr, range(32, 127)):
+        vocab[c] = len(vocab)
+    vocab["\n"] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<|im_end|>",
+                                   additional_special_tokens=["<|im_start|>"])
+    fast.chat_template = CHATML
+    return fast
+
+
+def write_eval_dirs(root):
+    """root/target (tiny Llama, vocab 128, char tokenizer), root/draft, root/bench.jsonl (3 questions, 4 turns)."""
+    from eyas.draft.io import save_draft
+    model = tiny_llama(seed=2, vocab=128)
+    model.save_pretrained(root / "target")
+    char_tokenizer().save_pretrained(root / "target")
+    draft, _ = random_draft(model)
+    save_draft(draft, root / "draft", {"target": "tiny"})
+    rows = [{"question_id": 1, "category": "a", "turns": ["hi there", "and again?"]},
+            {"question_id": 2, "category": "b", "turns": ["what is 2+2"]},
+            {"question_id": 3, "category": "b", "turns": ["another"]}]
+    (root / "bench.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return root
 
 
 @pytest.fixture

@@ -6,47 +6,17 @@ import re
 
 import pytest
 import torch
-from conftest import random_draft, tiny_llama
+from conftest import write_eval_dirs
 
 from eyas.cli import main
 from eyas.decode.bench import load_bench
 from eyas.decode.costmodel import Costs, choose, covers, predict, predict_from, replay_accepted
 from eyas.decode.tree import TreeSpec
-from eyas.draft.io import save_draft
-
-CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-
-
-def char_tokenizer():
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-    vocab = {"<unk>": 0, "<|im_start|>": 1, "<|im_end|>": 2}
-    for c in map(chr, range(32, 127)):
-        vocab[c] = len(vocab)
-    vocab["\n"] = len(vocab)
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<|im_end|>",
-                                   additional_special_tokens=["<|im_start|>"])
-    fast.chat_template = CHATML
-    return fast
 
 
 @pytest.fixture(scope="module")
 def tiny_dirs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("eval")
-    model = tiny_llama(seed=2, vocab=128)
-    model.save_pretrained(root / "target")
-    char_tokenizer().save_pretrained(root / "target")
-    draft, _ = random_draft(model)
-    save_draft(draft, root / "draft", {"target": "tiny"})
-    bench = root / "bench.jsonl"
-    rows = [{"question_id": 1, "category": "a", "turns": ["hi there", "and again?"]},
-            {"question_id": 2, "category": "b", "turns": ["what is 2+2"]},
-            {"question_id": 3, "category": "b", "turns": ["another"]}]
-    bench.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    return root
+    return write_eval_dirs(tmp_path_factory.mktemp("eval"))
 
 
 def test_eval_cli_writes_json_and_plots(tiny_dirs, capsys):
@@ -178,7 +148,7 @@ def test_cost_model_replay_and_choice():
 
 def test_ulp_matches_the_dtype_spacing():
     import torch
-    from eyas.decode.evaluate import ulp
+    from eyas.decode.divergence import ulp
 
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         for x in (0.375, 1.0, 17.5, -23.0, 100.0):
@@ -196,7 +166,7 @@ def test_logit_gap_calls_a_two_ulp_gap_a_tie():
     import types
 
     import torch
-    from eyas.decode.evaluate import TIE_ULPS, logit_gap
+    from eyas.decode.divergence import TIE_ULPS, logit_gap
 
     logits = torch.zeros(1, 1, 8)
     logits[0, 0, 3], logits[0, 0, 5] = 20.0, 20.0 - TIE_ULPS * 0.125   # bf16 spacing at 16..32 is 0.125

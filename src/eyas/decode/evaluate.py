@@ -8,7 +8,6 @@ speedup compares equal optimisation levels. Greedy outputs are compared token fo
 from __future__ import annotations
 
 import json
-import math
 import os
 import platform
 import subprocess
@@ -22,6 +21,7 @@ from eyas.aux_layers import check_aux_layer_ids
 from eyas.config import StageConfig
 from eyas.decode.bench import SPEC_BENCH, load_bench
 from eyas.decode.costmodel import Costs, choose, covers, predict_from
+from eyas.decode.divergence import logit_gap, recheck, recheck_lines
 from eyas.decode.proposer import EagleProposer
 from eyas.decode.speculative import GenStats, SpecDecoder, ar_generate, warm_ar
 from eyas.decode.target_step import TargetRunner
@@ -31,7 +31,6 @@ from eyas.draft.io import load_draft, read_draft_config
 from eyas.progress import Progress
 from eyas.target import load_config, load_target, text_config
 
-TIE_ULPS = 2                                          # a logit tie: |gap| <= 2 ulp of the model dtype
 AUTO_PROBE = TreeSpec(total=80, depth=8, topk=10)   # recorded once; every smaller setting is replayed from it
 
 
@@ -52,6 +51,8 @@ class EvalConfig(StageConfig):
     out: Path | None = Field(None, description="also write the full results JSON to this file")
     plots: Path | None = Field(None, description="write PNG plots into this directory")
     seed: int = Field(0, description="sampling seed (temperature > 0)")
+    recheck: int = Field(4, ge=0, description="greedy: decode up to N turns whose divergence is not a logit tie again, "
+                         "alone, in fp32 and in --dtype; verdict 'numerics' (fp32 is exact) or 'decoder' (0: off)")
     calib: int = Field(1, ge=1, description="--tree auto: questions per category for the calibration run")
     cache_dir: Path | None = Field(None, description="cache for built-in targets")
     trust_remote_code: bool = Field(False, description="allow the target's own modelling code")
@@ -78,26 +79,6 @@ def _eos_ids(target) -> set[int]:
         e = getattr(src, "eos_token_id", None)
         ids |= set(e if isinstance(e, (list, tuple)) else [e] if e is not None else [])
     return ids
-
-
-def ulp(x: float, dtype: torch.dtype) -> float:
-    """Spacing of `dtype`'s representable numbers at magnitude |x| (eps = 2^-stored mantissa bits)."""
-    return 2.0 ** math.floor(math.log2(max(abs(x), 1e-30))) * torch.finfo(dtype).eps
-
-
-def logit_gap(runner: TargetRunner, prompt: list[int], ref: list[int], other: list[int]) -> dict:
-    """At the first differing token: the target's logit(ref token) - logit(other token) given the common prefix."""
-    i = next(i for i, (a, b) in enumerate(zip(ref + [-1], other + [-2])) if a != b)
-    if i >= min(len(ref), len(other)):
-        return {"index": i, "gap": None, "note": "one output is a prefix of the other (eos/length)"}
-    ids = torch.tensor([prompt + ref[:i]], device=runner.device)
-    logits = runner.model(input_ids=ids, use_cache=False).logits[0, -1].float()
-    gap = float(logits[ref[i]] - logits[other[i]])
-    # "Lossless" in low precision: a divergence is explained iff the two tokens' logits tie within
-    # TIE_ULPS units in the last place of the model dtype at their magnitude (bf16: 8 mantissa bits).
-    m = max(abs(float(logits[ref[i]])), abs(float(logits[other[i]])))
-    u = ulp(m, runner.dtype)
-    return {"index": i, "gap": gap, "magnitude": m, "ulp": u, "tie": abs(gap) <= TIE_ULPS * u}
 
 
 def _summary(stats: GenStats, base: GenStats, identical: list[bool]) -> dict:
@@ -238,11 +219,12 @@ class Session:
         self._decoders[key].record_rounds = record
         return self._decoders[key]
 
-    def run(self, spec: TreeSpec, record: bool = False) -> tuple[dict, GenStats]:
+    def run(self, spec: TreeSpec, record: bool = False, recheck_n: int = 0) -> tuple[dict, GenStats]:
+        """One setting over every turn. recheck_n: greedy divergences that are not ties to recheck (divergence.py)."""
         self.warmup(spec)
         base_all, spec_all, same_all = GenStats(), GenStats(), []
         cats: dict[str, tuple[GenStats, GenStats, list[bool]]] = {}
-        divergences = []
+        divergences, diverged = [], {}
         dec = self.decoder(spec, record)
         todo = list(self.prompts())
         bar = Progress(f"eval: {spec.label()}", len(todo), "turns")
@@ -256,6 +238,7 @@ class Session:
             if not same and self.temperature <= 0:
                 divergences.append({"question_id": key[0], "turn": key[1], "category": cat,
                                     **logit_gap(self.runner, prompt, ref, out)})
+                diverged[key] = (prompt, out)
             c = cats.setdefault(cat, (GenStats(), GenStats(), []))
             for agg, s in ((c[0], st), (c[1], bst), (base_all, bst)):
                 agg.add(s)
@@ -274,6 +257,8 @@ class Session:
             ties = sum(bool(d.get("tie")) for d in divergences)
             result["tie_aware_identical_rate"] = (sum(same_all) + ties) / len(same_all)
             result["unexplained_divergences"] = len(divergences) - ties
+            if recheck_n > 0:  # after the timed loop: the same target, draft and prompts are still at hand
+                result.update(recheck(self, spec, divergences, diverged, recheck_n))
         return result, spec_all
 
     def ar_step(self) -> float:
@@ -351,7 +336,7 @@ def run(cfg: EvalConfig, reuse: dict | None = None) -> dict | int:
         specs.append(TreeSpec.parse(cfg.tree))
     results = []
     for spec in specs:
-        res, st = s.run(spec, record=cfg.temperature <= 0)
+        res, st = s.run(spec, record=cfg.temperature <= 0, recheck_n=cfg.recheck)
         costs.ar_step = s.ar_step()
         costs.add_run(spec, st)
         by_spec.append((spec, st.rounds))
@@ -391,6 +376,9 @@ def table(out: dict) -> str:
     crow += [(c,) + tuple(f"{r['per_category'][c]['tau']:.2f}" if c in r["per_category"] else "-"
                           for r in out["results"]) for c in cats]
     lines += ["τ by category:"] + _columns(crow)
+    rechecks = [line for r in out["results"] for line in recheck_lines(r)]
+    if rechecks:
+        lines += [""] + rechecks
     if out.get("plots"):
         lines += ["", "plots: " + ", ".join(out["plots"])]
     return "\n".join(lines)

@@ -34,7 +34,8 @@ from pydantic import Field
 
 from eyas.config import StageConfig
 from eyas.decode.bench import load_bench
-from eyas.decode.evaluate import TIE_ULPS, Session, evaluate, logit_gap
+from eyas.decode.divergence import TIE_ULPS, logit_gap
+from eyas.decode.evaluate import Session, evaluate
 from eyas.devices import TORCH_NAMES, resolve_device, resolve_dtype
 from eyas.draft.io import load_draft
 from eyas.engines.base import EngineError, run_in_env

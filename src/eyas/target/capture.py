@@ -41,6 +41,21 @@ class Captured:
         return torch.stack([self._aux[k] for k in self.aux_ids], dim=2)
 
 
+def _mark(hook):
+    hook.eyas_capture = True  # found again by drop_capture_hooks
+    return hook
+
+
+def drop_capture_hooks(model: nn.Module) -> nn.Module:
+    """Remove capture's hooks from `model`, a deep copy of a model under capture: deepcopy keeps forward hooks, and
+    the copied ones would write the copy's hidden states into the original's Captured. Returns `model`."""
+    for m in model.modules():
+        for key in [k for k, fn in m._forward_pre_hooks.items() if getattr(fn, "eyas_capture", False)]:
+            del m._forward_pre_hooks[key]
+            m._forward_pre_hooks_with_kwargs.pop(key, None)
+    return model
+
+
 @contextmanager
 def capture(layout: Layout, aux_ids: list[int], *, last: bool = True) -> Iterator[Captured]:
     """Hooks live only inside the `with` block. Tensors are detached views (no copies)."""
@@ -51,14 +66,14 @@ def capture(layout: Layout, aux_ids: list[int], *, last: bool = True) -> Iterato
     def pre_hook(k: int):
         def fn(_mod: nn.Module, args: tuple, kwargs: dict):
             out._aux[k] = _hidden_from(args, kwargs).detach()
-        return fn
+        return _mark(fn)
 
     for k in ids:
         handles.append(layout.layers[k].register_forward_pre_hook(pre_hook(k), with_kwargs=True))
     if last:
         def norm_hook(_mod: nn.Module, args: tuple, kwargs: dict):
             out.last = _hidden_from(args, kwargs).detach()
-        handles.append(layout.norm.register_forward_pre_hook(norm_hook, with_kwargs=True))
+        handles.append(layout.norm.register_forward_pre_hook(_mark(norm_hook), with_kwargs=True))
     try:
         yield out
     finally:
