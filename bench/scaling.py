@@ -3,6 +3,7 @@
     PYTHONPATH=src python bench/scaling.py --data SHAREGPT.json --work runs/scaling --budget-s 540 \
         --out bench/results/scaling.json            # repeat the same command until it prints "all steps done"
     PYTHONPATH=src python bench/scaling.py --tiny --work /tmp/scaling-tiny --out /tmp/scaling-tiny.json   # CPU
+Add --skip-eval to train only (a later call on the same --work without it runs the missing evals).
 
 Steps, each resumable and each recorded as done in WORK/state.json, so the run spreads over several calls of
 at most --budget-s seconds (a step cut by the budget continues next call: regenerate skips finished rows,
@@ -12,10 +13,20 @@ train resumes from its last checkpoint):
   prep:KIND:S `eyas prepare` of the first rows holding ~S tokens (rows estimated from the kind's tokens/row).
   train:KIND:S online `eyas train` for --epochs over those tokens; held-out simulated chain-K tau is the
               last held-out eval in metrics.jsonl (K = --ttt).
-After each call the JSON (points so far) and a PNG (tau vs tokens, log x, one line per kind) are rewritten.
-Held-out rows are each kind's own 5% split; compare kinds on Spec-Bench with bench/decode.py on the drafts.
+  eval:KIND:S measured Spec-Bench tau at T=0 of that draft (`eyas eval`; eager unless --eval-compile: only tau
+              is wanted, not minutes of compile warm-up): --eval-chain and --eval-tree over --eval-per-category
+              questions per category (--eval-categories: all 13), all their turns, --eval-max-new-tokens each.
+              Not resumable inside, so it starts only when the budget still holds 1.5x the longest eval seen
+              in WORK (--eval-est-s before the first).
+Each point: kind, size, tokens, rows, tau (simulated), acc, steps, train_seconds; after its eval also
+spec_bench_chain_tau, spec_bench_tree_tau, eval_seconds and the setting they were measured under
+(spec_bench_chain, _tree, _questions, _categories, _max_new_tokens; also the JSON's "eval").
+After each call the JSON (points so far) and a PNG (left: held-out simulated tau, right: Spec-Bench tree tau
+(solid) and chain tau (dashed); tokens on a log x, one colour per kind) are rewritten. Held-out rows are each
+kind's own 5% split; Spec-Bench is the same questions for every kind.
 Over several GPU sessions (a machine's /tmp is gone between them): each session computes a few points
-(`--kinds raw --sizes 1e6,3e6`, ...) with `--merge` the previous session's JSON, whose points are kept.
+(`--kinds raw --sizes 1e6,3e6`, ...) with `--merge` the previous session's JSON, whose points are kept (those
+from before the eval step have no Spec-Bench tau: they plot on the left only; another eval setting is refused).
 """
 
 from __future__ import annotations
@@ -33,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ helpers, also
 from _emit import emit  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-END_TILT = 1.1
+END_TILT = 2.5
 
 
 def tiny_target(work: Path, like: str) -> str:
@@ -50,8 +61,14 @@ def tiny_target(work: Path, like: str) -> str:
                           bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, tie_word_embeddings=False)
         model = LlamaForCausalLM(cfg)
         with torch.no_grad():  # a random model almost never ends a turn; tilt it to, so answers and prompts end
-            # feature 0 is ~constant after the final norm (every embedding carries 1.0 there): P(end) ~ 1/10 a step
-            model.model.embed_tokens.weight[:, 0] = 1.0
+            # Right after one of a tenth of the vocabulary, and only there: sampled turns end ~1/10 a step, and a
+            # greedy one (the T=0 eval) runs until it meets one. A constant tilt would end every greedy answer at
+            # once. Feature 0 (+1 on those tokens, -1 elsewhere) is ~+-8 after the final norm: EOS certain or never.
+            from eyas.decode.evaluate import turn_prompt
+
+            ends = torch.arange(cfg.vocab_size) % 10 == 0
+            ends[turn_prompt(tok, {"turns": ["hi"]}, [])[-1]] = False   # the generation prompt's last token
+            model.model.embed_tokens.weight[:, 0] = ends.float() * 2 - 1
             model.lm_head.weight[tok.eos_token_id] = 0.0
             model.lm_head.weight[tok.eos_token_id, 0] = END_TILT
         model.save_pretrained(path)
@@ -72,11 +89,12 @@ class Runner:
     def save(self) -> None:
         self.state_path.write_text(json.dumps(self.state, indent=1))
 
-    def eyas(self, name: str, *args: str) -> bool:
-        """Run one eyas stage under the remaining budget; True when it finished."""
+    def eyas(self, name: str, *args: str, need: float = 20) -> bool:
+        """Run one eyas stage under the remaining budget (started only with `need` seconds left); True when done."""
         if name in self.state["done"]:
             return True
-        if self.left() < 20:
+        if self.left() < need:
+            print(f"-- {name}: needs ~{need:.0f} s, {self.left():.0f} s left; the next call runs it", flush=True)
             return False
         cmd = [sys.executable, "-m", "eyas.cli", *args]
         print(f"== {name} ({self.left():.0f} s left): {' '.join(cmd[3:])}", flush=True)
@@ -119,6 +137,58 @@ def tokens_per_row(r: Runner, kind: str, src: str, rows: int) -> float | None:
     return s["tokens"] / s["rows_out"]
 
 
+def spec_bench(r: Runner, kind: str, size: int) -> bool:
+    """eval:KIND:S, one `eyas eval` for both settings (they share its greedy baseline); True when done."""
+    a = r.a
+    seen = [t for k, t in r.state["done"].items() if k.startswith("eval:")]
+    cats = ["--categories", *a.eval_categories.split(",")] if a.eval_categories else []
+    return r.eyas(f"eval:{kind}:{size}", "eval", "--target", a.target, "--draft", str(r.work / f"run-{kind}-{size}"),
+                  "--per-category", str(a.eval_per_category), *cats, "--max-new-tokens", str(a.eval_max_new_tokens),
+                  "--chain", str(a.eval_chain), "--tree", a.eval_tree, "--temperature", "0", "--device", a.device,
+                  "--compile" if a.eval_compile else "--no-compile", "--out", str(r.work / f"eval-{kind}-{size}.json"),
+                  need=1.5 * max(seen) if seen else a.eval_est_s)
+
+
+# What makes two points' Spec-Bench tau comparable. Kept per point, not in `recipe`: the recipe decides whether
+# the drafts (and their simulated tau) compare, these only whether the measured tau does, and old points without
+# any Spec-Bench tau must still merge (a recipe key would refuse them). Read back from eval's own JSON.
+EVAL_KEYS = ("spec_bench_chain", "spec_bench_tree", "spec_bench_questions", "spec_bench_categories",
+             "spec_bench_max_new_tokens")
+
+
+def eval_setting(a) -> dict | None:
+    """This call's Spec-Bench setting in EVAL_KEYS' terms (None with --skip-eval)."""
+    if a.skip_eval:
+        return None
+    from eyas.decode.bench import SPEC_BENCH, load_bench
+    from eyas.decode.tree import TreeSpec
+
+    qs = load_bench(SPEC_BENCH, a.eval_categories.split(",") if a.eval_categories else None, a.eval_per_category)
+    return {"spec_bench_chain": TreeSpec.chain(a.eval_chain).label(),
+            "spec_bench_tree": TreeSpec.parse(a.eval_tree).label(),
+            "spec_bench_questions": len(qs), "spec_bench_categories": sorted({q["category"] for q in qs}),
+            "spec_bench_max_new_tokens": a.eval_max_new_tokens}
+
+
+def spec_bench_point(path: Path) -> dict:
+    """A point's Spec-Bench tau and setting from its `eyas eval --out` JSON (one result per setting)."""
+    out = json.loads(path.read_text())
+    by = {("chain" if x["setting"].startswith("chain-") else "tree"): x for x in out["results"]}
+    return {"spec_bench_chain_tau": by["chain"]["tau"], "spec_bench_tree_tau": by["tree"]["tau"],
+            "spec_bench_chain": by["chain"]["setting"], "spec_bench_tree": by["tree"]["setting"],
+            "spec_bench_questions": out["questions"], "spec_bench_categories": sorted(by["tree"]["per_category"]),
+            "spec_bench_max_new_tokens": by["tree"]["decode"]["max_new_tokens"]}
+
+
+def check_eval_settings(points: list[dict], ours: dict | None, where: str) -> None:
+    """One curve, one Spec-Bench setting: its tau moves with the questions, token budget and tree."""
+    seen = {json.dumps({k: p.get(k) for k in EVAL_KEYS}) for p in points if "spec_bench_tree_tau" in p}
+    seen |= {json.dumps(ours)} if ours else set()
+    if len(seen) > 1:
+        raise SystemExit(f"{where}: Spec-Bench tau measured under different eval settings "
+                         f"({' vs '.join(sorted(seen))}); match the --eval-* flags to the earlier points'")
+
+
 def last_eval(run: Path) -> dict | None:
     m = run / "metrics.jsonl"
     if not m.is_file():
@@ -127,22 +197,39 @@ def last_eval(run: Path) -> dict | None:
     return ev[-1] if ev else None
 
 
-def plot(points: list[dict], png: Path) -> None:
+def plot(points: list[dict], png: Path, ttt: int) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for kind in sorted({p["kind"] for p in points}):
+    fig, (sim, sb) = plt.subplots(1, 2, figsize=(11, 4), sharex=True)
+    measured = [p for p in points if "spec_bench_tree_tau" in p]   # points older than the eval step have none
+    for i, kind in enumerate(sorted({p["kind"] for p in points})):
         ps = sorted((p for p in points if p["kind"] == kind), key=lambda p: p["tokens"])
-        ax.plot([p["tokens"] for p in ps], [p["tau"] for p in ps], marker="o", label=kind)
-    ax.set_xscale("log")
-    ax.set_xlabel("training tokens")
-    ax.set_ylabel("held-out simulated tau")
-    ax.set_title("draft tau vs data (raw / regenerated / self-generated)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+        sim.plot([p["tokens"] for p in ps], [p["tau"] for p in ps], marker="o", color=f"C{i}", label=kind)
+        ms = [p for p in ps if p in measured]
+        if ms:
+            x = [p["tokens"] for p in ms]
+            sb.plot(x, [p["spec_bench_tree_tau"] for p in ms], marker="o", color=f"C{i}", label=f"{kind} tree")
+            sb.plot(x, [p["spec_bench_chain_tau"] for p in ms], marker="s", ls="--", color=f"C{i}",
+                    label=f"{kind} chain")
+    sim.set_ylabel(f"held-out simulated chain-{ttt} tau")
+    sim.set_title("held-out simulated tau")
+    if measured:
+        m = measured[0]
+        sb.set_title(f"Spec-Bench T=0: {m['spec_bench_tree']}, {m['spec_bench_chain']}\n"
+                     f"{m['spec_bench_questions']} questions, {m['spec_bench_max_new_tokens']} new tokens", fontsize=9)
+    else:
+        sb.text(0.5, 0.5, "no Spec-Bench tau yet", ha="center", transform=sb.transAxes)
+    sb.set_ylabel("measured Spec-Bench tau")
+    for ax in (sim, sb):
+        ax.set_xscale("log")
+        ax.set_xlabel("training tokens")
+        ax.grid(True, which="both", alpha=0.3)
+        if ax.has_data():
+            ax.legend(fontsize=8)
+    fig.suptitle("draft tau vs data (raw / regenerated / self-generated)")
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=120)
@@ -150,8 +237,9 @@ def plot(points: list[dict], png: Path) -> None:
 
 
 def merged_points(paths: list[Path], a) -> list[dict]:
-    """Points of earlier runs made with the same recipe (target, ttt, epochs, lr, batch, vocab, max length);
-    a different recipe is an error, not a silent mix. A (kind, size) in several files: the first one wins."""
+    """Points of earlier runs made with the same recipe (target, ttt, epochs, lr, batch, vocab, max length) and,
+    where they have Spec-Bench tau, the same eval setting; a difference is an error, not a silent mix.
+    A (kind, size) in several files: the first one wins."""
     recipe = {k: getattr(a, k) for k in ("ttt", "epochs", "lr", "batch", "vocab", "max_length")}
     out: dict[tuple, dict] = {}
     for path in paths:
@@ -163,6 +251,7 @@ def merged_points(paths: list[Path], a) -> list[dict]:
                              f"its points would not be comparable")
         for p in prev.get("points", []):
             out.setdefault((p["kind"], p["size"]), p)
+    check_eval_settings(list(out.values()), eval_setting(a), f"--merge {' '.join(map(str, paths))}")
     return list(out.values())
 
 
@@ -187,6 +276,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--train-args", default="", help="extra `eyas train` flags")
+    ap.add_argument("--skip-eval", action="store_true", help="no eval:KIND:S steps (train only): no Spec-Bench tau")
+    ap.add_argument("--eval-chain", type=int, default=3, help="Spec-Bench chain length K")
+    ap.add_argument("--eval-tree", default="total=60,depth=7,topk=10", help="Spec-Bench tree")
+    ap.add_argument("--eval-per-category", type=int, default=1, help="Spec-Bench questions per category")
+    ap.add_argument("--eval-categories", default="", help="comma-separated Spec-Bench categories (default: all 13)")
+    ap.add_argument("--eval-max-new-tokens", type=int, default=256, help="new tokens per Spec-Bench turn")
+    ap.add_argument("--eval-compile", action=argparse.BooleanOptionalAction, default=False,
+                    help="torch.compile + CUDA graphs in eval (faster rounds, minutes of warm-up; tau is the same)")
+    ap.add_argument("--eval-est-s", type=float, default=180, help="an eval's seconds until one has been timed here")
     ap.add_argument("--tiny", action="store_true", help="CPU check: random 2-layer target, sizes of a few k tokens")
     ap.add_argument("--png", type=Path, default=None, help="default: next to --out")
     ap.add_argument("--merge", type=Path, nargs="*", default=[],
@@ -194,12 +292,16 @@ def main(argv: list[str] | None = None) -> int:
                          "kept and not recomputed, so the curve can be built over several sessions, a few points each")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "scaling.json")
     a = ap.parse_args(argv)
+    if a.tiny:  # tiny defaults; flags given still win (the test asks for one small point)
+        ap.set_defaults(sizes="1500,3000,6000,12000", gen_batch=8, new_tokens=24, max_prompt=256, est_tokens_per_row=60,
+                        gen_temperature=1.0,  # a random model's greedy answer is one token over and over (or empty)
+                        max_length=256, vocab=512, ttt=2, epochs=1.0, batch=2, device="cpu", eval_chain=2,
+                        eval_tree="total=6,depth=3,topk=2", eval_max_new_tokens=16, eval_est_s=60,
+                        eval_categories="writing,coding")  # short questions: no 3k-character rag prompt on a CPU
+        a = ap.parse_args(argv)
     a.work.mkdir(parents=True, exist_ok=True)
     if a.tiny:
         a.target = tiny_target(a.work, a.target)
-        a.sizes, a.gen_batch, a.new_tokens, a.max_prompt, a.est_tokens_per_row = "1500,3000,6000,12000", 8, 24, 256, 60
-        a.gen_temperature = 1.0  # a random model's greedy answer is one token over and over (or empty)
-        a.max_length, a.vocab, a.ttt, a.epochs, a.batch, a.device = 256, 512, 2, 1.0, 2, a.device or "cpu"
     a.device = a.device or ("cuda" if __import__("torch").cuda.is_available() else "cpu")
     sizes = [int(float(s)) for s in a.sizes.split(",")]
     earlier = merged_points(a.merge, a)
@@ -226,27 +328,38 @@ def main(argv: list[str] | None = None) -> int:
                           str(a.batch), "--lr", str(a.lr), "--eval-every", "1000000", "--save-every", "200",
                           *(["--resume"] if (run / "checkpoints").is_dir() else []), "--seed", "0", "--device", a.device, "--no-progress", *a.train_args.split()):
                 break
+            if not a.skip_eval and not spec_bench(r, kind, size):
+                break
     points = list(earlier)   # every merged point, also of kinds this call does not compute
+    unmeasured = []          # trained here, Spec-Bench tau still to come
     for key in r.state["done"]:
         if key.startswith("train:"):
             _, kind, size = key.split(":")
             ev = last_eval(r.work / f"run-{kind}-{size}")
-            man = json.loads((r.work / f"prep-{kind}-{size}" / "manifest.json").read_text()).get("summary", {})
             if ev:
+                man = json.loads((r.work / f"prep-{kind}-{size}" / "manifest.json").read_text()).get("summary", {})
                 points.append({"kind": kind, "size": int(size), "tokens": man.get("tokens"), "rows": man.get("rows_out"),
                                "tau": ev["tau"], "acc": ev.get("acc"), "steps": ev.get("step"),
                                "train_seconds": r.state["done"][key]})
+                if f"eval:{kind}:{size}" in r.state["done"]:
+                    points[-1].update(spec_bench_point(r.work / f"eval-{kind}-{size}.json"),
+                                      eval_seconds=r.state["done"][f"eval:{kind}:{size}"])
+                else:
+                    unmeasured.append((kind, int(size)))
+    ours = eval_setting(a)
+    check_eval_settings(points, ours, str(a.work))   # evals of an earlier call with other --eval-* flags
     wanted = {(k, s) for k in a.kinds.split(",") for s in sizes}
     png = a.png or a.out.with_suffix(".png")
     if points:
-        plot(points, png)
-    done = wanted <= {(p["kind"], p["size"]) for p in points}
+        plot(points, png, a.ttt)
+    done = wanted <= {(p["kind"], p["size"]) for p in points} and (a.skip_eval or not wanted & set(unmeasured))
     print("all steps done" if done else
-          f"{len(points)}/{len(wanted)} points; run the same command again to continue", flush=True)
+          f"{len(points)}/{len(wanted)} points, {len(unmeasured)} without Spec-Bench tau; run the same command "
+          f"again to continue", flush=True)
     recipe = {k: getattr(a, k) for k in ("ttt", "epochs", "lr", "batch", "vocab", "max_length")}
     emit({"bench": "scaling", "target": a.target, "data": a.data, "kinds": a.kinds.split(","), "sizes": sizes,
           "ttt": a.ttt, "epochs": a.epochs, "complete": done, "merged_from": [str(m) for m in a.merge],
-          "recipe": recipe, "png": str(png) if points else None,
+          "recipe": recipe, "eval": ours, "png": str(png) if points else None,
           "stage_seconds": r.state["done"], "points": points}, a.out)
     return 0
 

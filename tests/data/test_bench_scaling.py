@@ -1,11 +1,15 @@
-"""bench/scaling.py --merge: the scaling curve built over several GPU sessions, a few points each."""
+"""bench/scaling.py: the scaling curve built over several GPU sessions, a few points each (--merge), each point
+with its Spec-Bench tau (eval:KIND:S); end to end on CPU with --tiny."""
 
 import importlib.util
 import json
+import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+
+from tests.data.templates import make_tokenizer
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "scaling.py"
 
@@ -59,6 +63,99 @@ def test_merge_of_two_sessions_keeps_the_first_of_a_repeated_point(tmp_path):
     b = tmp_path / "b.json"
     b.write_text(json.dumps({"target": "T", "recipe": RECIPE, "points": [
         {"kind": "raw", "size": 1000, "tau": 9.9}, {"kind": "self", "size": 3000, "tau": 1.8}]}))
-    args = SimpleNamespace(target="T", **RECIPE)
+    args = SimpleNamespace(target="T", skip_eval=True, **RECIPE)
     pts = {(p["kind"], p["size"]): p["tau"] for p in mod.merged_points([a, b], args)}
     assert pts == {("raw", 1000): 1.5, ("regen", 1000): 1.7, ("self", 3000): 1.8}
+
+
+def test_merge_refuses_spec_bench_tau_of_another_eval_setting(tmp_path):
+    mod = load()
+    prev = earlier(tmp_path)
+    doc = json.loads(prev.read_text())
+    doc["points"][0].update(spec_bench_chain_tau=1.5, spec_bench_tree_tau=2.0, spec_bench_chain="chain-3",
+                            spec_bench_tree="tree(total=60,depth=7,topk=10)", spec_bench_questions=13,
+                            spec_bench_categories=["writing"], spec_bench_max_new_tokens=512)   # not this call's 256
+    prev.write_text(json.dumps(doc))
+    argv = ["--target", "T", "--kinds", "raw", "--sizes", "1000", "--work", str(tmp_path / "w"), "--device", "cpu",
+            "--merge", str(prev), "--out", str(tmp_path / "o.json")]
+    with pytest.raises(SystemExit, match="different eval settings"):
+        mod.main(argv)
+    mod.main(argv + ["--skip-eval"])   # a train-only session keeps them (one setting among the merged points)
+
+
+def stages(tmp_path, monkeypatch, *flags):
+    """main() with every eyas stage faked (exit 0): the stages started, by name, and their command lines."""
+    mod = load()
+    ran = {}
+
+    def fake(cmd, env=None, timeout=None):
+        ran[cmd[3]] = cmd[4:]
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(mod.subprocess, "run", fake)
+    monkeypatch.setattr(mod, "tokens_per_row", lambda *a: 600.0)
+    out = tmp_path / "o.json"
+    mod.main(["--target", "T", "--kinds", "raw", "--sizes", "1000", "--work", str(tmp_path / "w"), "--device", "cpu",
+              "--out", str(out), *flags])
+    return ran, json.loads(out.read_text())
+
+
+def test_each_trained_point_gets_an_eager_spec_bench_eval(tmp_path, monkeypatch):
+    ran, doc = stages(tmp_path, monkeypatch)
+    assert list(ran) == ["prepare", "train", "eval"]
+    cmd = " ".join(ran["eval"])
+    for part in ("--chain 3", "--tree total=60,depth=7,topk=10", "--per-category 1", "--max-new-tokens 256",
+                 "--temperature 0", "--no-compile", "run-raw-1000"):
+        assert part in cmd
+    assert "eval:raw:1000" in json.loads((tmp_path / "w" / "state.json").read_text())["done"]
+    assert doc["eval"]["spec_bench_questions"] == 13 and doc["eval"]["spec_bench_chain"] == "chain-3"
+
+
+def test_skip_eval_trains_only(tmp_path, monkeypatch):
+    ran, doc = stages(tmp_path, monkeypatch, "--skip-eval")
+    assert list(ran) == ["prepare", "train"] and doc["eval"] is None
+
+
+def test_an_eval_that_cannot_fit_the_budget_waits_for_the_next_call(tmp_path, monkeypatch):
+    ran, doc = stages(tmp_path, monkeypatch, "--budget-s", "300", "--eval-est-s", "400")
+    assert list(ran) == ["prepare", "train"] and not doc["complete"]
+    state = tmp_path / "w" / "state.json"   # once an eval is timed here, 1.5x that is what the next one needs
+    state.write_text(json.dumps({"done": {"eval:raw:10": 150.0}}))
+    ran, _ = stages(tmp_path, monkeypatch, "--budget-s", "200", "--eval-est-s", "1")
+    assert "eval" not in ran
+    ran, _ = stages(tmp_path, monkeypatch, "--budget-s", "300", "--eval-est-s", "1000")
+    assert "eval" in ran
+
+
+def test_tiny_end_to_end_with_spec_bench_tau(tmp_path, monkeypatch):
+    """--tiny on CPU, one raw point: prepare, train, eval for real (tiny chain/tree, 16 tokens, 2 questions), merged
+    with an old-style point that has no Spec-Bench tau; then a rerun starts nothing."""
+    mod = load()
+    tok = tmp_path / "tok"
+    make_tokenizer("smollm2").save_pretrained(tok)
+    words = "the a cat dog runs fast slow blue green house tree river stone light dark".split()
+    data = tmp_path / "sg.json"
+    data.write_text(json.dumps([{"id": str(i), "conversations": [
+        {"from": "human", "value": " ".join(words[(i + j) % 15] for j in range(8 + i % 7))},
+        {"from": "gpt", "value": " ".join(words[(3 * i + j) % 15] for j in range(20 + i % 11))}]} for i in range(60)]))
+    work, out = tmp_path / "w", tmp_path / "scaling.json"
+    old = tmp_path / "old.json"   # written before this change: no "eval", no spec_bench_* keys
+    old.write_text(json.dumps({"target": str(work / "tiny-target"), "points": [
+        {"kind": "regen", "size": 1500, "tokens": 1490, "tau": 1.2}],
+        "recipe": {"ttt": 2, "epochs": 1.0, "lr": 3e-4, "batch": 2, "vocab": 512, "max_length": 256}}))
+    argv = ["--tiny", "--target", str(tok), "--data", str(data), "--kinds", "raw", "--sizes", "1500",
+            "--work", str(work), "--merge", str(old), "--out", str(out)]
+    mod.main(argv)
+    doc = json.loads(out.read_text())
+    pts = {p["kind"]: p for p in doc["points"]}
+    raw = pts["raw"]
+    assert doc["complete"] and set(pts) == {"raw", "regen"} and "spec_bench_tree_tau" not in pts["regen"]
+    assert raw["spec_bench_chain_tau"] >= 1 and raw["spec_bench_tree_tau"] >= 1 and raw["tau"] >= 1
+    assert (raw["spec_bench_chain"], raw["spec_bench_tree"]) == ("chain-2", "tree(total=6,depth=3,topk=2)")
+    assert raw["spec_bench_questions"] == 2 and raw["spec_bench_max_new_tokens"] == 16 and raw["eval_seconds"] > 0
+    assert {k: raw[k] for k in mod.EVAL_KEYS} == doc["eval"]
+    assert out.with_suffix(".png").stat().st_size > 1000
+
+    monkeypatch.setattr(mod.subprocess, "run", lambda *a, **k: pytest.fail(f"rerun started {a}"))
+    mod.main(argv)   # every step is recorded done, so nothing runs and the same points come back
+    assert json.loads(out.read_text())["points"] == doc["points"]
