@@ -88,7 +88,9 @@ def test_level_in_place_equals_concatenated_cache(name, case):
 
 
 @pytest.mark.parametrize("name", ["rep2", "rep4"])
-def test_grouped_query_attention_is_bit_identical_to_repeated_kv(name):
+def test_grouped_query_attention_equals_repeated_kv(name):
+    # Bit identity held on one CPU and not on another (AMD EPYC: 1 ulp, from the kernel's row blocking), so the
+    # bound is a few fp32 ulps of the output scale: a wrong head/row mapping is off by O(1).
     at = drafts()[name].layers[0].self_attn
     g = torch.Generator().manual_seed(2)
     B, T, S = 2, 5, 37
@@ -98,7 +100,8 @@ def test_grouped_query_attention_is_bit_identical_to_repeated_kv(name):
     mask[..., 0] = True
     rep = at.nh // at.nkv
     ref = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), attn_mask=mask)
-    assert torch.equal(Attention._grouped_sdpa(at, q, k, v, mask), ref)
+    got = Attention._grouped_sdpa(at, q, k, v, mask)
+    torch.testing.assert_close(got, ref, rtol=0, atol=4 * torch.finfo(ref.dtype).eps * float(ref.abs().max()))
 
 
 def test_tree_round_equals_concatenated_cache(monkeypatch):
@@ -203,4 +206,5 @@ def test_grouped_query_attention_takes_any_output_layout(monkeypatch):
         o = sdpa(*a, **kw)
         return o.transpose(1, 2).contiguous().transpose(1, 2)             # same values, CUDA's memory layout
     monkeypatch.setattr(F, "scaled_dot_product_attention", strided_sdpa)
-    assert torch.equal(Attention._grouped_sdpa(at, q, k, v, mask), ref)
+    got = Attention._grouped_sdpa(at, q, k, v, mask)
+    torch.testing.assert_close(got, ref, rtol=0, atol=4 * torch.finfo(ref.dtype).eps * float(ref.abs().max()))
