@@ -137,14 +137,17 @@ def tokens_per_row(r: Runner, kind: str, src: str, rows: int) -> float | None:
     return s["tokens"] / s["rows_out"]
 
 
-def spec_bench(r: Runner, kind: str, size: int) -> bool:
-    """eval:KIND:S, one `eyas eval` for both settings (they share its greedy baseline); True when done."""
+def spec_bench(r: Runner, kind: str, size, temperature: float = 0, name: str | None = None,
+               draft: Path | None = None) -> bool:
+    """eval:KIND:S (or `name`), one `eyas eval` of run-KIND-S (or `draft`) for both settings (they share its
+    baseline) at `temperature`, into eval-KIND-S.json; True when done. bench/best_draft.py names its own."""
     a = r.a
     seen = [t for k, t in r.state["done"].items() if k.startswith("eval:")]
     cats = ["--categories", *a.eval_categories.split(",")] if a.eval_categories else []
-    return r.eyas(f"eval:{kind}:{size}", "eval", "--target", a.target, "--draft", str(r.work / f"run-{kind}-{size}"),
+    return r.eyas(name or f"eval:{kind}:{size}", "eval", "--target", a.target,
+                  "--draft", str(draft or r.work / f"run-{kind}-{size}"),
                   "--per-category", str(a.eval_per_category), *cats, "--max-new-tokens", str(a.eval_max_new_tokens),
-                  "--chain", str(a.eval_chain), "--tree", a.eval_tree, "--temperature", "0", "--device", a.device,
+                  "--chain", str(a.eval_chain), "--tree", a.eval_tree, "--temperature", f"{temperature:g}", "--device", a.device,
                   "--compile" if a.eval_compile else "--no-compile", "--out", str(r.work / f"eval-{kind}-{size}.json"),
                   need=1.5 * max(seen) if seen else a.eval_est_s)
 

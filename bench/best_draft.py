@@ -1,0 +1,470 @@
+"""The best SmolLM2-135M draft this recipe makes (issue 13): data, training and Spec-Bench tau in one resumable script.
+
+Goal: Spec-Bench tree(60,7,10) tau >= 4.0 and chain-3 tau >= 2.6 at T=0; tau at T=1 is reported too. On the GPU
+repeat the SAME command (each call <= 600 s) until it prints "all steps done":
+    PYTHONPATH=src python bench/best_draft.py --work /tmp/best_draft --budget-s 540 --out $OUT/best_draft.json
+(target /tmp/smol-hf and ShareGPT /tmp/sharegpt.json as bench/gpu_carry.sh recv leaves them; the call's timeout_s 600)
+    PYTHONPATH=src python bench/best_draft.py --tiny --work /tmp/bd-tiny --out /tmp/bd-tiny.json   # CPU, minutes
+Steps, each recorded done in WORK/state.json; one cut by --budget-s continues on the next call (regenerate skips
+the rows it wrote, train resumes from its last checkpoint, written every --save-every steps):
+  gen:regen  ShareGPT (--data, first --rows rows) re-answered by the target, greedy (`eyas regenerate --backend
+             native`). gen:self  --self-prompts prompts the target writes (self:N), answered the same way. raw: the
+             ShareGPT rows as they are (no generation). --kinds picks any of regen,self,raw.
+  prep       one `eyas prepare` of the union of the kinds' rows (WORK/union.jsonl: prepare reads one file).
+  train      online `eyas train`, TTT --ttt, --batch rows x --max-length tokens, --epochs, --lr (cosine), held-out
+             simulated tau every --eval-every steps (train's 5% split of the packed rows).
+  eval:t0, eval:t1   `eyas eval` on Spec-Bench (--eval-per-category per category, --eval-max-new-tokens tokens a
+             turn, eager) with chain --eval-chain and tree --eval-tree, at T=0 then T=1.
+The JSON (--out, rewritten every call) holds the recipe, tokens generated / prepared / trained, per-step seconds,
+the held-out tau curve, Spec-Bench tau at T=0 and T=1 and whether the goals are met; gpu_seconds_total sums the wall
+seconds of every call that ran a step (the machine's start and the transfers are not in it).
+Expected on one H200 (defaults; from: native regenerate ~35k generated tok/s at batch 512, online training of
+this draft 25-30k tok/s, eager Spec-Bench 1-3 min per setting): gen:regen ~3 min (9k rows ~ 3.7M tokens + start),
+gen:self ~4-5 min (20k prompts ~ 7M tokens), prep < 1 min, train ~20 min (~11M tokens x 3 epochs; less if it runs at
+the 71k tok/s once seen), eval:t0 and eval:t1 ~2-6 min each: ~35 min, two sessions.
+Across sessions (/tmp is gone after one), pack WORK at the end of the last call that trains or evaluates:
+    python bench/best_draft.py --work /tmp/best_draft --pack /tmp/bd [--pack-data]   # parts <= 15 MiB + manifest.json
+(state.json, evals, metrics, the best draft, the latest checkpoint while train is not done; --pack-data adds the
+generated rows, else unpack marks gen/prep to be redone - greedy: the same rows). The draft's embedding is the
+target's: left out, rebuilt on unpack and checked against the packed sha256. Sizes: a trained draft ~6 parts (fp32
+weights), mid-training ~18-25 (the checkpoint's Adam state is 180 MiB). $OUT takes 64 MiB a call, so bring them back
+4 parts a call on back-to-back calls: `cp /tmp/bd/manifest.json /tmp/bd/best_draft.tgz.0[0-3] $OUT/`, then
+`.0[4-7]`, ... Next session carry them in (the tree + carried paths <= 64 MiB a call: ~3 parts a call, each call
+its own ignored folder .carry/bdK, moved with `mkdir -p /tmp/bd; cp .carry/bdK/* /tmp/bd/`), then once
+    python bench/best_draft.py --work /tmp/best_draft --unpack /tmp/bd    # same recipe flags; checks every sha256
+and the usual command, repeated until "all steps done".
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import shutil
+import sys
+import tarfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ helpers, also when loaded by path
+import scaling as S  # noqa: E402
+from _emit import emit  # noqa: E402
+
+GOALS = {"tree_tau_goal": 4.0, "chain_tau_goal": 2.6}
+KINDS = ("regen", "self", "raw")
+# What decides the data, the draft or the measured tau: a WORK made with other values is refused, not mixed.
+RECIPE = ("target", "data", "kinds", "rows", "self_prompts", "new_tokens", "max_prompt", "gen_temperature",
+          "max_length", "vocab", "ttt", "epochs", "lr", "batch", "train_args", "eval_chain", "eval_tree",
+          "eval_per_category", "eval_categories", "eval_max_new_tokens")
+PART_BYTES = 15 * 2**20
+EMBED = "embed_tokens.weight"
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Steps(S.Runner):
+    """scaling's Runner, also adding up each step's seconds over every call it ran in (a step cut by the budget
+    costs GPU time too) and noting which steps this call started and when each finished."""
+
+    def __init__(self, a):
+        super().__init__(a)
+        self.ran: list[str] = []
+
+    def eyas(self, name: str, *args: str, need: float = 20) -> bool:
+        if name in self.state["done"] or self.left() < need:
+            return super().eyas(name, *args, need=need)
+        self.ran.append(name)
+        t, ok = time.perf_counter(), False
+        try:
+            ok = super().eyas(name, *args, need=need)
+            return ok
+        finally:
+            sec = self.state.setdefault("seconds", {})
+            sec[name] = round(sec.get(name, 0) + time.perf_counter() - t, 1)
+            if ok:
+                self.state.setdefault("finished_at", {})[name] = now()
+                print(f"[best_draft] step {name} done in {sec[name]:.0f} s", flush=True)
+            self.save()
+
+
+def recipe(a) -> dict:
+    return {k: str(v) if isinstance(v, Path) else v for k, v in ((k, getattr(a, k)) for k in RECIPE)}
+
+
+def check_recipe(state: dict, a, where: str) -> None:
+    theirs, ours = state.get("recipe"), recipe(a)
+    diff = [k for k in RECIPE if theirs is not None and theirs.get(k) != ours[k]]
+    if diff:
+        k = diff[0]
+        raise SystemExit(f"{where} was made with another recipe: {k}={theirs.get(k)!r} there, {ours[k]!r} now"
+                         f"{f' (also {diff[1:]})' if diff[1:] else ''}; give the same flags or another --work")
+    state["recipe"] = ours
+
+
+def jsonl(path: Path):
+    with open(path, encoding="utf-8") as f:
+        yield from (json.loads(line) for line in f if line.strip())
+
+
+def generated_tokens(a, kind: str) -> int:
+    """Target-written tokens of a kind's rows (answers; for self also the prompts), by the target's tokenizer."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(a.target)
+    roles = ("user", "assistant") if kind == "self" else ("assistant",)
+    texts = [m["content"] for row in jsonl(a.work / f"{kind}.jsonl") for m in row["messages"] if m["role"] in roles]
+    return sum(len(ids) for i in range(0, len(texts), 2048)
+               for ids in tok(texts[i:i + 2048], add_special_tokens=False)["input_ids"])
+
+
+def write_union(a, kinds: list[str]) -> dict:
+    """WORK/union.jsonl: the kinds' rows one after another; raw rows normalised as regenerate reads them (leading
+    assistant turns skipped) and rejects left out. Returns rows per kind."""
+    from eyas.data.sources import iter_conversations
+
+    counts, tmp = {}, a.work / "union.jsonl.tmp"
+    with open(tmp, "w", encoding="utf-8") as out:
+        for kind in kinds:
+            n = 0
+            if kind == "raw":
+                for rec in iter_conversations(a.data, a.rows, skip_leading_assistant=True):
+                    if rec.ok and rec.messages:
+                        out.write(json.dumps({"messages": rec.messages}, ensure_ascii=False) + "\n")
+                        n += 1
+            else:
+                with open(a.work / f"{kind}.jsonl", encoding="utf-8") as f:
+                    for line in filter(str.strip, f):
+                        out.write(line.rstrip("\n") + "\n")
+                        n += 1
+            counts[kind] = n
+    tmp.replace(a.work / "union.jsonl")
+    return counts
+
+
+def train_args(a, run: Path) -> list[str]:
+    from eyas.train.checkpoint import latest_checkpoint
+
+    # Resume from a checkpoint; a run killed before its first one left metrics only: start it over.
+    cont = ["--resume"] if latest_checkpoint(run) else ["--overwrite"] if (run / "metrics.jsonl").exists() else []
+    return ["train", "--online", "--target", a.target, "--data", str(a.work / "prep"), "--out", str(run),
+            "--ttt-steps", str(a.ttt), "--epochs", str(a.epochs), "--batch-size", str(a.batch), "--lr", str(a.lr),
+            "--eval-every", str(a.eval_every), "--eval-batches", str(a.eval_batches), "--save-every",
+            str(a.save_every), *cont, "--seed", "0", "--device", a.device,
+            "--no-progress", "--no-tensorboard", *a.train_args.split()]
+
+
+def run_steps(r: Steps, a, kinds: list[str]) -> None:
+    st = r.state
+    for kind in kinds:
+        if kind != "raw" and not S.source(r, kind, a.rows if kind == "regen" else a.self_prompts):
+            return
+    for kind in kinds:   # counted once, while the rows are here (a pack without them keeps the counts)
+        if kind != "raw" and kind not in st.setdefault("tokens_generated", {}):
+            st["tokens_generated"][kind] = generated_tokens(a, kind)
+            r.ran.append(f"count:{kind}")
+            r.save()
+    if "prep" not in st["done"] and r.left() >= 20:
+        st["union_rows"] = write_union(a, kinds)
+    if not r.eyas("prep", "prepare", "--target", a.target, "--data", str(a.work / "union.jsonl"), "--out",
+                  str(a.work / "prep"), "--max-length", str(a.max_length), "--draft-vocab-size", str(a.vocab),
+                  "--workers", "0", "--overwrite", "--json"):
+        return
+    if "prep" not in st:
+        st["prep"] = json.loads((a.work / "prep" / "manifest.json").read_text())["summary"]
+        if not st["prep"].get("rows_out"):
+            raise SystemExit(f"{a.work / 'prep'}: no usable rows in union.jsonl; see its .errors.jsonl")
+        r.save()
+    if not r.eyas("train", *train_args(a, a.work / "run"), need=a.train_need):
+        return
+    for t in (0, 1):
+        if not S.spec_bench(r, "best", f"t{t}", temperature=t, name=f"eval:t{t}", draft=a.work / "run"):
+            return
+
+
+def curve(a, prep: dict | None) -> list[dict]:
+    """Held-out simulated tau (chain --ttt) per evaluated step, with the training tokens seen by then."""
+    m = a.work / "run" / "metrics.jsonl"
+    per_row = prep["tokens"] / max(1, prep["packed_rows"]) if prep else 0.0
+    return [{"step": x["step"], "tokens": round(x["step"] * a.batch * per_row), "tau": x["tau"]}
+            for x in (jsonl(m) if m.is_file() else []) if x.get("split") == "eval"]
+
+
+def plot(points: list[dict], spec: dict, png: Path, ttt: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot([p["tokens"] for p in points], [p["tau"] for p in points], marker="o", label=f"held-out chain-{ttt}")
+    for (key, goal), c in zip((("tree", GOALS["tree_tau_goal"]), ("chain", GOALS["chain_tau_goal"])), ("C1", "C2")):
+        ax.axhline(goal, color=c, ls=":", label=f"{key} goal {goal}")
+        if "t0" in spec:
+            ax.plot([points[-1]["tokens"]], [spec["t0"][f"{key}_tau"]], marker="*", ms=14, color=c, ls="",
+                    label=f"Spec-Bench T=0 {spec['t0'][key]}")
+    ax.set(xlabel="training tokens", ylabel="tau", title="best_draft: held-out curve and Spec-Bench tau")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+def result(r: Steps, a, kinds: list[str], done: bool) -> dict:
+    st = r.state
+    spec = {}
+    for t in ("t0", "t1"):
+        if f"eval:{t}" in st["done"]:
+            p = S.spec_bench_point(a.work / f"eval-best-{t}.json")
+            spec[t] = {"chain_tau": p["spec_bench_chain_tau"], "tree_tau": p["spec_bench_tree_tau"],
+                       "chain": p["spec_bench_chain"], "tree": p["spec_bench_tree"], "temperature": int(t[1]),
+                       "questions": p["spec_bench_questions"], "max_new_tokens": p["spec_bench_max_new_tokens"],
+                       "seconds": st["seconds"].get(f"eval:{t}")}
+    prep, pts = st.get("prep"), curve(a, st.get("prep"))
+    t0 = spec.get("t0", {})
+    goals = {**GOALS, "tree_tau_met": t0["tree_tau"] >= GOALS["tree_tau_goal"] if t0 else None,
+             "chain_tau_met": t0["chain_tau"] >= GOALS["chain_tau_goal"] if t0 else None}
+    if pts:
+        plot(pts, spec, a.out.with_suffix(".png"), a.ttt)
+    gpu = st.get("gpu_seconds_total", 0.0)
+    tokens = {"generated": st.get("tokens_generated", {}), "union_rows": st.get("union_rows"),
+              **{k: prep and prep[f] for k, f in (("prepared", "tokens"), ("loss", "masked_tokens"),
+                                                 ("packed_rows", "packed_rows"))},
+              "trained": pts[-1]["tokens"] if pts else None}
+    return {"bench": "best_draft", "complete": done, "kinds": kinds, "tokens": tokens,
+            "recipe": {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()},
+            "step_seconds": st.get("seconds", {}), "finished_at": st.get("finished_at", {}),
+            "calls": st.get("calls", []), "gpu_seconds_total": round(gpu, 1), "gpu_minutes_total": round(gpu / 60, 2),
+            "held_out_curve": pts, "held_out_tau_best": max((p["tau"] for p in pts), default=None),
+            "spec_bench": spec, "eval": S.eval_setting(a), "goals": goals,
+            "png": str(a.out.with_suffix(".png")) if pts else None}
+
+
+# ---------------------------------------------------------------- pack / unpack
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def target_embedding(target: str):
+    """The target's input embedding from its safetensors (a dir), or None (hub id, gguf: the pack keeps it)."""
+    from safetensors import safe_open
+
+    for f in sorted(Path(target).glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as sf:
+            key = next((k for k in sf.keys() if k.endswith(EMBED)), None)
+            if key:
+                return sf.get_tensor(key)
+    return None
+
+
+def as_embedding(ref, cast: str, dtype: str):
+    import torch
+
+    return (ref if cast == "none" else ref.to(getattr(torch, cast))).to(getattr(torch, dtype))
+
+
+def strip(data: bytes, ref) -> tuple[bytes, dict | None]:
+    """Draft weights without the embedding when it is the target's under the cast training made, and that cast."""
+    import torch
+    from safetensors.torch import load, save
+
+    sd = load(data)
+    emb = sd.get(EMBED)
+    dtype = str(getattr(emb, "dtype", "")).removeprefix("torch.")
+    for cast in ("none", "bfloat16", "float16"):
+        if ref is not None and emb is not None and emb.shape == ref.shape and \
+                torch.equal(as_embedding(ref, cast, dtype), emb):
+            rest = {k: v for k, v in sd.items() if k != EMBED}
+            return save(rest, metadata={"format": "pt"}), {"cast": cast, "dtype": dtype}
+    return data, None
+
+
+def pack(a) -> None:
+    if not (a.work / "state.json").is_file():
+        raise SystemExit(f"--pack: {a.work} holds no state.json (nothing run there yet)")
+    from eyas.train.checkpoint import latest_checkpoint
+
+    st = json.loads((a.work / "state.json").read_text())
+    run, ref = a.work / "run", target_embedding(a.target)
+    names = ["state.json", *(p.name for p in sorted(a.work.glob("eval-*.json")))]
+    names += [f"run/{n}" for n in ("config.json", "metrics.jsonl", "train_config.yaml", "model.safetensors")]
+    ck = None if "train" in st["done"] else latest_checkpoint(run)   # a finished run needs its draft only
+    if ck:
+        names += [str(p.relative_to(a.work)) for p in sorted(ck.iterdir()) if p.is_file()]
+    if a.pack_data:   # the generated rows (prep is redone from them: smaller than the prepared shards)
+        names += [p.name for k in st["recipe"]["kinds"].split(",") if k != "raw" for p in a.work.glob(f"{k}.jsonl*")]
+    files, digests, embeds, copies = {}, {}, {}, {}
+    for n in (n for n in names if (a.work / n).is_file()):
+        data = (a.work / n).read_bytes()
+        digests[n] = sha(data)
+        twin = next((m for m in files if digests[m] == digests[n]), None)
+        if twin:   # the best draft is often the latest checkpoint's weights: stored once
+            copies[n] = twin
+            continue
+        if n.endswith("model.safetensors"):
+            data, embeds[n] = strip(data, ref)
+            if embeds[n] is None:
+                del embeds[n]
+        files[n] = data
+    a.pack.mkdir(parents=True, exist_ok=True)
+    tgz = a.pack / "best_draft.tgz"
+    with tarfile.open(tgz, "w:gz", compresslevel=1) as tar:   # fp32 weights hardly compress; rows do
+        for n, data in files.items():
+            info = tarfile.TarInfo(n)
+            info.size, info.mtime = len(data), int(time.time())
+            tar.addfile(info, io.BytesIO(data))
+    parts, blob = [], tgz.read_bytes()
+    tgz.unlink()
+    for i in range(0, max(1, len(blob)), PART_BYTES):
+        name = f"best_draft.tgz.{i // PART_BYTES:02d}"
+        (a.pack / name).write_bytes(blob[i:i + PART_BYTES])
+        parts.append({"name": name, "bytes": len(blob[i:i + PART_BYTES]), "sha256": sha(blob[i:i + PART_BYTES])})
+    man = {"work": str(a.work), "parts": parts, "total_bytes": len(blob), "sha256": sha(blob), "files": digests,
+           "embedding_from_target": embeds, "copies": copies, "train_done": "train" in st["done"],
+           "data": a.pack_data, "recipe": st["recipe"], "packed_at": now()}
+    (a.pack / "manifest.json").write_text(json.dumps(man, indent=1))
+    print(f"[best_draft] packed {len(files)} files into {len(parts)} parts ({len(blob) / 2**20:.1f} MiB) in {a.pack}")
+
+
+def unpack(a) -> None:
+    src = Path(a.unpack)
+    if not (src / "manifest.json").is_file():
+        raise SystemExit(f"--unpack {src}: no manifest.json there")
+    man = json.loads((src / "manifest.json").read_text())
+    blob = b""
+    for p in man["parts"]:
+        f = src / p["name"]
+        if not f.is_file():
+            raise SystemExit(f"--unpack {src}: part {p['name']} is missing ({len(man['parts'])} parts in the manifest)")
+        data = f.read_bytes()
+        if len(data) != p["bytes"] or sha(data) != p["sha256"]:
+            raise SystemExit(f"--unpack {src}: part {p['name']} is corrupt ({len(data)} bytes, sha256 "
+                             f"{sha(data)[:12]}; the manifest says {p['bytes']} bytes, {p['sha256'][:12]}): "
+                             "carry it again")
+        blob += data
+    if man["work"] != str(a.work):   # train's --resume checks the prepared data's path
+        raise SystemExit(f"--unpack: packed from --work {man['work']}; unpack into that same --work, not {a.work}")
+    if (a.work / "state.json").exists():
+        raise SystemExit(f"--unpack: {a.work} already holds a run (state.json); unpack into an empty --work")
+    a.work.mkdir(parents=True, exist_ok=True)
+    check_recipe({"recipe": man["recipe"]}, a, f"the pack in {src}")
+    with tarfile.open(fileobj=io.BytesIO(blob), mode="r:gz") as tar:
+        tar.extractall(a.work, filter="data")
+    ref = target_embedding(a.target) if man["embedding_from_target"] else None
+    for n, e in man["embedding_from_target"].items():
+        from safetensors.torch import load, save
+
+        data = save({**load((a.work / n).read_bytes()), EMBED: as_embedding(ref, e["cast"], e["dtype"])},
+                    metadata={"format": "pt"})
+        if sha(data) != man["files"][n]:
+            raise SystemExit(f"--unpack: {n} rebuilt with {a.target}'s embedding differs from the packed draft "
+                             f"(another target?)")
+        (a.work / n).write_bytes(data)
+    for n, m in man["copies"].items():
+        shutil.copyfile(a.work / m, a.work / n)
+    st = json.loads((a.work / "state.json").read_text())
+    redo = [] if "train" in st["done"] else \
+        [k for k in st["done"] if k == "prep" or k.startswith("gen:") and not (a.work / f"{k[4:]}.jsonl").is_file()]
+    for k in redo:   # train's data must be here again: regenerated (greedy: the same rows) and prepared anew
+        st["done"].pop(k)
+        st.pop(k, None)   # "prep": its cached summary
+    (a.work / "state.json").write_text(json.dumps(st, indent=1))
+    print(f"[best_draft] unpacked {len(man['files'])} files from {len(man['parts'])} parts into {a.work}"
+          + (f"; to redo: {', '.join(redo)}" if redo else ""))
+
+
+def main(argv: list[str] | None = None) -> int:
+    t_call = time.perf_counter()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add = ap.add_argument
+    add("--target", default="/tmp/smol-hf", help="target HF dir (--tiny: whose tokenizer the tiny target takes)")
+    add("--data", default="/tmp/sharegpt.json", help="ShareGPT JSON/JSONL (or built-in 'sharegpt')")
+    add("--work", type=Path, default=Path("/tmp/best_draft"))
+    add("--out", type=Path, default=S.ROOT / "bench" / "results" / "best_draft.json")
+    add("--kinds", default="regen,self", help=f"any of {','.join(KINDS)}")
+    add("--rows", type=int, default=9000, help="ShareGPT rows (regen, raw)")
+    add("--self-prompts", type=int, default=20000, help="target-written prompts (self)")
+    add("--budget-s", type=float, default=540, help="start no step after this many seconds")
+    add("--device", default=None)
+    add("--gen-batch", type=int, default=512)
+    add("--new-tokens", type=int, default=512, help="max new tokens per generated turn")
+    add("--max-prompt", type=int, default=1536)
+    add("--gen-temperature", type=float, default=0.0, help="answers' temperature (0 = greedy)")
+    # 8 x 1,024 tokens a step laid out as 4 x 2,048: multi-turn answers are not cut at 1,024 and the draft
+    # sees the positions Spec-Bench's long prompts reach.
+    add("--max-length", type=int, default=2048)
+    add("--batch", type=int, default=4)
+    add("--vocab", type=int, default=32000)
+    add("--ttt", type=int, default=7)
+    add("--epochs", type=float, default=3.0)
+    add("--lr", type=float, default=1e-3)
+    add("--train-args", default="", help="extra `eyas train` flags")
+    add("--save-every", type=int, default=200, help="checkpoint interval (steps): what a cut call can lose")
+    add("--eval-every", type=int, default=400, help="held-out tau every N steps (the curve)")
+    add("--eval-batches", type=int, default=32, help="held-out batches per evaluation")
+    add("--train-need", type=float, default=150, help="start train only with this many seconds left")
+    add("--eval-chain", type=int, default=3)
+    add("--eval-tree", default="total=60,depth=7,topk=10")
+    add("--eval-per-category", type=int, default=1)
+    add("--eval-categories", default="", help="comma-separated (default: all 13)")
+    add("--eval-max-new-tokens", type=int, default=256)
+    add("--eval-compile", action=argparse.BooleanOptionalAction, default=False)
+    add("--eval-est-s", type=float, default=180, help="an eval's seconds until one has been timed here")
+    add("--tiny", action="store_true", help="CPU check: random 2-layer target, tiny sizes")
+    add("--pack", type=Path, default=None, help="write WORK's state as parts + manifest.json here, then exit")
+    add("--pack-data", action="store_true", help="--pack: add the generated rows")
+    add("--unpack", type=Path, default=None, help="restore WORK from a --pack dir, then exit")
+    a = ap.parse_args(argv)
+    if a.tiny:
+        ap.set_defaults(rows=40, self_prompts=12, gen_batch=8, new_tokens=24, max_prompt=256, gen_temperature=1.0,
+                        max_length=256, vocab=512, ttt=2, epochs=3.0, batch=2, device="cpu", save_every=2, eval_every=4,
+                        eval_batches=2, train_need=20, eval_chain=2, eval_tree="total=6,depth=3,topk=2",
+                        eval_max_new_tokens=16, eval_est_s=60, eval_categories="writing,coding")  # as scaling's --tiny
+        a = ap.parse_args(argv)
+    a.work, a.out, a.skip_eval = a.work.resolve(), a.out.resolve(), False   # skip_eval: scaling's eval_setting
+    kinds = a.kinds.split(",")
+    if not kinds or set(kinds) - set(KINDS) or len(set(kinds)) < len(kinds):
+        raise SystemExit(f"--kinds {a.kinds}: give distinct kinds among {', '.join(KINDS)}")
+    a.work.mkdir(parents=True, exist_ok=True)
+    if a.tiny:
+        a.target = S.tiny_target(a.work, a.target)
+    a.device = a.device or ("cuda" if __import__("torch").cuda.is_available() else "cpu")
+    if a.unpack:
+        unpack(a)
+        return 0
+    if a.pack:
+        pack(a)
+        return 0
+    from eyas.data.sources import BUILTIN_DATASETS
+
+    if {"regen", "raw"} & set(kinds) and not (Path(a.data).is_file() or a.data in BUILTIN_DATASETS):
+        raise SystemExit(f"--data {a.data}: no such file (ShareGPT JSON/JSONL, needed by kinds regen and raw)")
+    r = Steps(a)
+    check_recipe(r.state, a, str(a.work))
+    r.save()
+    before = set(r.state["done"])
+    run_steps(r, a, kinds)
+    steps = [f"gen:{k}" for k in kinds if k != "raw"] + ["prep", "train", "eval:t0", "eval:t1"]
+    done = all(s in r.state["done"] for s in steps)
+    if r.ran:   # a call that did work: its wall seconds are GPU seconds
+        wall = round(time.perf_counter() - t_call, 1)
+        r.state.setdefault("calls", []).append({"at": now(), "seconds": wall, "ran": r.ran,
+                                                "finished": sorted(set(r.state["done"]) - before)})
+        r.state["gpu_seconds_total"] = round(r.state.get("gpu_seconds_total", 0.0) + wall, 1)
+        r.save()
+    emit(result(r, a, kinds, done), a.out)
+    left = [s for s in steps if s not in r.state["done"]]
+    print("all steps done" if done else f"[best_draft] to do: {', '.join(left)}; run the same command again",
+          flush=True)
+    if not done and not r.ran:
+        print(f"[best_draft] no progress this call: --budget-s {a.budget_s:g} is too short for {left[0]}")
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
