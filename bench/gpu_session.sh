@@ -15,6 +15,8 @@
 #   2-GPU stage (multi_gpu.sh, both GPUs: lane 0 waits), regenerate kill/resume and self:N, then vLLM (issue 12)
 #   when its parts have arrived, then the GPU demo if time is left.
 # DEADLINE_S (default 1500): jobs marked optional are skipped once the session is older than this.
+# LANE2=best_draft: lane 2 (one GPU) runs issue 13's bench/best_draft.py until done or the deadline (BD_BUDGET_S per call)
+#   instead of the scaling points (SCALE_KINDS, SCALE_SIZES, SCALE_BUDGET_S).
 # SKIP="job ...": jobs not to run. TINY=1: the same lanes with CPU-sized arguments (a dry run of this script; numbers meaningless).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -94,7 +96,8 @@ lane0_one() {
   gpu_tests                                                                                              # 2 min
   job -o 100 regen_resume regen_resume                                                                   # 1.5 min
   [ -x /tmp/vpy ] && job -o 150 vllm_regen_hf env GPU=0 RES="$RES" REGEN_ROWS=${REGEN_ROWS:-48} bash bench/gpu_vllm.sh regen_hf
-  await lane1_done lane2_done; log "untimed work over: timed jobs alone from here"
+  if [ "${LANE2:-scaling}" = best_draft ]; then await lane1_done; else await lane1_done lane2_done; fi
+  log "untimed work over: timed jobs alone from here"
   # SmolLM2 at T=0 and T=1 with the in-place draft attention (its speedups were measured before it landed); every
   # non-tie divergence is re-decoded alone in fp32 and bf16 (the recheck's verdict: numerics or decoder)
   job -o 220 decode_t01 python3 bench/decode.py --target $T --draft $DRAFT "${DEC1[@]}" --temperatures 0 1 \
@@ -128,10 +131,27 @@ lane2_one() {  # issue 13's scaling curve, a few points per session beside the u
              # sharing the GPU is fine): self-generated and raw data first (ShareGPT-regenerated rows of earlier
              # sessions are in .carry/regen); points of earlier sessions are merged from bench/results/scaling.json
   export CUDA_VISIBLE_DEVICES=0
+  if [ "${LANE2:-scaling}" = best_draft ]; then job best_draft best_draft_loop; flag lane2_done; return; fi
   local merge=(); [ -s "$ROOT/bench/results/scaling.json" ] && merge=(--merge "$ROOT/bench/results/scaling.json")
   job scaling python3 bench/scaling.py --target $T --data $SG --work $W/scaling "${SCALE[@]}" "${merge[@]}" \
     --out "$RES/scaling.json"
   flag lane2_done
+}
+
+best_draft_loop() {  # LANE2=best_draft: issue 13's recipe (bench/best_draft.py) call after call until it is done or
+                   # the session's deadline is near; lane 0's timed jobs do not wait for it (they share the GPU:
+                   # use it in a session given to issue 13, with the timed jobs in SKIP)
+  local tiny=(); [ -n "$TINY" ] && tiny=(--tiny)
+  for _ in $(seq 50); do
+    local left=$(( DEADLINE_S - $(date +%s) + $(cat "$W/t0") - 60 )) budget=${BD_BUDGET_S:-540}
+    [ "$left" -lt 120 ] && { echo "deadline near: stopping (the same command resumes)"; return 0; }
+    [ "$left" -lt "$budget" ] && budget=$left
+    python3 bench/best_draft.py --work $W/best_draft --target $T --data $SG "${tiny[@]}" --budget-s "$budget" \
+      --out "$RES/best_draft.json" 2>&1 | tee "$W/best_draft.last"
+    local rc=${PIPESTATUS[0]}
+    grep -q "all steps done" "$W/best_draft.last" && return 0
+    [ "$rc" = 0 ] || return "$rc"
+  done
 }
 
 draft() {  # the SmolLM2 draft: gpu_vllm.sh's run9k recipe (held-out tau 1.759 in 298 s on an H200), or the one an

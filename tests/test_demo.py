@@ -38,7 +38,7 @@ def test_demo_runs_every_stage_and_writes_a_report(tmp_path, capsys):
     rc = main(["demo", "--target", str(target), "--data", str(tmp_path / "data.json"), "--out", str(out),
                "--max-samples", "13", "--regen-max-new-tokens", "8", "--regen-batch-size", "6", "--max-length", "128",
                "--draft-vocab-size", "64", "--epochs", "1", "--eval-max-new-tokens", "8", "--bench", str(bench),
-               "--device", "cpu", "--json"])
+               "--tree", "total=6,depth=3,topk=2", "--device", "cpu", "--json"])
     assert rc == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["tau"] >= 1.0 and summary["identical_rate"] == 1.0      # greedy spec decoding is lossless
@@ -56,6 +56,9 @@ def test_demo_runs_every_stage_and_writes_a_report(tmp_path, capsys):
     assert f"| held-out simulated τ (chain 3, best checkpoint) | {summary['held_out_tau']:.3f} |" in report
     assert "| τ (chain 3), 2 questions × 8 new tokens |" in report and "learning_curve.png" in report
     assert (out / "learning_curve.png").is_file()
+    tree = summary["tree"]   # the tree is evaluated beside the chain (the GPU profile's tree-tau goal reads it)
+    assert tree["setting"].startswith("tree") and tree["tau"] >= 1.0 and tree["identical_rate"] == 1.0
+    assert f"| τ ({tree['setting']}) / speedup / identical | {tree['tau']:.3f} /" in report
 
 
 def test_demo_checks_its_inputs_before_the_first_stage(tmp_path, capsys):
@@ -75,4 +78,5 @@ def test_gpu_profile_fills_only_unset_fields():
     assert with_profile(cfg, "cpu") == cfg  # the CPU demo is unchanged
     gpu = with_profile(cfg, "cuda")
     assert gpu.max_samples == 50 and gpu.regen_backend == "native" and gpu.epochs == GPU_PROFILE["epochs"]
+    assert gpu.tree == "total=60,depth=7,topk=10" and cfg.tree is None
     assert with_profile(build_config(DemoConfig, {"profile": "cpu"}), "cuda").regen_backend == "hf"

@@ -45,6 +45,7 @@ class DemoConfig(StageConfig):
     epochs: float = Field(4.0, gt=0, description="training epochs over the extracted store")
     lr: float = Field(2e-3, gt=0, description="peak learning rate")
     chain: int = Field(3, ge=1, description="chain length for evaluation and export")
+    tree: str | None = Field(None, description="also evaluate this draft tree, e.g. 'total=60,depth=7,topk=10' (gpu profile: that tree)")
     bench: str = Field("spec-bench", description="evaluation prompts: 'spec-bench' or a JSONL (question_id, category, turns)")
     eval_per_category: int = Field(1, ge=1, description="Spec-Bench questions per category")
     eval_max_new_tokens: int = Field(64, ge=8, description="new tokens per evaluated turn")
@@ -62,7 +63,7 @@ class DemoConfig(StageConfig):
 GPU_PROFILE: dict[str, Any] = {
     "max_samples": 4000, "regen_backend": "native", "regen_max_new_tokens": 384, "regen_batch_size": 512,
     "max_length": 2048, "draft_vocab_size": 32000, "ttt_steps": 7, "epochs": 2.0, "lr": 3e-4,
-    "train_batch_size": 8, "eval_per_category": 3, "eval_max_new_tokens": 128,
+    "train_batch_size": 8, "eval_per_category": 3, "eval_max_new_tokens": 128, "tree": "total=60,depth=7,topk=10",
 }
 
 
@@ -134,7 +135,7 @@ def run(cfg: DemoConfig) -> int | dict:
 
     with _stage("eval", times):
         ev = _call(evaluate, EvalConfig, target=cfg.target, draft=paths["run"], bench=cfg.bench,
-                   per_category=cfg.eval_per_category, max_new_tokens=cfg.eval_max_new_tokens, chain=cfg.chain,
+                   per_category=cfg.eval_per_category, max_new_tokens=cfg.eval_max_new_tokens, chain=cfg.chain, tree=cfg.tree,
                    device=device, out=paths["eval"] / "eval.json", json=True, plots=paths["eval"], cache_dir=cache)
 
     with _stage("export", times):
@@ -183,11 +184,20 @@ def _opening_turns(data: Path, out: Path, n: int, cache) -> Path:
 
 
 def _chain_result(ev: dict) -> dict:
-    """The chain row of an eval result (eval reports one entry per decode setting)."""
+    """The chain row of an eval result (eval reports one entry per decode setting, the chain first)."""
     for r in ev.get("results", [ev]):
         if "tau" in r:
             return r
     raise KeyError("eval result has no tau")
+
+
+def _tree_result(ev: dict) -> dict | None:
+    """The tree row, when --tree was evaluated too: τ, acceptance, speedup (the chain's fields, for the tree)."""
+    trees = [r for r in ev.get("results", []) if str(r.get("setting", "")).startswith("tree")]
+    if not trees:
+        return None
+    t = trees[0]
+    return {k: t.get(k) for k in ("setting", "tau", "accept_per_position", "tokens_per_s", "speedup", "identical_rate")}
 
 
 def preflight(cfg: DemoConfig, out: Path) -> None:
@@ -247,7 +257,7 @@ def _summary(cfg, device, paths, times, regen, prep, ext, tr, ev, exp, doc) -> d
         "held_out_tau": tr.get("best_tau"), "held_out_positions": held.get("positions"),
         "tau": r["tau"], "accept_per_position": r.get("accept_per_position"),
         "tokens_per_s": r.get("tokens_per_s"), "baseline_tokens_per_s": r.get("baseline_tokens_per_s"),
-        "speedup": r.get("speedup"), "identical_rate": r.get("identical_rate"),
+        "speedup": r.get("speedup"), "identical_rate": r.get("identical_rate"), "tree": _tree_result(ev),
         "eval_questions": ev.get("questions"), "eval_max_new_tokens": cfg.eval_max_new_tokens,
         "doctor": {"ok": bool(doc.get("ok")), "fails": [c for c in doc.get("checks", []) if c.get("status") == "fail"]},
         "seconds": times, "total_seconds": round(sum(times.values()), 1),
@@ -286,6 +296,8 @@ def _print_table(s: dict) -> None:
             ("accept per position", ", ".join(f"{a:.2f}" for a in s["accept_per_position"] or [])),
             ("tokens/s spec | baseline", f"{s['tokens_per_s']:.1f} | {s['baseline_tokens_per_s']:.1f}"),
             ("speedup", f"{s['speedup']:.2f}x"), ("identical to greedy", _fmt(s["identical_rate"])),
+            *([(f"τ ({t['setting']})", f"{t['tau']:.3f}, speedup {_fmt(t['speedup'], '.2f')}x, identical to greedy "
+                                       f"{_fmt(t['identical_rate'])}")] if (t := s.get("tree")) else []),
             ("doctor", "pass" if s["doctor"]["ok"] else f"FAIL: {s['doctor']['fails']}"),
             ("stage seconds", ", ".join(f"{k} {v}" for k, v in s["seconds"].items())),
             ("total seconds", s["total_seconds"])]
@@ -311,6 +323,8 @@ def write_report(out: Path, s: dict, paths: dict[str, Path]) -> Path:
              f"| acceptance by position | {', '.join(f'{a:.2f}' for a in s['accept_per_position'] or [])} |",
              f"| tokens/s (spec / baseline) | {s['tokens_per_s']:.1f} / {s['baseline_tokens_per_s']:.1f} |",
              f"| speedup | {s['speedup']:.2f}× |", f"| identical to greedy baseline | {_fmt(s['identical_rate'])} |",
+             *([f"| τ ({t['setting']}) / speedup / identical | {t['tau']:.3f} / {_fmt(t['speedup'], '.2f')}× / "
+                f"{_fmt(t['identical_rate'])} |"] if (t := s.get("tree")) else []),
              f"| draft vocab coverage | {_fmt(s['draft_vocab_coverage'])} |",
              f"| doctor | {'pass' if s['doctor']['ok'] else 'FAIL'} |",
              "", "## Time by stage (s)", "", "| stage | seconds |", "|---|---|"]
