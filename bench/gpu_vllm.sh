@@ -8,6 +8,8 @@
 #   doctor      eyas doctor --engine vllm against the carried vLLM
 #   extract_eq  prepare $EQ_ROWS rows; extract with the hf and the vllm backends; compare state by state
 #   regen       regenerate $REGEN_ROWS rows with hf and vllm (match rate), then $REGEN_BIG rows with vllm (tok/s)
+#               (vllm: --engine-max-seqs $ENGINE_MAX_SEQS, default 2048; --engine-max-batched-tokens
+#               $ENGINE_MAX_BATCHED_TOKENS only when set, else vLLM's own per-step token budget)
 #   regen_hf    only regen's hf half (the match sample; regen then skips it)
 #   tp2         extract with vllm --tensor-parallel-size 2 (both GPUs) and compare with the hf store; SmolLM2 has 9
 #               attention heads, which no TP degree > 1 divides, so this stage builds a random 8-head Llama of the
@@ -99,8 +101,12 @@ PY
       # it the speed; continuous batching: eyas keeps max_num_seqs + 1/4 requests in the engine and a finished
       # turn's follow-up goes in at once (backend_stats: in-flight mean and timeline, tok/s over engine time);
       # --engine-max-seqs 2048: vLLM's default 1,024 running capped the old 1,909-prompt first wave (21.8k tok/s)
+      # ENGINE_MAX_BATCHED_TOKENS: vLLM's per-step token budget; at 2,048 max_num_seqs the engine decoded only ~325
+      # sequences a step (17.2k tok/s), the likely cause the arriving requests' prefills eating that budget
+      budget=(); [ -n "${ENGINE_MAX_BATCHED_TOKENS:-}" ] \
+        && budget=(--engine-max-batched-tokens "$ENGINE_MAX_BATCHED_TOKENS")
       timed regen_vllm_big "${EYAS[@]}" regenerate "${common[@]}" --max-samples "$REGEN_BIG" --backend vllm \
-        --python $VPY --engine-max-seqs "${ENGINE_MAX_SEQS:-2048}" --out $W/rg-vllm-big.jsonl
+        --python $VPY --engine-max-seqs "${ENGINE_MAX_SEQS:-2048}" "${budget[@]}" --out $W/rg-vllm-big.jsonl
       timed regen_compare python3 "$D/bench/regen_compare.py" --target $T --out "$RES/regen_vllm.json" \
         --pair $W/rg-hf.jsonl $W/rg-vllm-big.jsonl --logs "$RES/regen_hf.log" "$RES/regen_vllm_big.log" \
         --throughput $W/rg-vllm-big.jsonl "$RES/regen_vllm_big.log" ;;

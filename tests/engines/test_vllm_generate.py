@@ -53,9 +53,10 @@ def _event(**kw):
             f.write(json.dumps({"t": time.time(), **kw}) + "\\n")
 
 class _Engine:
-    def __init__(self, model, max_num_seqs):
+    def __init__(self, model, max_num_seqs, max_num_batched_tokens):
         from transformers import AutoModelForCausalLM, AutoTokenizer
-        self.vllm_config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs))
+        self.vllm_config = SimpleNamespace(scheduler_config=SimpleNamespace(
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens))
         self.waiting, self.running = [], []
         if _SCRIPT:
             self.tok = AutoTokenizer.from_pretrained(model)
@@ -107,7 +108,7 @@ class _Engine:
 class LLM:
     def __init__(self, model, **kw):
         assert kw["tensor_parallel_size"] == 1
-        self.llm_engine = _Engine(model, kw.get("max_num_seqs") or 256)
+        self.llm_engine = _Engine(model, kw.get("max_num_seqs") or 256, kw.get("max_num_batched_tokens") or 8192)
 '''
 
 
@@ -160,6 +161,7 @@ def test_vllm_backend_answers_equal_hf_backend(engine, target, tmp_path):
     st = vb["backend_stats"]  # one engine request per answered turn; the window held them all at once
     assert st["requests"] == vb["turns"] and st["errors"] == 0 and st["engine_s"] > 0 and st["tok_s"] > 0
     assert st["engine_max_seqs"] == 256 and st["window"] == 256 + 64
+    assert st["engine_max_batched_tokens"] == 8192  # the engine's own, as its ready message reports it
     assert 1 <= st["in_flight_mean"] <= st["in_flight_max"] <= 3
     assert st["worker"]["steps"] >= 7 and st["worker"]["in_flight_per_step"] >= 1
     errs = [json.loads(x) for x in (tmp_path / "v.jsonl.errors.jsonl").read_text().splitlines()]
@@ -185,7 +187,8 @@ from vllm.sampling_params import SamplingParams
 class LLM:
     def __init__(self, model, **kw):
         json.dump({"model": model, **kw}, open(os.environ["FAKE_VLLM_KW"], "w"))
-        seqs = SimpleNamespace(max_num_seqs=kw.get("max_num_seqs", 256))
+        seqs = SimpleNamespace(max_num_seqs=kw.get("max_num_seqs", 256),
+                               max_num_batched_tokens=kw.get("max_num_batched_tokens", 8192))
         self.llm_engine = SimpleNamespace(vllm_config=SimpleNamespace(scheduler_config=seqs))
 """
 
@@ -219,6 +222,37 @@ def test_engine_max_seqs_flag_reaches_vllms_llm_only_when_given(target, tmp_path
     assert worker_config("t", **common, max_num_seqs=None) == {"model": "t", **common}
     with pytest.raises(ValueError, match="engine_max_seqs"):
         RegenerateConfig(target="t", data="x", out=tmp_path / "o", engine_max_seqs=0)
+
+
+def test_engine_max_batched_tokens_flag_reaches_vllms_llm_only_when_given(target, tmp_path, monkeypatch):
+    """--engine-max-batched-tokens -> RegenerateConfig -> the worker config -> LLM(max_num_batched_tokens=...);
+    unset, vLLM keeps its own budget, and either way the backend reports what the engine settled on."""
+    import argparse
+
+    from eyas.config import add_config_args, build_config
+    from eyas.data.regenerate import _vllm_backend
+    from eyas.engines.vllm_generate import worker_config
+
+    parser = argparse.ArgumentParser()
+    add_config_args(parser, RegenerateConfig)
+    py = fake_vllm_python(tmp_path, RECORDING_VLLM)
+    monkeypatch.setenv("FAKE_VLLM_KW", str(tmp_path / "kw.json"))
+    seen, reported = [], []
+    for extra in (["--engine-max-batched-tokens", "32768"], []):
+        args = ["--target", str(target), "--data", "x", "--out", str(tmp_path / "o.jsonl"), "--backend", "vllm",
+                "--python", str(py), *extra]
+        backend = _vllm_backend(build_config(RegenerateConfig, parser.parse_args(args)))
+        backend.close()
+        seen.append(json.loads((tmp_path / "kw.json").read_text()))
+        reported.append(backend.engine_max_batched_tokens)
+    assert seen[0]["max_num_batched_tokens"] == 32768 and "max_num_batched_tokens" not in seen[1]
+    assert "max_num_seqs" not in seen[0]  # one knob does not set the other
+    assert reported == [32768, 8192]  # the engine's own 8192 when unset
+    common = dict(dtype="bfloat16", max_model_len=4096, tensor_parallel_size=1, seed=0, max_num_seqs=None)
+    assert worker_config("t", **common, max_num_batched_tokens=4096)["max_num_batched_tokens"] == 4096
+    assert "max_num_batched_tokens" not in worker_config("t", **common)
+    with pytest.raises(ValueError, match="engine_max_batched_tokens"):
+        RegenerateConfig(target="t", data="x", out=tmp_path / "o", engine_max_batched_tokens=0)
 
 
 def run(b, seconds, outputs, metrics=None):

@@ -59,6 +59,10 @@ class RegenerateConfig(StageConfig):
     engine_max_seqs: int | None = Field(None, ge=1, description="requests the engine runs at once, vLLM's max_num_seqs "
                                         "(vllm; default: vLLM's own, 1024 on an H100/H200, 256 on smaller GPUs): "
                                         "raise it when the model is small and the GPU has room for more")
+    engine_max_batched_tokens: int | None = Field(None, ge=1, description="tokens the engine schedules per step, "
+                                                  "prefill chunks and decodes, vLLM's max_num_batched_tokens (vllm; "
+                                                  "default: vLLM's own): raise it when many requests arrive at once, "
+                                                  "so their prefills do not starve the running decodes")
     engine_in_flight: int | None = Field(None, ge=1, description="requests eyas keeps in the engine, running or queued "
                                          "(vllm; default: its max_num_seqs and a quarter more, so a freed slot is "
                                          "refilled at once and a follow-up turn waits behind few others)")
@@ -185,7 +189,7 @@ def _vllm_backend(cfg: RegenerateConfig):
                        max_new_tokens=cfg.max_new_tokens, max_prompt_tokens=cfg.max_prompt_tokens,
                        temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed,
                        tensor_parallel_size=cfg.tensor_parallel_size, max_num_seqs=cfg.engine_max_seqs,
-                       max_in_flight=cfg.engine_in_flight,
+                       max_num_batched_tokens=cfg.engine_max_batched_tokens, max_in_flight=cfg.engine_in_flight,
                        log=Path(cfg.out).with_name(Path(cfg.out).name + ".vllm.log"))
 
 

@@ -82,14 +82,16 @@ ENTRY_POINTS: tuple[EntryPoint, ...] = (
                "vllm/entrypoints/llm.py",
                keywords=("model", "dtype", "seed", "max_model_len", "enforce_eager", "disable_log_stats",
                          "tensor_parallel_size", "speculative_config", "kv_transfer_config",
-                         "gpu_memory_utilization", "kv_cache_memory_bytes", "max_num_seqs"),
+                         "gpu_memory_utilization", "kv_cache_memory_bytes", "max_num_seqs",
+                         "max_num_batched_tokens"),
                kwargs_into="vllm.engine.arg_utils.EngineArgs"),
     EntryPoint("vllm.engine.arg_utils.EngineArgs", "vllm.engine.arg_utils", "EngineArgs",
                "serve-check, vllm extraction, regenerate, speedup bench (LLM(**kwargs))",
                "vllm/engine/arg_utils.py",
                keywords=("model", "dtype", "seed", "max_model_len", "enforce_eager", "disable_log_stats",
                          "tensor_parallel_size", "speculative_config", "kv_transfer_config",
-                         "gpu_memory_utilization", "kv_cache_memory_bytes", "max_num_seqs")),
+                         "gpu_memory_utilization", "kv_cache_memory_bytes", "max_num_seqs",
+                         "max_num_batched_tokens")),
     EntryPoint("vllm.LLM.generate", "vllm", "LLM.generate", "serve-check, vllm extraction, regenerate, speedup bench",
                "vllm/entrypoints/llm.py", positional=("prompts", "sampling_params"), keywords=("use_tqdm",)),
     EntryPoint("vllm.SamplingParams", "vllm", "SamplingParams", "serve-check, vllm extraction, regenerate (vllm)",
@@ -98,7 +100,7 @@ ENTRY_POINTS: tuple[EntryPoint, ...] = (
                          "output_kind")),
     # --- regenerate (vllm_generate_worker.py): continuous batching by stepping LLM.llm_engine itself. Requests
     # go in with eyas's own ids (RequestOutput.request_id echoes them), FINAL_ONLY so a step returns finished
-    # requests only; the engine's max_num_seqs sizes eyas's in-flight window.
+    # requests only; the engine's max_num_seqs sizes eyas's in-flight window (max_num_batched_tokens is reported).
     EntryPoint("vllm.LLM", "vllm", "LLM", "regenerate (vllm: steps LLM.llm_engine)", "vllm/entrypoints/llm.py",
                kind="attrs", values=("llm_engine",)),
     EntryPoint("vllm.v1.engine.llm_engine.LLMEngine", "vllm.v1.engine.llm_engine", "LLMEngine",
@@ -118,11 +120,12 @@ ENTRY_POINTS: tuple[EntryPoint, ...] = (
                keywords=("request_id", "outputs", "finished"), reads_only=True),
     EntryPoint("vllm.outputs.CompletionOutput", "vllm.outputs", "CompletionOutput", "regenerate (vllm)",
                "vllm/outputs.py", keywords=("token_ids", "finish_reason"), reads_only=True),
-    EntryPoint("vllm.config.VllmConfig", "vllm.config", "VllmConfig", "regenerate (vllm: the engine's max_num_seqs)",
+    EntryPoint("vllm.config.VllmConfig", "vllm.config", "VllmConfig",
+               "regenerate (vllm: the engine's max_num_seqs, max_num_batched_tokens)",
                "vllm/config/vllm.py", keywords=("scheduler_config",), reads_only=True),
     EntryPoint("vllm.config.SchedulerConfig", "vllm.config", "SchedulerConfig",
-               "regenerate (vllm: the engine's max_num_seqs)", "vllm/config/scheduler.py", keywords=("max_num_seqs",),
-               reads_only=True),
+               "regenerate (vllm: the engine's max_num_seqs, max_num_batched_tokens)", "vllm/config/scheduler.py",
+               keywords=("max_num_seqs", "max_num_batched_tokens"), reads_only=True),
     # speculative_config={...} is read into SpeculativeConfig; serve-check reads method/model/K back from it.
     EntryPoint("vllm.config.SpeculativeConfig", "vllm.config", "SpeculativeConfig",
                "serve-check (reads the loaded draft), vllm extraction (draft_model_config)",

@@ -28,13 +28,16 @@ Request = tuple[Hashable, list[int], int]  # (key, prompt ids, max new tokens), 
 
 
 def worker_config(target: str, *, dtype: str, max_model_len: int, tensor_parallel_size: int, seed: int,
-                  max_num_seqs: int | None) -> dict:
+                  max_num_seqs: int | None, max_num_batched_tokens: int | None = None) -> dict:
     """The engine settings `vllm_generate_worker.py` builds its LLM from. max_num_seqs only when set: vLLM's
-    default depends on the GPU (1024 on an H100/H200); requests beyond it wait in vLLM's queue."""
+    default depends on the GPU (1024 on an H100/H200); requests beyond it wait in vLLM's queue. Likewise
+    max_num_batched_tokens, the per-step token budget that arriving prefills share with the running decodes."""
     cfg = {"model": str(target), "dtype": dtype, "max_model_len": max_model_len,
            "tensor_parallel_size": tensor_parallel_size, "seed": seed}
     if max_num_seqs is not None:
         cfg["max_num_seqs"] = int(max_num_seqs)
+    if max_num_batched_tokens is not None:
+        cfg["max_num_batched_tokens"] = int(max_num_batched_tokens)
     return cfg
 
 
@@ -87,8 +90,8 @@ class VllmBackend:
     def __init__(self, target: str, *, python: str | None = None, dtype: str = "bfloat16",
                  max_new_tokens: int = 512, max_prompt_tokens: int | None = None, temperature: float = 0.0,
                  top_p: float = 1.0, seed: int = 0, max_model_len: int = 4096, tensor_parallel_size: int = 1,
-                 max_num_seqs: int | None = None, max_in_flight: int | None = None, log: Path | None = None,
-                 tokenizer=None):
+                 max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
+                 max_in_flight: int | None = None, log: Path | None = None, tokenizer=None):
         if tokenizer is None:
             tokenizer = load_tokenizer(target)
         self.tok, self.name = tokenizer, target
@@ -121,7 +124,8 @@ class VllmBackend:
         cfg = Path(self._tmp.name) / "config.json"
         cfg.write_text(json.dumps(worker_config(target, dtype=dtype, max_model_len=max_model_len,
                                                 tensor_parallel_size=tensor_parallel_size, seed=seed,
-                                                max_num_seqs=max_num_seqs)))
+                                                max_num_seqs=max_num_seqs,
+                                                max_num_batched_tokens=max_num_batched_tokens)))
         self.log = Path(log) if log else Path(self._tmp.name) / "vllm.log"
         env = {**os.environ}
         env.pop("PYTHONPATH", None)  # the engine env must not see eyas's site-packages
@@ -132,9 +136,10 @@ class VllmBackend:
         self.proc = subprocess.Popen([str(python), "-P", str(WORKER), str(cfg)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self._logf, text=True, env=env)
         t0 = time.perf_counter()
-        ready = self._read()  # {"ready": true, "max_num_seqs": N} once the engine is up
+        ready = self._read()  # {"ready": true, "max_num_seqs": N, "max_num_batched_tokens": M} once the engine is up
         self.startup_s = time.perf_counter() - t0
         self.engine_max_seqs = ready.get("max_num_seqs") or max_num_seqs
+        self.engine_max_batched_tokens = ready.get("max_num_batched_tokens") or max_num_batched_tokens
         # A window a quarter above what the engine runs at once: a slot that frees takes a queued request in
         # the next step, while a finished turn's follow-up waits behind at most that quarter.
         m = self.engine_max_seqs
@@ -227,7 +232,8 @@ class VllmBackend:
         busy = self.in_flight.busy
         return {"engine_s": round(busy, 2), "requests": self.requests, "errors": self.errors,
                 "tok_s": round(self.generated_tokens / busy, 1), "window": self.window,
-                "engine_max_seqs": self.engine_max_seqs, **self.in_flight.summary(),
+                "engine_max_seqs": self.engine_max_seqs, "engine_max_batched_tokens": self.engine_max_batched_tokens,
+                **self.in_flight.summary(),
                 **({"worker": self.worker_stats} if self.worker_stats else {})}
 
     def close(self) -> None:

@@ -2,13 +2,13 @@
 --backend vllm`, with requests streaming in and answers streaming out (continuous batching).
 
     python vllm_generate_worker.py CONFIG.json
-CONFIG: {model, dtype, max_model_len, tensor_parallel_size, seed, enforce_eager, max_num_seqs (optional: vLLM's
-default when absent)}
+CONFIG: {model, dtype, max_model_len, tensor_parallel_size, seed, enforce_eager, max_num_seqs and
+max_num_batched_tokens (optional: vLLM's default when absent)}
 stdin, one JSON object per line:
     {"id": N, "prompt": [token ids], "max_tokens", "temperature", "top_p", "seed", "stop_token_ids"}
     {"close": true} (or an empty line, or EOF): finish what is in flight, report, exit
 stdout, each line prefixed with `EYAS> ` (vLLM may print its own lines there too):
-    {"ready": true, "max_num_seqs": N}                      once the engine is up
+    {"ready": true, "max_num_seqs": N, "max_num_batched_tokens": M}   once the engine is up
     {"id": N, "tokens": [generated ids], "finish": "stop" | "length" | "error: ..."}   as each request ends
     {"closed": true, "steps", "step_s", "busy_s", "in_flight_per_step"}                last
 A reader thread queues stdin; the main loop adds whatever is queued to vLLM's engine, steps it, and prints each
@@ -51,13 +51,14 @@ def main(cfg_path: str) -> None:
     from vllm import LLM, SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    extra = {"max_num_seqs": int(cfg["max_num_seqs"])} if cfg.get("max_num_seqs") else {}
+    extra = {k: int(cfg[k]) for k in ("max_num_seqs", "max_num_batched_tokens") if cfg.get(k)}
     llm = LLM(model=cfg["model"], dtype=cfg.get("dtype", "bfloat16"), seed=cfg.get("seed", 0),
               max_model_len=cfg.get("max_model_len", 4096), disable_log_stats=True,
               enforce_eager=cfg.get("enforce_eager", False),
               tensor_parallel_size=cfg.get("tensor_parallel_size", 1), **extra)
     engine = llm.llm_engine
-    emit({"ready": True, "max_num_seqs": engine.vllm_config.scheduler_config.max_num_seqs})
+    sched = engine.vllm_config.scheduler_config  # what the engine settled on, defaults included
+    emit({"ready": True, "max_num_seqs": sched.max_num_seqs, "max_num_batched_tokens": sched.max_num_batched_tokens})
 
     inbox: queue.Queue = queue.Queue()
     threading.Thread(target=read_stdin, args=(inbox,), daemon=True).start()

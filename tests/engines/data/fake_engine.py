@@ -84,6 +84,7 @@ FILES: dict[str, str] = {
         "    gpu_memory_utilization: float = 0.9\n"
         "    kv_cache_memory_bytes: int | None = None\n"
         "    max_num_seqs: int | None = None\n"
+        "    max_num_batched_tokens: int | None = None\n"
         "    tensor_parallel_size: int = 1\n"
         "    enforce_eager: bool = False\n"
         "    disable_log_stats: bool = False\n"
