@@ -159,3 +159,34 @@ def test_tiny_end_to_end_with_spec_bench_tau(tmp_path, monkeypatch):
     monkeypatch.setattr(mod.subprocess, "run", lambda *a, **k: pytest.fail(f"rerun started {a}"))
     mod.main(argv)   # every step is recorded done, so nothing runs and the same points come back
     assert json.loads(out.read_text())["points"] == doc["points"]
+
+
+@pytest.mark.parametrize("tokens_per_row, expect_preps, expect_rows", [
+    (lambda n: 1238 * n, 2, None),          # shorter rows than estimated: prepared again with more rows
+    (lambda n: 2200 * n, 1, None),          # the estimate held: one prepare
+    (lambda n: 1238 * min(n, 500), 3, 500),  # the source runs out at 500 rows: stops once no more come
+])
+def test_a_point_short_of_its_size_is_prepared_again(tmp_path, tokens_per_row, expect_preps, expect_rows):
+    mod = load()
+    a = SimpleNamespace(target="T", max_length=2048, vocab=32000, budget_s=1e9)
+    r = SimpleNamespace(a=a, state={"done": {}})
+    prep, preps = tmp_path / "prep", []
+
+    def eyas(name, *args, need=20):   # a fake `eyas prepare`: tokens from the rows asked for
+        n = int(args[args.index("--max-samples") + 1])
+        preps.append((name, n))
+        prep.mkdir(exist_ok=True)
+        (prep / "manifest.json").write_text(json.dumps({"summary": {"tokens": tokens_per_row(n)}}))
+        r.state["done"][name] = 1.0
+        return True
+
+    r.eyas = eyas
+    assert mod.prep_to_size(r, "raw", "src.json", 1_000_000, 2160.0, prep)
+    assert len(preps) == expect_preps and preps[0] == ("prep:raw:1000000", 488)
+    got = json.loads((prep / "manifest.json").read_text())["summary"]["tokens"]
+    if expect_rows is None:
+        assert got >= 950_000
+    else:
+        assert got == 1238 * expect_rows
+    if expect_preps > 1:
+        assert preps[1][0] == "prep:raw:1000000:1" and preps[1][1] > 488
