@@ -250,15 +250,11 @@ def sha(data: bytes) -> str:
 
 
 def target_embedding(target: str):
-    """The target's input embedding from its safetensors (a dir), or None (hub id, gguf: the pack keeps it)."""
-    from safetensors import safe_open
+    """The target's input embedding (a dir's safetensors, no model load; the export's owner of this read), or None
+    (hub id, gguf: the pack keeps it)."""
+    from eyas.export.writers import target_embedding as read
 
-    for f in sorted(Path(target).glob("*.safetensors")):
-        with safe_open(str(f), framework="pt") as sf:
-            key = next((k for k in sf.keys() if k.endswith(EMBED)), None)
-            if key:
-                return sf.get_tensor(key)
-    return None
+    return read(target)
 
 
 def as_embedding(ref, cast: str, dtype: str):

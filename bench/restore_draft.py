@@ -12,8 +12,9 @@ import tarfile
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import load, save_file
+
+from eyas.export.writers import target_embedding
 
 
 def main(argv=None) -> int:
@@ -28,13 +29,7 @@ def main(argv=None) -> int:
     tar = tarfile.open(fileobj=io.BytesIO(b"".join(p.read_bytes() for p in parts)))
     files = {m.name.lstrip("./"): tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
     sd = load(files["draft-bf16.safetensors"])
-    emb = None
-    for f in sorted(a.target.glob("*.safetensors")):
-        with safe_open(str(f), framework="pt") as st:
-            key = next((k for k in st.keys() if k.endswith("embed_tokens.weight")), None)
-            if key:
-                emb = st.get_tensor(key)
-                break
+    emb = target_embedding(str(a.target))   # the export's owner of this read (no model load)
     if emb is None:
         sys.exit(f"{a.target}: no embed_tokens.weight in its safetensors")
     sd["embed_tokens.weight"] = emb.to(torch.bfloat16)

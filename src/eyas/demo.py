@@ -135,7 +135,8 @@ def run(cfg: DemoConfig) -> int | dict:
 
     with _stage("eval", times):
         ev = _call(evaluate, EvalConfig, target=cfg.target, draft=paths["run"], bench=cfg.bench,
-                   per_category=cfg.eval_per_category, max_new_tokens=cfg.eval_max_new_tokens, chain=cfg.chain, tree=cfg.tree,
+                   per_category=cfg.eval_per_category, max_new_tokens=cfg.eval_max_new_tokens, chain=cfg.chain,
+                   tree=cfg.tree,
                    device=device, out=paths["eval"] / "eval.json", json=True, plots=paths["eval"], cache_dir=cache)
 
     with _stage("export", times):
