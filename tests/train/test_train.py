@@ -48,15 +48,32 @@ def test_offline_equals_online(tmp_path, world):
     on = train(cfg(tmp_path, "on", online=True, store=None, data=tmp_path / "prep", pad_to=32), target=target,
                dataset=prepared)
     assert off["mode"] == "offline" and on["mode"] == "online"
-    m_off, m_on = metrics(tmp_path / "off"), metrics(tmp_path / "on")
-    assert [m["split"] for m in m_off] == [m["split"] for m in m_on]
-    for a, b in zip(m_off, m_on):
+    assert_same_run(tmp_path / "off", tmp_path / "on")
+
+
+def assert_same_run(a_dir, b_dir):
+    """Two runs logged the same losses and accuracies and wrote the same draft (fp32 tolerance)."""
+    m_a, m_b = metrics(a_dir), metrics(b_dir)
+    assert [m["split"] for m in m_a] == [m["split"] for m in m_b]
+    for a, b in zip(m_a, m_b):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-5), (a, b)
         assert a["acc"] == b["acc"]
-    wa, _ = load_draft(tmp_path / "off")
-    wb, _ = load_draft(tmp_path / "on")
+    wa, _ = load_draft(a_dir)
+    wb, _ = load_draft(b_dir)
     for k, v in wa.state_dict().items():
         torch.testing.assert_close(v, wb.state_dict()[k], rtol=1e-4, atol=1e-5)
+
+
+def test_compiled_online_equals_eager(tmp_path, world):
+    """--compile (GPU default) compiles the target's layers, its head and the loss chunks: the same run's losses,
+    accuracies and weights as eager (fp32; fused kernels sum in another order), and the injected target's layers
+    are eager again afterwards (the caller may use the target for decoding next)."""
+    target, rows, prepared, store = world
+    kw = dict(online=True, store=None, data=tmp_path / "prep", pad_to=32, steps=3, eval_every=3, save_every=3)
+    train(cfg(tmp_path, "eager", compile=False, **kw), target=target, dataset=prepared)
+    train(cfg(tmp_path, "compiled", compile=True, **kw), target=target, dataset=prepared)
+    assert all(getattr(layer, "_eyas_eager_forward", None) is None for layer in target.layout.layers)
+    assert_same_run(tmp_path / "eager", tmp_path / "compiled")
 
 
 def test_run_dir_layout_and_best_checkpoint(tmp_path, world):

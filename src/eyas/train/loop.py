@@ -60,7 +60,8 @@ class TrainConfig(StageConfig):
     target_dtype: Dtype = Field("auto", description="target weights (auto: bf16 on GPU, fp32 on CPU; bf16 uses AMX on recent Xeons)")
     device: str = Field("auto", description=DEVICE_HELP)
     attention: Literal["auto", "dense", "flex"] = Field("auto", description="TTT mask kind (auto: flex on GPU, dense on CPU)")
-    compile: bool | None = Field(None, description="torch.compile flex attention (default: on for GPU)")
+    compile: bool | None = Field(None, description="torch.compile the hot paths: flex attention, the target's head "
+                                 "and the draft's loss chunks, online also the target's decoder layers (default: on for GPU)")
     parallel: Literal["ddp", "fsdp"] = Field("ddp", description="multi-process strategy under torchrun")
     logit_chunk: int = Field(2048, ge=1, description="tokens per chunk of full-vocab target logits")
     eval_fraction: float = Field(0.05, ge=0, lt=1, description="held-out share of rows")
@@ -108,14 +109,22 @@ class Trainer:
                                lay.lm_head.weight.float() if cfg.init_head else None,
                                getattr(lay.norm, "weight", None) if cfg.init_head else None)
         self.draft = draft.to(self.device)
-        self.head = TargetHead(lay.norm, lay.lm_head.weight, d2t, t2d, chunk=cfg.logit_chunk).to(self.device)
+        compiled = cfg.compile if cfg.compile is not None else gpu
+        self.head = TargetHead(lay.norm, lay.lm_head.weight, d2t, t2d, chunk=cfg.logit_chunk,
+                               compiled=compiled).to(self.device)
         # Compiled flex kernels need head_dim >= 16 (toy models fall back to the dense mask).
         attention = cfg.attention if cfg.attention != "auto" else (
             "flex" if gpu and dcfg.head_dim >= 16 else "dense")
-        if attention == "flex" and (cfg.compile if cfg.compile is not None else gpu):
+        if attention == "flex" and compiled:
             from eyas.draft.model import compile_flex_attention
             compile_flex_attention()
-        self.unroll = TTTUnroll(self.draft, cfg.ttt_steps, cfg.step_decay, attention)
+        # Online, the target's forward is a quarter of a small draft's step: its layers compiled (the capture hooks
+        # stay eager around them; undone in close(), the caller may reuse an injected target)
+        self._compiled_target = compiled and self.inp.source.online
+        if self._compiled_target:
+            from eyas.target.compiled import compile_layers
+            compile_layers(lay, dynamic=False)
+        self.unroll = TTTUnroll(self.draft, cfg.ttt_steps, cfg.step_decay, attention, compile_loss=compiled)
         self.model = D.wrap(self.unroll, self.d, cfg.parallel, self.device)
         amp = resolve_dtype(cfg.dtype, self.device)
         self.amp = amp if amp != torch.float32 else None
@@ -127,6 +136,12 @@ class Trainer:
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, cosine_lambda(self.total, warm, cfg.min_lr_ratio))
         self.step, self.best_tau, self.history = 0, -1.0, []
         self.tau_chain = cfg.tau_chain or cfg.ttt_steps
+
+    def close(self) -> None:
+        if self._compiled_target:
+            from eyas.target.compiled import uncompile_layers
+            uncompile_layers(self.inp.target.layout)
+        D.shutdown(self.d)
 
     # ---- one forward/backward over a micro-batch -------------------------------------------------------
     def _forward(self, batch: dict):
@@ -340,7 +355,7 @@ def train(cfg: TrainConfig, *, target=None, store=None, dataset=None) -> dict:
     try:
         return t.run()
     finally:
-        D.shutdown(t.d)
+        t.close()
 
 
 def run(cfg: TrainConfig) -> dict:

@@ -63,7 +63,9 @@ class TargetHead(nn.Module):
     """
 
     def __init__(self, norm: nn.Module, lm_head_weight: torch.Tensor, d2t: torch.Tensor, t2d: torch.Tensor,
-                 chunk: int = 2048):
+                 chunk: int = 2048, compiled: bool = False):
+        """compiled: each chunk's norm, head, argmax, column selection and softmax through torch.compile (fused
+        kernels over the [chunk, V] logits; the same math)."""
         super().__init__()
         self.norm = norm.requires_grad_(False)
         self.register_buffer("weight", lm_head_weight.detach(), persistent=False)
@@ -71,38 +73,45 @@ class TargetHead(nn.Module):
         self.register_buffer("kept_ids", target_ids(d2t), persistent=False)
         self.register_buffer("t2d", t2d.bool(), persistent=False)
         self.chunk = chunk
+        # dynamic: a batch's last chunk is shorter; one kernel serves every chunk length
+        self._chunk_fn = torch.compile(self._chunk, dynamic=True) if compiled else self._chunk
+
+    def _chunk(self, h: torch.Tensor):
+        x = self.norm(h.to(self.weight.dtype))
+        logits = F.linear(x.to(self.weight.dtype), self.weight).float()      # [c, V]: one chunk only
+        d = logits.index_select(1, self.kept_ids)
+        return torch.softmax(d, dim=-1), self.t2d[logits.argmax(-1)], d.argmax(-1)
 
     @torch.no_grad()
     def forward(self, last: torch.Tensor):
         """last [B, T, H] -> probs [B, T, Vd] fp32, in_vocab [B, T] bool, argmax [B, T] (draft ids)."""
         B, T, H = last.shape
         flat = last.reshape(B * T, H)
-        probs, ok, arg = [], [], []
-        for i in range(0, flat.shape[0], self.chunk):
-            x = self.norm(flat[i:i + self.chunk].to(self.weight.dtype))
-            logits = F.linear(x.to(self.weight.dtype), self.weight).float()      # [c, V]: one chunk only
-            ok.append(self.t2d[logits.argmax(-1)])
-            d = logits.index_select(1, self.kept_ids)
-            probs.append(torch.softmax(d, dim=-1))
-            arg.append(d.argmax(-1))
         Vd = self.kept_ids.numel()
-        return torch.cat(probs).view(B, T, Vd), torch.cat(ok).view(B, T), torch.cat(arg).view(B, T)
+        probs = torch.empty(B * T, Vd, dtype=torch.float32, device=last.device)
+        ok = torch.empty(B * T, dtype=torch.bool, device=last.device)
+        arg = torch.empty(B * T, dtype=torch.long, device=last.device)
+        for i in range(0, flat.shape[0], self.chunk):
+            j = slice(i, i + self.chunk)
+            probs[j], ok[j], arg[j] = self._chunk_fn(flat[j])
+        return probs.view(B, T, Vd), ok.view(B, T), arg.view(B, T)
 
 
 class TTTUnroll(nn.Module):
     """Wraps the draft so that one forward() is the whole K-step unroll + loss (DDP/FSDP2 hook on it)."""
 
     def __init__(self, draft: Eagle3Draft, steps: int, decay: float = 0.8, attention: str = "dense",
-                 loss_chunk: int = 4096):
+                 loss_chunk: int = 4096, compile_loss: bool = False):
         """loss_chunk: rows per lm-head chunk in the fused head + loss (train/loss.py); 0 = the plain path
-        that materialises every step's [N, Vd] logits (kept as the reference the tests compare with)."""
+        that materialises every step's [N, Vd] logits (kept as the reference the tests compare with).
+        compile_loss: the fused loss's chunks through torch.compile (GPU training's default)."""
         super().__init__()
         if steps < 1:
             raise ValueError(f"ttt steps must be >= 1, got {steps}")
         if attention not in ("dense", "flex"):
             raise ValueError(f"attention must be 'dense' or 'flex', got {attention!r}")
         self.draft, self.steps, self.decay, self.attention = draft, steps, decay, attention
-        self.loss_chunk = loss_chunk
+        self.loss_chunk, self.compile_loss = loss_chunk, compile_loss
 
     def forward(self, input_ids, position_ids, loss_mask, aux, probs, in_vocab, target_arg):
         """input_ids/position_ids/loss_mask [B, T]; aux [B, T, k, Ht]; probs [B, T, Vd]; in_vocab,
@@ -148,7 +157,7 @@ class TTTUnroll(nn.Module):
         rows = b * T + t + shift                       # valid positions never read past their row's end
         x = self.draft.norm(pre[b, t])
         return chunked_soft_ce(x, self.draft.lm_head.weight, probs.reshape(B * T, -1), rows,
-                               target_arg.reshape(-1)[rows], self.loss_chunk)
+                               target_arg.reshape(-1)[rows], self.loss_chunk, compiled=self.compile_loss)
 
 
 def step_weights(decay: float, steps: int) -> list[float]:
