@@ -18,10 +18,11 @@ the rows it wrote, train resumes from its last checkpoint, written every --save-
 The JSON (--out, rewritten every call) holds the recipe, tokens generated / prepared / trained, per-step seconds,
 the held-out tau curve, Spec-Bench tau at T=0 and T=1 and whether the goals are met; gpu_seconds_total sums the wall
 seconds of every call that ran a step (the machine's start and the transfers are not in it).
-Expected on one H200 (defaults; from: native regenerate ~35k generated tok/s at batch 512, online training of
-this draft 25-30k tok/s, eager Spec-Bench 1-3 min per setting): gen:regen ~3 min (9k rows ~ 3.7M tokens + start),
-gen:self ~4-5 min (20k prompts ~ 7M tokens), prep < 1 min, train ~20 min (~11M tokens x 3 epochs; less if it runs at
-the 71k tok/s once seen), eval:t0 and eval:t1 ~2-6 min each: ~35 min, two sessions.
+Expected on one H200 (defaults; from: native regenerate ~35k generated tok/s at batch 512, online training with
+the compiled hot paths ~100-137k tok/s at 8 x 2,048 (bench/train_online.py; 64-80k on 1,024-token rows), eager
+Spec-Bench 1-3 min per setting): gen:regen ~3 min (9k rows ~ 3.7M tokens + start), gen:self ~4-5 min (20k prompts
+~ 7M tokens), prep < 1 min, train ~5-7 min (~11M tokens x 3 epochs), eval:t0 and eval:t1 ~2-6 min each: ~20-25 min,
+one session given to it alone (bench/GPU.md), or two.
 Across sessions (/tmp is gone after one), pack WORK at the end of the last call that trains or evaluates:
     python bench/best_draft.py --work /tmp/best_draft --pack /tmp/bd [--pack-data]   # parts <= 15 MiB + manifest.json
 (state.json, evals, metrics, the best draft, the latest checkpoint while train is not done; --pack-data adds the
@@ -390,10 +391,11 @@ def main(argv: list[str] | None = None) -> int:
     add("--new-tokens", type=int, default=512, help="max new tokens per generated turn")
     add("--max-prompt", type=int, default=1536)
     add("--gen-temperature", type=float, default=0.0, help="answers' temperature (0 = greedy)")
-    # 8 x 1,024 tokens a step laid out as 4 x 2,048: multi-turn answers are not cut at 1,024 and the draft
-    # sees the positions Spec-Bench's long prompts reach.
+    # 8 x 2,048 tokens a step: multi-turn answers are not cut at 1,024 and the draft sees the positions
+    # Spec-Bench's long prompts reach; 8 rows rather than 4 because a step of the compiled trainer costs little more
+    # (bench/train_online.py: 137k tok/s at 8 rows, 101k before compiling)
     add("--max-length", type=int, default=2048)
-    add("--batch", type=int, default=4)
+    add("--batch", type=int, default=8)
     add("--vocab", type=int, default=32000)
     add("--ttt", type=int, default=7)
     add("--epochs", type=float, default=3.0)

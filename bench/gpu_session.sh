@@ -17,6 +17,7 @@
 # DEADLINE_S (default 1500): jobs marked optional are skipped once the session is older than this.
 # LANE2=best_draft: lane 2 (one GPU) runs issue 13's bench/best_draft.py until done or the deadline (BD_BUDGET_S per call)
 #   instead of the scaling points (SCALE_KINDS, SCALE_SIZES, SCALE_BUDGET_S).
+# LANES="N ...": start only these lanes (default 0 1, one GPU 0 1 2); `watch` waits until the started lanes are done.
 # SKIP="job ...": jobs not to run. TINY=1: the same lanes with CPU-sized arguments (a dry run of this script; numbers meaningless).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -276,6 +277,8 @@ case "${1:-}" in
     take_carried
     [ -e "$W/t0" ] || date +%s > "$W/t0"
     lanes="0 1"; [ "$G1" = 0 ] && lanes="0 1 2"   # one GPU: lane 2 regenerates data beside the untimed work
+    lanes=${LANES:-$lanes}   # LANES=2 with LANE2=best_draft: a session given to issue 13's draft alone
+    echo "$lanes" > "$W/lanes"
     for n in $lanes; do setsid nohup bash "$ROOT/bench/gpu_session.sh" lane "$n" > "$W/lane$n.out" 2>&1 < /dev/null & done
     sleep 1; log "lanes started" ;;
   lane) lane "$2" ;;
@@ -295,7 +298,8 @@ case "${1:-}" in
     ls -d "$ROOT"/.carry/p* > /dev/null 2>&1 && (cd "$ROOT" && bash bench/gpu_carry.sh recv | tail -3)
     take_carried
     end=$(( $(date +%s) + ${2:-60} ))
-    while [ "$(date +%s)" -lt $end ] && ! { [ -e "$FL/lane0_done" ] && [ -e "$FL/lane1_done" ]; }; do sleep 5; done
+    all_done() { for n in $(cat "$W/lanes" 2>/dev/null || echo 0 1); do [ -e "$FL/lane${n}_done" ] || return 1; done; }
+    while [ "$(date +%s)" -lt $end ] && ! all_done; do sleep 5; done
     tail -n 40 "$RES/lanes.log"; nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader 2>/dev/null
     pack_results ;;
   *) sed -n 2,20p "$0"; exit 2 ;;

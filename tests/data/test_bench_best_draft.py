@@ -104,7 +104,7 @@ def test_steps_resume_across_calls_and_the_json_says_what_was_reached(tmp_path, 
     assert sum(1 for _ in open(tmp_path / "w" / "union.jsonl")) == 5 + 3     # regen rows, then self rows
     t = cmds["train"]
     assert "--online" in t and "--resume" not in t
-    assert [arg(t, f) for f in ("--save-every", "--ttt-steps", "--batch-size", "--lr")] == ["200", "7", "4", "0.001"]
+    assert [arg(t, f) for f in ("--save-every", "--ttt-steps", "--batch-size", "--lr")] == ["200", "7", "8", "0.001"]
     assert arg(fake.cmds[1][1], "--data") == "self:3"
 
     fake.cmds.clear()
@@ -121,7 +121,7 @@ def test_steps_resume_across_calls_and_the_json_says_what_was_reached(tmp_path, 
     n = len(make_tokenizer("smollm2")(ANSWER, add_special_tokens=False)["input_ids"])
     q = [len(make_tokenizer("smollm2")(f"question {i}", add_special_tokens=False)["input_ids"]) for i in range(3)]
     assert doc["tokens"]["generated"] == {"regen": 5 * n, "self": 3 * n + sum(q)}   # self: its prompts too
-    assert doc["tokens"]["prepared"] == 4000 and doc["tokens"]["trained"] == 800 * 4 * 1000   # steps x rows x tok/row
+    assert doc["tokens"]["prepared"] == 4000 and doc["tokens"]["trained"] == 800 * 8 * 1000   # steps x rows x tok/row
     assert [(p["step"], p["tau"]) for p in doc["held_out_curve"]] == [(400, 1.4), (800, 1.8)]
     t0 = doc["spec_bench"]["t0"]
     assert (t0["chain_tau"], t0["tree_tau"], t0["chain"], t0["questions"]) == (2.7, 3.9, "chain-3", 13)

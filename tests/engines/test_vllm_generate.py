@@ -30,8 +30,9 @@ class RequestOutputKind:  # an Enum in vLLM
 
 class SamplingParams:
     def __init__(self, temperature=1.0, top_p=1.0, max_tokens=16, seed=None, stop_token_ids=None, ignore_eos=False,
-                 output_kind=RequestOutputKind.CUMULATIVE):
+                 output_kind=RequestOutputKind.CUMULATIVE, detokenize=True):
         self.max_tokens, self.stop, self.output_kind = max_tokens, set(stop_token_ids or []), output_kind
+        self.detokenize = detokenize
 '''
 
 # vLLM's engine loop in miniature: LLM.llm_engine takes requests with the caller's ids, runs up to max_num_seqs of
@@ -65,6 +66,7 @@ class _Engine:
 
     def add_request(self, request_id, prompt, params):
         assert params.output_kind == RequestOutputKind.FINAL_ONLY and isinstance(request_id, str)
+        assert params.detokenize is False    # eyas reads ids only: no per-step detokenization in the engine
         ids = list(prompt["prompt_token_ids"])
         if _SCRIPT:
             text = self.tok.decode(ids)

@@ -97,7 +97,7 @@ ENTRY_POINTS: tuple[EntryPoint, ...] = (
     EntryPoint("vllm.SamplingParams", "vllm", "SamplingParams", "serve-check, vllm extraction, regenerate (vllm)",
                "vllm/sampling_params.py",
                keywords=("temperature", "max_tokens", "ignore_eos", "top_p", "seed", "stop_token_ids", "logprobs",
-                         "output_kind")),
+                         "output_kind", "detokenize")),
     # --- regenerate (vllm_generate_worker.py): continuous batching by stepping LLM.llm_engine itself. Requests
     # go in with eyas's own ids (RequestOutput.request_id echoes them), FINAL_ONLY so a step returns finished
     # requests only; the engine's max_num_seqs sizes eyas's in-flight window (max_num_batched_tokens is reported).

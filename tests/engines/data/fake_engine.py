@@ -46,6 +46,7 @@ FILES: dict[str, str] = {
         "    logprobs: int | None = None\n"
         "    extra_args: dict | None = None\n"
         "    output_kind: int = 0\n"
+        "    detokenize: bool = True\n"
         "class RequestOutputKind:  # an Enum in vLLM: a plain class lists the same names live and recorded\n"
         "    CUMULATIVE = 0\n"
         "    DELTA = 1\n"
