@@ -166,8 +166,26 @@ def test_vllm_backend_answers_equal_hf_backend(engine, target, tmp_path):
     assert st["engine_max_batched_tokens"] == 8192  # the engine's own, as its ready message reports it
     assert 1 <= st["in_flight_mean"] <= st["in_flight_max"] <= 3
     assert st["worker"]["steps"] >= 7 and st["worker"]["in_flight_per_step"] >= 1
+    loads = st["worker"]["by_load"]    # every step in one quarter of the peak load
+    assert sum(b["steps"] for b in loads) == st["worker"]["steps"] and all(b["seconds"] >= 0 for b in loads)
     errs = [json.loads(x) for x in (tmp_path / "v.jsonl.errors.jsonl").read_text().splitlines()]
     assert [e["row"] for e in errs] == [2] and re.fullmatch(r"prompt_too_long: \d+ tokens > 300", errs[0]["error"])
+
+
+def test_worker_groups_steps_by_load():
+    import importlib.util
+
+    from eyas.engines.vllm_generate import WORKER
+
+    spec = importlib.util.spec_from_file_location("vllm_generate_worker", WORKER)
+    w = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(w)
+    # a full window of 100 for 2 steps of 0.1 s, then a tail of 1-2 requests for 4 steps of 0.01 s
+    loads = w.by_load([(100, 0.1), (96, 0.1), (2, 0.01), (1, 0.01), (1, 0.01), (1, 0.01)])
+    assert [(b["in_flight"], b["steps"]) for b in loads] == [([1, 25], 4), ([76, 100], 2)]
+    assert loads[1]["in_flight_per_step"] == 98.0 and loads[1]["in_flight_per_s"] == 980.0
+    assert loads[0]["seconds"] == 0.04 and loads[0]["in_flight_per_s"] == 125.0
+    assert w.by_load([]) == []
 
 
 def test_vllm_backend_worker_crash_is_an_engine_error(tmp_path):

@@ -10,7 +10,11 @@ stdin, one JSON object per line:
 stdout, each line prefixed with `EYAS> ` (vLLM may print its own lines there too):
     {"ready": true, "max_num_seqs": N, "max_num_batched_tokens": M}   once the engine is up
     {"id": N, "tokens": [generated ids], "finish": "stop" | "length" | "error: ..."}   as each request ends
-    {"closed": true, "steps", "step_s", "busy_s", "in_flight_per_step"}                last
+    {"closed": true, "steps", "step_s", "busy_s", "in_flight_per_step", "by_load"}     last
+by_load: the steps grouped by requests in the engine (quarters of the most seen): steps, seconds, in flight per
+step, and in_flight_per_s (requests x steps / seconds: the decode rate if every request in the engine got a token
+each step; an upper bound, since requests waiting in vLLM's queue are counted) -- the full window's rate apart from
+the tail's, where a few long conversations run alone.
 A reader thread queues stdin; the main loop adds whatever is queued to vLLM's engine, steps it, and prints each
 finished request at once, so eyas can send a conversation's next turn while the others still run. It blocks on
 the queue only when the engine has nothing to do. eyas decodes the ids itself (they include the stop token, as
@@ -26,6 +30,22 @@ import time
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+
+
+def by_load(trace: list) -> list:
+    """[(requests in the engine, step seconds)] -> per quarter of the largest load: steps, seconds, rates."""
+    top = max((n for n, _ in trace), default=0)
+    out = []
+    for q in range(4):
+        lo, hi = top * q / 4, top * (q + 1) / 4
+        part = [(n, dt) for n, dt in trace if lo < n <= hi or (q == 0 and n == 0)]
+        if not part:
+            continue
+        n_sum, sec = sum(n for n, _ in part), sum(dt for _, dt in part)
+        out.append({"in_flight": [int(lo) + 1, int(hi)], "steps": len(part), "seconds": round(sec, 3),
+                    "in_flight_per_step": round(n_sum / len(part), 1),
+                    "in_flight_per_s": round(n_sum / sec, 1) if sec else None})
+    return out
 
 
 def emit(obj: dict) -> None:
@@ -66,6 +86,7 @@ def main(cfg_path: str) -> None:
     closing = False
     steps = held = 0
     step_s = busy_s = 0.0
+    trace: list = []  # (requests in the engine, seconds) per step
     busy_since = None
 
     def add(msg: dict) -> None:
@@ -113,6 +134,7 @@ def main(cfg_path: str) -> None:
         outs = engine.step()
         t1 = time.perf_counter()
         steps, held, step_s = steps + 1, held + len(live), step_s + t1 - t0
+        trace.append((len(live), t1 - t0))
         for out in outs:
             if out.finished and out.request_id in live:
                 c = out.outputs[0]
@@ -121,7 +143,7 @@ def main(cfg_path: str) -> None:
             busy_s += t1 - busy_since
             busy_since = None
     emit({"closed": True, "steps": steps, "step_s": round(step_s, 3), "busy_s": round(busy_s, 3),
-          "in_flight_per_step": round(held / steps, 1) if steps else None})
+          "in_flight_per_step": round(held / steps, 1) if steps else None, "by_load": by_load(trace)})
 
 
 if __name__ == "__main__":
