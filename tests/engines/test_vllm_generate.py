@@ -473,6 +473,30 @@ def test_speedup_engines_share_a_gpu_start_together_and_time_alone(tmp_path, mon
     assert res["sweep_s"] >= max(d["wall_s"] for d in e.values())
 
 
+def test_speedup_rounds_take_turns_and_report_the_fastest(tmp_path, monkeypatch):
+    from eyas.engines.vllm_speedup import measure
+
+    py = timed_engine(tmp_path, monkeypatch, {"base": 0.2, "k1": 0.1})
+    res = measure(py, *model_dirs(tmp_path, [1]), [[1, 2, 3], [4, 5], [6]], [1], [1, 2], 2, ["0"], tmp_path / "logs",
+                  engines_per_gpu=2, rounds=2)
+    assert not res["failed"] and all(e["rounds"] == 2 for e in res["engines"].values())
+    for row in res["rows"]:   # the fastest of the two rounds is the one reported
+        assert len(row["round_tok_s"]) == 2 and row["tok_s"] == pytest.approx(max(row["round_tok_s"]))
+    assert all(res["base_tok_s"][b] == pytest.approx(max(v)) for b, v in res["base_round_tok_s"].items())
+    events = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
+    calls = {}  # pid -> [(start, end)] of its generate calls
+    for e in events:
+        if e["what"] in ("gen_start", "gen_end"):
+            calls.setdefault(e["pid"], []).append(e["t"])
+    spans = {pid: list(zip(t[::2], t[1::2])) for pid, t in calls.items()}
+    # warm-up (one call per batch size) + 2 rounds x (3 prompts at batch 1 + 2 calls at batch 2) per engine
+    assert sorted(len(v) for v in spans.values()) == [2 + 2 * (3 + 2)] * 2
+    a, b = spans.values()
+    assert not any(overlap(x, y) for x in a for y in b)  # never two engines timing at once
+    # round by round: some call of each engine lies between two calls of the other (they took turns)
+    assert any(a[0][0] < y[0] < a[-1][1] for y in b) or any(b[0][0] < x[0] < b[-1][1] for x in a)
+
+
 def test_speedup_engine_failing_at_start_does_not_hold_up_its_wave(tmp_path, monkeypatch):
     from eyas.engines.vllm_speedup import measure
 

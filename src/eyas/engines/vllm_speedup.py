@@ -132,6 +132,8 @@ def summarize(base: dict | None, spec: dict[int, dict]) -> dict:
     for k, doc in sorted(spec.items()):
         for r in doc["runs"]:
             row = {"chain": k, "batch_size": r["batch_size"], "tok_s": tok_s(r), **spec_stats(r["metrics"])}
+            if len(r.get("round_seconds", ())) > 1:  # every round's rate: how far a neighbour moved the slowest
+                row["round_tok_s"] = [r["generated_tokens"] / t for t in r["round_seconds"]]
             b = base_runs.get(r["batch_size"])
             if b:
                 same = sum(o == p for o, p in zip(r["outputs"], b["outputs"]))
@@ -143,13 +145,17 @@ def summarize(base: dict | None, spec: dict[int, dict]) -> dict:
         b = row["batch_size"]
         if "speedup" in row and (b not in best or row["speedup"] > best[b]["speedup"]):
             best[b] = row
-    return {"base_tok_s": {str(b): tok_s(r) for b, r in sorted(base_runs.items())}, "rows": rows,
+    out = {"base_tok_s": {str(b): tok_s(r) for b, r in sorted(base_runs.items())}}
+    if any(len(r.get("round_seconds", ())) > 1 for r in base_runs.values()):
+        out["base_round_tok_s"] = {str(b): [r["generated_tokens"] / t for t in r["round_seconds"]]
+                                   for b, r in sorted(base_runs.items())}
+    return {**out, "rows": rows,
             "best_by_batch": {str(b): {"chain": r["chain"], "speedup": r["speedup"], "tau": r["tau"]}
                               for b, r in sorted(best.items())}}
 
 
-PER_ENGINE = ("gpu", "startup_s", "wait_s", "measure_s", "wall_s", "barrier_timed_out", "gpu_memory_utilization",
-              "kv_cache_memory_bytes")
+PER_ENGINE = ("gpu", "startup_s", "wait_s", "measure_s", "rounds", "wall_s", "barrier_timed_out",
+              "gpu_memory_utilization", "kv_cache_memory_bytes")
 
 
 def report(done: dict[str, dict]) -> dict:
@@ -165,7 +171,8 @@ def report(done: dict[str, dict]) -> dict:
 def measure(python: Path, target: str, export: str, prompts: list[list[int]], chains: list[int],
             batch_sizes: list[int], max_tokens: int, gpus: list[str], log_dir: Path,
             max_model_len: int = 2048, engines_per_gpu: int = 1,
-            on_result: Callable[[str, dict], None] | None = None, barrier_timeout_s: float = 900.0) -> dict:
+            on_result: Callable[[str, dict], None] | None = None, barrier_timeout_s: float = 900.0,
+            rounds: int = 1) -> dict:
     """Run the plain target and each K, round-robin over `gpus`, up to `engines_per_gpu` engines per GPU at once.
     `on_result(job, doc)` is called (one call at a time) as each engine finishes: doc is the worker's output, or
     {"error": ...} when its engine failed; either way with "gpu" and "wall_s". A failed engine does not stop the
@@ -180,7 +187,7 @@ def measure(python: Path, target: str, export: str, prompts: list[list[int]], ch
 
     def one(name: str, model: str, g: int, wave_dir: Path, count: int) -> None:
         payload = {"model": model, "speculative_config": None, "prompts": prompts, "max_tokens": max_tokens,
-                   "batch_sizes": batch_sizes, "dtype": dtype, "max_model_len": max_model_len,
+                   "batch_sizes": batch_sizes, "rounds": rounds, "dtype": dtype, "max_model_len": max_model_len,
                    "enforce_eager": False, "seed": 0, **memory[name],
                    "measure_lock": str(wave_dir.parent / f"gpu{g}.lock"),
                    "barrier": {"dir": str(wave_dir), "name": name, "count": count, "timeout_s": barrier_timeout_s}}
