@@ -48,3 +48,24 @@ def test_bf16_flex_training_learns(tmp_path):
     tr = [x for x in m if x["split"] == "train"]
     assert tr[-1]["loss"] < 0.8 * tr[0]["loss"] and tr[-1]["acc"][0] > tr[0]["acc"][0]
     assert s["best_tau"] >= 1.0 and s["mode"] == "offline"
+
+
+def test_compiled_online_training_equals_eager_on_cuda(tmp_path):
+    """The GPU default (--compile: the target's layers, its head and the loss chunks compiled) trains the same run as
+    eager, in fp32 (autocast off) so the only difference is the fused kernels' summation order."""
+    target = tiny_target(hidden=64)
+    target.model.cuda()
+    rows = make_rows(16, length=64, docs=3)
+    prepared = FakePrepared(rows, *vocab_for(rows, 64))
+    runs = {}
+    for compiled in (False, True):
+        cfg = TrainConfig(target="tiny-llama", out=tmp_path / str(compiled), data=tmp_path / "p", online=True,
+                          ttt_steps=3, batch_size=4, steps=6, lr=1e-3, eval_fraction=0.25, eval_every=3,
+                          log_every=1, progress=False, tensorboard=False, device="cuda", seed=0, dtype="fp32",
+                          target_dtype="fp32", compile=compiled)
+        train(cfg, target=target, dataset=prepared)
+        runs[compiled] = [json.loads(x) for x in (tmp_path / str(compiled) / "metrics.jsonl").read_text().splitlines()]
+    assert [m["split"] for m in runs[False]] == [m["split"] for m in runs[True]]
+    for a, b in zip(runs[False], runs[True]):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-3), (a, b)
+    assert all(getattr(layer, "_eyas_eager_forward", None) is None for layer in target.layout.layers)
