@@ -5,6 +5,8 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "extract.py"
 
 
