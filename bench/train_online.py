@@ -8,7 +8,9 @@ rows (or a real PREPARED dir with --data). For each --batch it reports:
   phase_ms         one step split by device syncs: rows (collate + host->device), target (the target's capture
                    forward), head (the target's norm + lm-head -> soft targets), forward (TTT unroll + loss),
                    backward, optimizer (clip + AdamW + schedule)
-  profile          torch.profiler top ops by self device time over 2 steps (--profile)
+  profile          torch.profiler over 2 steps (--profile): top ops by self device time ("device"), and by self host
+                   time ("host": at a small batch the step is bound by what the CPU issues -- a step of 8 rows costs
+                   ~55 ms more than a quarter of one of 32 on the H200 -- which the device table cannot show)
 --variants picks what is tried at each batch size: base (the Trainer as `eyas train` builds it: on a GPU flex attention,
 the target's head, the loss chunks and the target's decoder layers compiled), before (only flex attention compiled:
 the trainer before the others were), cdraft (base + the draft's decoder layer compiled).
@@ -31,7 +33,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _emit import emit  # noqa: E402
-from train import profile_summary  # noqa: E402
 
 SMOLLM2 = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192, rope_theta=100000.0,
@@ -81,6 +82,30 @@ def random_target(shape: dict, dtype: torch.dtype):
         torch.nn.init.normal_(p, std=0.02)
     model.model.rotary_emb.__init__(model.config)      # to_empty left the RoPE buffers uninitialised
     return wrap_model(model.to(dtype).eval().requires_grad_(False), name="smollm2-shape-random")
+
+
+def profile_tables(step, dev: torch.device, top: int = 20) -> dict:
+    """torch.profiler over 2 steps: the top ops by self device time and by self host time, each per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        for _ in range(2):
+            step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+    ev = prof.key_averages()
+
+    def table(attr: str) -> list[dict]:
+        rows = sorted((e for e in ev if getattr(e, attr, 0) > 0), key=lambda e: -getattr(e, attr))
+        total = sum(getattr(e, attr) for e in rows) or 1
+        return [{"op": e.key, "ms_per_step": round(getattr(e, attr) / 2e3, 3),
+                 "share": round(getattr(e, attr) / total, 4), "calls_per_step": e.count // 2} for e in rows[:top]]
+
+    out = {"host": table("self_cpu_time_total")}
+    if dev.type == "cuda":
+        out["device"] = table("self_device_time_total")
+    return out
 
 
 def phase_step(tr, sync) -> dict:
@@ -164,7 +189,7 @@ def _timed(a, tr, B: int, variant: str, dev: torch.device) -> dict:
         out["peak_gib"] = round(torch.cuda.max_memory_allocated(dev) / 2**30, 2)
         torch.cuda.reset_peak_memory_stats(dev)
     if a.profile:
-        out["profile"] = profile_summary(lambda: tr.train_step(), dev, top=a.top)
+        out["profile"] = profile_tables(lambda: tr.train_step(), dev, top=a.top)
     return out
 
 
@@ -206,7 +231,8 @@ def main(argv=None) -> dict:
         data = PreparedDataset(a.data)
     else:
         data = Rows(max(batches) * (a.steps + a.warmup + 4), a.seq, V, Vd)
-    res = {"bench": "train_online", "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor(),
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor()
+    res = {"bench": "train_online", "device": name,
            "torch": torch.__version__, "target": a.target or ("tiny" if a.tiny else "smollm2-135m shape, random"),
            "data": a.data or "synthetic packed rows", "seq": a.seq, "ttt": a.ttt, "draft_vocab": Vd, "runs": []}
     with tempfile.TemporaryDirectory() as work:
