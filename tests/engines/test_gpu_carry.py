@@ -66,3 +66,22 @@ def test_recv_names_a_damaged_item(tmp_path):
     r = _run(repo, "recv", env)
     assert r.returncode != 0 and "alpha: sha256 mismatch" in r.stderr
     assert not (tmp_path / "c" / "items" / "alpha").exists()
+
+
+@pytest.mark.parametrize("n, text, kept", [
+    ("2", '[{"a": 1}, {"b": 2}, {"c": 3}]', [{"a": 1}, {"b": 2}]),
+    ("all", '[{"a": 1},\n {"b": 2}]', [{"a": 1}, {"b": 2}]),
+    ("all", '[{"a": 1}, {"b": 2}, {"c": "cut he', [{"a": 1}, {"b": 2}]),   # as the packaged ShareGPT file ends
+])
+def test_json_head_copies_the_first_rows(n, text, kept):
+    import json
+
+    r = subprocess.run(["python3", str(ROOT / "bench" / "json_head.py"), n], input=text, capture_output=True, text=True)
+    assert r.returncode == 0 and json.loads(r.stdout) == kept
+    assert ("cut off" in r.stderr) == text.endswith("he")
+
+
+def test_json_head_refuses_a_bad_row_inside_a_closed_array():
+    r = subprocess.run(["python3", str(ROOT / "bench" / "json_head.py"), "all"], input='[{"a": 1}, {"b": }]',
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and "JSONDecodeError" in r.stderr
