@@ -118,12 +118,6 @@ class Trainer:
         if attention == "flex" and compiled:
             from eyas.draft.model import compile_flex_attention
             compile_flex_attention()
-        # Online, the target's forward is a quarter of a small draft's step: its layers compiled (the capture hooks
-        # stay eager around them; undone in close(), the caller may reuse an injected target)
-        self._compiled_target = compiled and self.inp.source.online
-        if self._compiled_target:
-            from eyas.target.compiled import compile_layers
-            compile_layers(lay, dynamic=False)
         self.unroll = TTTUnroll(self.draft, cfg.ttt_steps, cfg.step_decay, attention, compile_loss=compiled)
         self.model = D.wrap(self.unroll, self.d, cfg.parallel, self.device)
         amp = resolve_dtype(cfg.dtype, self.device)
@@ -136,6 +130,13 @@ class Trainer:
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, cosine_lambda(self.total, warm, cfg.min_lr_ratio))
         self.step, self.best_tau, self.history = 0, -1.0, []
         self.tau_chain = cfg.tau_chain or cfg.ttt_steps
+        # Online, the target's forward is a quarter of a small draft's step: its layers compiled (the capture hooks
+        # stay eager around them). Last in __init__, so nothing can fail after it before close() undoes it (the
+        # caller may reuse an injected target).
+        self._compiled_target = compiled and self.inp.source.online
+        if self._compiled_target:
+            from eyas.target.compiled import compile_layers
+            compile_layers(lay, dynamic=False)
 
     def close(self) -> None:
         if self._compiled_target:
