@@ -101,8 +101,9 @@ PY
       # it the speed; continuous batching: eyas keeps max_num_seqs + 1/4 requests in the engine and a finished
       # turn's follow-up goes in at once (backend_stats: in-flight mean and timeline, tok/s over engine time);
       # --engine-max-seqs 2048: vLLM's default 1,024 running capped the old 1,909-prompt first wave (21.8k tok/s)
-      # ENGINE_MAX_BATCHED_TOKENS: vLLM's per-step token budget; at 2,048 max_num_seqs the engine decoded only ~325
-      # sequences a step (17.2k tok/s), the likely cause the arriving requests' prefills eating that budget
+      # ENGINE_MAX_BATCHED_TOKENS: vLLM's per-step token budget. The 17.2k tok/s run's "~330 in flight per step" was
+      # a mean over steps, most of them the tail's short ones; its full window ran ~1,700 requests at ~74 ms a step
+      # (inferred), where vLLM also detokenized every request each step (now off); the worker's by_load says it now
       budget=(); [ -n "${ENGINE_MAX_BATCHED_TOKENS:-}" ] \
         && budget=(--engine-max-batched-tokens "$ENGINE_MAX_BATCHED_TOKENS")
       timed regen_vllm_big "${EYAS[@]}" regenerate "${common[@]}" --max-samples "$REGEN_BIG" --backend vllm \
