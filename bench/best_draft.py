@@ -45,7 +45,9 @@ import json
 import shutil
 import sys
 import tarfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -74,6 +76,11 @@ class Steps(S.Runner):
     def __init__(self, a):
         super().__init__(a)
         self.ran: list[str] = []
+        self._lock = threading.Lock()   # the two evals may run side by side (--eval-parallel)
+
+    def save(self) -> None:
+        with self._lock:
+            super().save()
 
     def eyas(self, name: str, *args: str, need: float = 20) -> bool:
         if name in self.state["done"] or self.left() < need:
@@ -181,9 +188,22 @@ def run_steps(r: Steps, a, kinds: list[str]) -> None:
         r.save()
     if not r.eyas("train", *train_args(a, a.work / "run"), need=a.train_need):
         return
-    for t in (0, 1):
-        if not S.spec_bench(r, "best", f"t{t}", temperature=t, name=f"eval:t{t}", draft=a.work / "run"):
-            return
+    run_evals(r, a)
+
+
+def run_evals(r: Steps, a) -> bool:
+    """eval:t0 then eval:t1; with --eval-parallel (default on a GPU) both at once: an eager eval is bound by the
+    host's launches (the H200 ran eval:t0 at ~36 tok/s of baseline, its GPU nearly idle), and tau is not a time,
+    so two side by side cost the wall time of one."""
+    todo = [t for t in (0, 1) if f"eval:t{t}" not in r.state["done"]]
+
+    def one(t: int) -> bool:
+        return S.spec_bench(r, "best", f"t{t}", temperature=t, name=f"eval:t{t}", draft=a.work / "run")
+
+    if a.eval_parallel and len(todo) == 2:
+        with ThreadPoolExecutor(2) as ex:
+            return all(list(ex.map(one, todo)))
+    return all(one(t) for t in todo)   # in order: a cut t0 leaves t1 to the next call
 
 
 def curve(a, prep: dict | None) -> list[dict]:
@@ -224,7 +244,8 @@ def result(r: Steps, a, kinds: list[str], done: bool) -> dict:
             spec[t] = {"chain_tau": p["spec_bench_chain_tau"], "tree_tau": p["spec_bench_tree_tau"],
                        "chain": p["spec_bench_chain"], "tree": p["spec_bench_tree"], "temperature": int(t[1]),
                        "questions": p["spec_bench_questions"], "max_new_tokens": p["spec_bench_max_new_tokens"],
-                       "seconds": st["seconds"].get(f"eval:{t}")}
+                       "seconds": st["seconds"].get(f"eval:{t}"),
+                       "settings": eval_details(a.work / f"eval-best-{t}.json")}
     prep, pts = st.get("prep"), curve(a, st.get("prep"))
     t0 = spec.get("t0", {})
     goals = {**GOALS, "tree_tau_met": t0["tree_tau"] >= GOALS["tree_tau_goal"] if t0 else None,
@@ -243,6 +264,18 @@ def result(r: Steps, a, kinds: list[str], done: bool) -> dict:
             "held_out_curve": pts, "held_out_tau_best": max((p["tau"] for p in pts), default=None),
             "spec_bench": spec, "eval": S.eval_setting(a), "goals": goals,
             "png": str(a.out.with_suffix(".png")) if pts else None}
+
+
+def eval_details(path: Path) -> dict:
+    """Per setting of an `eyas eval` JSON what a reader of the tau asks next: acceptance by position, tau by
+    category, eager tok/s, and at T=0 the lossless check (identical and tie-aware identical rates, divergences
+    not explained by a logit tie, and the recheck's verdicts on them)."""
+    keys = ("tau", "accept_per_position", "tokens_per_s", "baseline_tokens_per_s", "speedup", "identical_rate",
+            "tie_aware_identical_rate", "unexplained_divergences", "unexplained_numerics", "unexplained_decoder",
+            "unexplained_unchecked")
+    return {x["setting"]: {**{k: x[k] for k in keys if k in x},
+                           "tau_by_category": {c: round(v["tau"], 3) for c, v in sorted(x["per_category"].items())}}
+            for x in json.loads(path.read_text())["results"]}
 
 
 # ---------------------------------------------------------------- pack / unpack
@@ -412,6 +445,8 @@ def main(argv: list[str] | None = None) -> int:
     add("--eval-max-new-tokens", type=int, default=256)
     add("--eval-compile", action=argparse.BooleanOptionalAction, default=False)
     add("--eval-est-s", type=float, default=180, help="an eval's seconds until one has been timed here")
+    add("--eval-parallel", action=argparse.BooleanOptionalAction, default=None,
+        help="run eval:t0 and eval:t1 side by side (default: on a GPU)")
     add("--tiny", action="store_true", help="CPU check: random 2-layer target, tiny sizes")
     add("--pack", type=Path, default=None, help="write WORK's state as parts + manifest.json here, then exit")
     add("--pack-data", action="store_true", help="--pack: add the generated rows")
@@ -431,6 +466,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.tiny:
         a.target = S.tiny_target(a.work, a.target)
     a.device = a.device or ("cuda" if __import__("torch").cuda.is_available() else "cpu")
+    a.eval_parallel = a.device.startswith("cuda") if a.eval_parallel is None else a.eval_parallel
     if a.unpack:
         unpack(a)
         return 0

@@ -17,12 +17,14 @@
 # DEADLINE_S (default 1500): jobs marked optional are skipped once the session is older than this.
 # LANE2=best_draft: lane 2 (one GPU) runs issue 13's bench/best_draft.py until done or the deadline (BD_BUDGET_S per call)
 #   instead of the scaling points (SCALE_KINDS, SCALE_SIZES, SCALE_BUDGET_S).
+# LANE0=demo_vllm (one GPU): the GPU demo alone first (issue 13), then vLLM with the demo's draft: the speedup sweep
+#   and the regenerate throughput (issue 12); lane 1 runs the regenerate's HF half (untimed) once vLLM has arrived.
 # LANES="N ...": start only these lanes (default 0 1, one GPU 0 1 2); `watch` waits until the started lanes are done.
 # SKIP="job ...": jobs not to run. TINY=1: the same lanes with CPU-sized arguments (a dry run of this script; numbers meaningless).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 W=${W:-/tmp/w}; RES="${RES:-$W/results}"; FL="$W/flags"; mkdir -p "$W" "$RES" "$FL"
-T=${T:-/tmp/smol-hf}; SG=${SG:-/tmp/sharegpt.json}; DRAFT="$W/run9k"
+T=${T:-/tmp/smol-hf}; SG=${SG:-/tmp/sharegpt.json}; DRAFT="$W/run9k"   # LANE0=demo_vllm: the demo's draft
 # one GPU only (nvidia-h200): the *_one lanes (no 2-GPU stage, no vLLM)
 if [ -z "${G1:-}" ]; then G1=1; [ "$(nvidia-smi -L 2>/dev/null | wc -l)" = 1 ] && G1=0; fi
 DEADLINE_S=${DEADLINE_S:-1500}; TINY=${TINY:-}; OLD=${OLD:-/tmp/old}
@@ -52,11 +54,14 @@ if [ -n "$TINY" ]; then
   TRAIN_ARGS=(--steps 4 --eval-every 2 --eval-batches 1 --batch-size 2); PREP_ROWS=(--max-samples 40)
   DEC=(--tiny); DEC1=(--tiny); COSTS_SMOL=(--shape tiny --device cpu --iters 2 --context 64 --capacity 300); PROF=(--device cpu --tokens 8); B8=(--tiny); COSTS=(--device cpu --shape tiny --iters 2)
   REGEN=(--rows 6 --batch 4 --max-new 8 --hf-sample 4 --hf-batch 2 --sweep batch=2 sdpa=no-cudnn graph=compile attn=flex); RR=(--max-samples 12 --max-new-tokens 8 --batch-size 4)
+  DEMO=(--device cpu --max-samples 16 --regen-max-new-tokens 16 --regen-batch-size 8 --max-length 256 --epochs 1
+        --draft-vocab-size 512 --eval-per-category 1 --eval-max-new-tokens 16 --tree total=6,depth=3,topk=2 --online)
   SELF=(--data self:12 --max-new-tokens 8 --batch-size 4); MG=(TINY=1 STEPS=2 TOKENS=2048); KILL_ROWS=4; SCALE=(--tiny --kinds self,raw --budget-s 200); RFULL=(--max-samples 16 --max-new-tokens 8 --batch-size 4); LONG_SEQ=${LONG_SEQ:-256}
 else
   TRAIN_ARGS=(--steps 1000 --eval-every 200 --eval-batches 16 --batch-size 8); PREP_ROWS=()
   DEC=(--per-category 2 --max-new-tokens 512); DEC1=(--per-category 1 --max-new-tokens 512)
   COSTS_SMOL=(--shape smollm2-135m --inner compiled --context 1200 --capacity 2600 --widths 4 16 61); PROF=(); B8=()
+  DEMO=(--device cuda --profile gpu)
   COSTS=(); REGEN=(--rows 2048 --batch 256 --max-new 256 --hf-sample 64 --sweep batch=512 attn=flex); RR=(--max-samples 2000 --max-new-tokens 256 --batch-size 256)
   SELF=(--data self:2000 --max-new-tokens 256 --batch-size 256); MG=(); KILL_ROWS=300
   SCALE=(--kinds ${SCALE_KINDS:-self,raw} --sizes ${SCALE_SIZES:-1e6,3e6} --budget-s ${SCALE_BUDGET_S:-450})
@@ -114,8 +119,27 @@ lane0_one() {
   job -o 200 train8b python3 bench/train.py "${B8[@]}" --long-seq "${LONG_SEQ:-16384}" --out "$RES/train-h200-v2.json"
   smol_costs
   job -o 120 load8b python3 bench/load.py "${B8[@]}" --dir /tmp/eyas-bench-load --out "$RES/load-h200.json"
-  job -o 600 demo_gpu python3 -m eyas.cli demo --device cuda --profile gpu --target $T --data $SG --out $W/demo --json
+  job -o 600 demo_gpu python3 -m eyas.cli demo "${DEMO[@]}" --target $T --data $SG --out $W/demo --json
   flag lane0_done
+}
+# LANE0=demo_vllm: issue 13's GPU demo (<= 10 min, tree tau >= 3; nothing else on the GPU but lane 1's HF half of
+# the regenerate match sample, light), then issue 12 with the demo's draft, each timed job alone.
+vllm_arrived() { for _ in $(seq "${VLLM_WAIT_S:-600}"); do [ -x /tmp/vpy ] && [ -e /tmp/eyas-env.sh ] && return 0; sleep 1; done; return 1; }
+lane0_demo() {
+  export CUDA_VISIBLE_DEVICES=0
+  job demo_gpu python3 -m eyas.cli demo "${DEMO[@]}" --target $T --data $SG --out $W/demo --json
+  mkdir -p "$RES/demo"; cp $W/demo/summary.json $W/demo/report.md $W/demo/*.png $W/demo/eval/*.png "$RES/demo/" 2>/dev/null
+  DRAFT=$W/demo/run
+  vllm_arrived || { log "no vLLM after ${VLLM_WAIT_S:-600} s: vllm jobs skipped"; flag lane0_done; return; }
+  await lane1_done
+  vllm_jobs speedup
+  job -o 240 vllm_regen env GPU=0 RES="$RES" REGEN_ROWS=${REGEN_ROWS:-48} bash bench/gpu_vllm.sh regen
+  flag lane0_done
+}
+lane1_demo() {
+  export CUDA_VISIBLE_DEVICES=0
+  vllm_arrived && job vllm_regen_hf env GPU=0 RES="$RES" REGEN_ROWS=${REGEN_ROWS:-48} bash bench/gpu_vllm.sh regen_hf
+  flag lane1_done
 }
 lane1_one() {
   export CUDA_VISIBLE_DEVICES=0
@@ -230,14 +254,14 @@ lane1() {  # ~25 min
   [ "$G1" = 1 ] && job mgpu env -u CUDA_VISIBLE_DEVICES "${MG[@]}" bash bench/multi_gpu.sh "$RES/mgpu"                    # 5 min, both GPUs
   flag mgpu_done
   vllm_jobs
-  job -o 600 demo_gpu python3 -m eyas.cli demo --device cuda --profile gpu --target $T --data $SG --out $W/demo --json
+  job -o 600 demo_gpu python3 -m eyas.cli demo "${DEMO[@]}" --target $T --data $SG --out $W/demo --json
   flag lane1_done
 }
 
 lane() {  # lane N: from a snapshot of the code, so a later call's tree never changes a running job
   export LANE=$1; local d="/tmp/eyas-snap/lane$1"; rm -rf "$d"; mkdir -p "$d"; cp -r "$ROOT/src" "$ROOT/bench" "$ROOT/tests" "$ROOT/pyproject.toml" "$d/"; cd "$d"
   export PYTHONPATH="$d/src:/tmp/site" VLLM_HOST_IP=127.0.0.1 EYAS_VLLM_PYTHON=/tmp/vpy
-  if [ "$G1" = 1 ]; then "lane$1"; else "lane$1_one"; fi
+  if [ "$G1" = 1 ]; then "lane$1"; elif [ "${LANE0:-}" = demo_vllm ]; then "lane$1_demo"; else "lane$1_one"; fi
 }
 
 pack_results() {
@@ -276,7 +300,7 @@ case "${1:-}" in
   start)
     take_carried
     [ -e "$W/t0" ] || date +%s > "$W/t0"
-    lanes="0 1"; [ "$G1" = 0 ] && lanes="0 1 2"   # one GPU: lane 2 regenerates data beside the untimed work
+    lanes="0 1"; [ "$G1" = 0 ] && [ "${LANE0:-}" != demo_vllm ] && lanes="0 1 2"   # one GPU: lane 2 regenerates data beside the untimed work
     lanes=${LANES:-$lanes}   # LANES=2 with LANE2=best_draft: a session given to issue 13's draft alone
     echo "$lanes" > "$W/lanes"
     for n in $lanes; do setsid nohup bash "$ROOT/bench/gpu_session.sh" lane "$n" > "$W/lane$n.out" 2>&1 < /dev/null & done

@@ -59,6 +59,30 @@ def test_demo_runs_every_stage_and_writes_a_report(tmp_path, capsys):
     tree = summary["tree"]   # the tree is evaluated beside the chain (the GPU profile's tree-tau goal reads it)
     assert tree["setting"].startswith("tree") and tree["tau"] >= 1.0 and tree["identical_rate"] == 1.0
     assert f"| τ ({tree['setting']}) / speedup / identical | {tree['tau']:.3f} /" in report
+    assert "| trained from | store |" in report
+
+
+def test_demo_online_skips_the_store(tmp_path, capsys):
+    """--online (the GPU profile's way): no extract stage, no store, the draft trained with the target in the loop,
+    and the same report (doctor passes without a store)."""
+    target = _tiny_target(tmp_path / "target")
+    convs = [{"id": str(i), "conversations": [{"from": "human", "value": f"tell me about topic {i} please"},
+                                              {"from": "gpt", "value": f"topic {i} is a fine topic indeed"}]}
+             for i in range(8)]
+    (tmp_path / "data.json").write_text(json.dumps(convs))
+    bench = tmp_path / "bench.jsonl"
+    bench.write_text(json.dumps({"question_id": 0, "category": "writing", "turns": ["say something"]}) + "\n")
+    out = tmp_path / "demo"
+    rc = main(["demo", "--target", str(target), "--data", str(tmp_path / "data.json"), "--out", str(out),
+               "--max-samples", "8", "--regen-max-new-tokens", "8", "--regen-batch-size", "8", "--max-length", "128",
+               "--draft-vocab-size", "64", "--epochs", "1", "--eval-max-new-tokens", "8", "--bench", str(bench),
+               "--online", "--device", "cpu", "--json"])
+    assert rc == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert "extract" not in s["seconds"] and not (out / "store").exists() and "store" not in s["paths"]
+    assert s["doctor"]["ok"], s["doctor"]["fails"]
+    assert s["train_from"] == "online (no store)" and s["train_steps"] > 0 and s["identical_rate"] == 1.0
+    assert "| trained from | online (no store) |" in (out / "report.md").read_text()
 
 
 def test_demo_checks_its_inputs_before_the_first_stage(tmp_path, capsys):
@@ -79,4 +103,5 @@ def test_gpu_profile_fills_only_unset_fields():
     gpu = with_profile(cfg, "cuda")
     assert gpu.max_samples == 50 and gpu.regen_backend == "native" and gpu.epochs == GPU_PROFILE["epochs"]
     assert gpu.tree == "total=60,depth=7,topk=10" and cfg.tree is None
+    assert gpu.online and not cfg.online      # on the GPU no ~25 GB store: the target runs inside training
     assert with_profile(build_config(DemoConfig, {"profile": "cpu"}), "cuda").regen_backend == "hf"

@@ -56,17 +56,20 @@ class DemoConfig(StageConfig):
     profile: Literal["auto", "cpu", "gpu"] = Field("auto", description="size preset: gpu (on cuda: more data through the native generator, a larger draft, more steps; ~10 min on one H200) or cpu (the defaults); flags given explicitly win")
     train_batch_size: int = Field(2, ge=1, description="training batch size")
     regen_backend: Literal["hf", "native"] = Field("hf", description="regenerate backend (gpu profile: native)")
+    online: bool = Field(False, description="train online: the target's states computed inside each training step, "
+                         "no extract stage and no store (gpu profile: on; its ~5M tokens would make a ~25 GB store)")
 
 
 # The gpu profile: sizes for about 10 minutes on one H200, aiming at tree tau >= 3 (BENCHMARKS.md, issue #13): the
 # measured recipe closest to it (8k regenerated conversations, ~3.7M tokens, lr 1e-3, batch 8: tree tau 2.99) with
 # more of the same: 9,000 openings (what bench/gpu_carry.sh brings) answered in up to 512 tokens (~3M tokens, ~1.5 min
-# at 35k tok/s), 3 epochs (~10M token-passes, ~2 min with the compiled trainer at 8 x 2,048). Only fields the user
-# did not set are replaced.
+# at 35k tok/s), 3 epochs (~10M token-passes, ~2 min with the compiled trainer at 8 x 2,048), trained online (the
+# store of ~5M tokens would be ~25 GB). Only fields the user did not set are replaced.
 GPU_PROFILE: dict[str, Any] = {
     "max_samples": 9000, "regen_backend": "native", "regen_max_new_tokens": 512, "regen_batch_size": 512,
     "max_length": 2048, "draft_vocab_size": 32000, "ttt_steps": 7, "epochs": 3.0, "lr": 1e-3,
     "train_batch_size": 8, "eval_per_category": 3, "eval_max_new_tokens": 128, "tree": "total=60,depth=7,topk=10",
+    "online": True,
 }
 
 
@@ -96,7 +99,8 @@ def run(cfg: DemoConfig) -> int | dict:
     cfg = with_profile(cfg, device)
     out = cfg.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    paths = {k: out / k for k in ("regenerated", "prepared", "store", "run", "eval", "export")}
+    paths = {k: out / k for k in ("regenerated", "prepared", *(() if cfg.online else ("store",)), "run", "eval",
+                                  "export")}
     times: dict[str, float] = {}
     cache = str(cfg.cache_dir) if cfg.cache_dir else None
     preflight(cfg, out)
@@ -125,12 +129,14 @@ def run(cfg: DemoConfig) -> int | dict:
                      draft_vocab_size=cfg.draft_vocab_size, overwrite=True, cache_dir=cache, json=True,
                      assistant_first="skip")
 
-    with _stage("extract", times):
-        ext = _call(extract, ExtractConfig, target=cfg.target, data=paths["prepared"],
-                    out=paths["store"], store_dtype="bf16", device=device, overwrite=True, cache_dir=cache)
+    ext = None
+    if not cfg.online:
+        with _stage("extract", times):
+            ext = _call(extract, ExtractConfig, target=cfg.target, data=paths["prepared"],
+                        out=paths["store"], store_dtype="bf16", device=device, overwrite=True, cache_dir=cache)
 
     with _stage("train", times):
-        tr = _call(train, TrainConfig, target=cfg.target, store=paths["store"],
+        tr = _call(train, TrainConfig, target=cfg.target, store=paths.get("store"), online=cfg.online,
                    data=paths["prepared"], out=paths["run"], ttt_steps=cfg.ttt_steps, tau_chain=cfg.chain,
                    epochs=cfg.epochs, lr=cfg.lr, device=device, seed=cfg.seed, eval_every=50, save_every=10_000,
                    log_every=10, target_dtype="bf16" if fast_bf16(device) else "auto", batch_size=cfg.train_batch_size,
@@ -148,7 +154,7 @@ def run(cfg: DemoConfig) -> int | dict:
 
     with _stage("doctor", times):
         checks = diagnose(build_config(DoctorConfig, dict(target=cfg.target, data=str(paths["prepared"]),
-                                                         draft=paths["export"], store=paths["store"],
+                                                         draft=paths["export"], store=paths.get("store"),
                                                          cache_dir=cfg.cache_dir)))
         print(render_table(checks))
         doc = {"ok": not any(c.status == "fail" for c in checks), "checks": [asdict(c) for c in checks]}
@@ -258,6 +264,7 @@ def _summary(cfg, device, paths, times, regen, prep, ext, tr, ev, exp, doc) -> d
         "draft_vocab_coverage": prep.get("coverage"),
         "train": {k: v for k, v in tr.items() if isinstance(v, (int, float, str))},
         "train_steps": tr.get("steps"), "ttt_steps": cfg.ttt_steps, "chain": cfg.chain,
+        "train_from": "online (no store)" if cfg.online else "store",
         "held_out_tau": tr.get("best_tau"), "held_out_positions": held.get("positions"),
         "tau": r["tau"], "accept_per_position": r.get("accept_per_position"),
         "tokens_per_s": r.get("tokens_per_s"), "baseline_tokens_per_s": r.get("baseline_tokens_per_s"),
@@ -293,7 +300,7 @@ def _print_table(s: dict) -> None:
     rows = [("target", s["target"]), ("device", s["device"]), ("conversations", _rows_line(s["rows"])),
             ("train tokens (masked)", f"{s['tokens']} ({s['masked_tokens']})"),
             ("draft vocab coverage", _fmt(s["draft_vocab_coverage"])),
-            ("training", f"{s['train_steps']} steps, TTT {s['ttt_steps']}; held-out simulated τ "
+            ("training", f"{s['train_steps']} steps, TTT {s['ttt_steps']}, from {s['train_from']}; held-out simulated τ "
                          f"{_fmt(s['held_out_tau'])}"),
             (f"τ (chain {s['chain']})", f"{s['tau']:.3f} on {s['eval_questions']} questions, "
                                         f"{s['eval_max_new_tokens']} new tokens each"),
@@ -321,6 +328,7 @@ def write_report(out: Path, s: dict, paths: dict[str, Path]) -> Path:
              f"{s['tokens']} training tokens ({s['masked_tokens']} assistant).", "",
              "| metric | value |", "|---|---|",
              f"| training steps (TTT steps) | {s['train_steps']} ({s['ttt_steps']}) |",
+             f"| trained from | {s['train_from']} |",
              f"| held-out simulated τ (chain {s['chain']}, best checkpoint) | {_fmt(s['held_out_tau'])} |",
              f"| τ (chain {s['chain']}), {s['eval_questions']} questions × {s['eval_max_new_tokens']} new tokens "
              f"| {s['tau']:.3f} |",

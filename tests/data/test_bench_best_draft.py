@@ -6,6 +6,7 @@ import io
 import json
 import subprocess
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -41,8 +42,8 @@ class FakeStages:
     """Every eyas stage faked by writing what it would write; `cut` names stages that hit the budget once
     (after writing a checkpoint, as train does). Records each call's command lines by stage."""
 
-    def __init__(self, tau=(2.7, 3.9), cut=()):
-        self.tau, self.cut, self.cmds = tau, set(cut), []
+    def __init__(self, tau=(2.7, 3.9), cut=(), eval_s=0.0):
+        self.tau, self.cut, self.cmds, self.eval_s, self.spans = tau, set(cut), [], eval_s, {}
 
     def __call__(self, cmd, env=None, timeout=None):
         stage, args = cmd[3], cmd[4:]
@@ -68,9 +69,14 @@ class FakeStages:
                 self.cut.discard("train")
                 raise subprocess.TimeoutExpired(cmd, timeout)
         elif stage == "eval":
+            t0 = time.perf_counter()
+            time.sleep(self.eval_s)
+            self.spans[arg(args, "--temperature")] = (t0, time.perf_counter())
             out.write_text(json.dumps({"questions": 13, "results": [
-                {"setting": "chain-3", "tau": self.tau[0], "per_category": {"writing": {}}},
-                {"setting": "tree(total=60,depth=7,topk=10)", "tau": self.tau[1], "per_category": {"writing": {}},
+                {"setting": "chain-3", "tau": self.tau[0], "accept_per_position": [0.7, 0.5, 0.4],
+                 "identical_rate": 0.5, "unexplained_divergences": 0, "per_category": {"writing": {"tau": 2.5},
+                                                                                         "coding": {"tau": 2.9}}},
+                {"setting": "tree(total=60,depth=7,topk=10)", "tau": self.tau[1], "per_category": {"writing": {"tau": 4}},
                  "decode": {"max_new_tokens": 256}}]}))
         return subprocess.CompletedProcess(cmd, 0)
 
@@ -126,6 +132,10 @@ def test_steps_resume_across_calls_and_the_json_says_what_was_reached(tmp_path, 
     t0 = doc["spec_bench"]["t0"]
     assert (t0["chain_tau"], t0["tree_tau"], t0["chain"], t0["questions"]) == (2.7, 3.9, "chain-3", 13)
     assert doc["spec_bench"]["t1"]["temperature"] == 1
+    chain = t0["settings"]["chain-3"]   # what a reader asks next, copied from eval's JSON
+    assert chain["accept_per_position"] == [0.7, 0.5, 0.4] and chain["unexplained_divergences"] == 0
+    assert chain["tau_by_category"] == {"coding": 2.9, "writing": 2.5}
+    assert t0["settings"]["tree(total=60,depth=7,topk=10)"]["tau_by_category"] == {"writing": 4}
     assert doc["goals"] == {"tree_tau_goal": 4.0, "chain_tau_goal": 2.6, "tree_tau_met": False, "chain_tau_met": True}
     assert doc["recipe"]["epochs"] == 3.0 and doc["recipe"]["kinds"] == "regen,self"
     assert Path(doc["png"]).stat().st_size > 1000
@@ -133,6 +143,22 @@ def test_steps_resume_across_calls_and_the_json_says_what_was_reached(tmp_path, 
     fake.cmds.clear()   # done: a third call starts nothing, says so, adds no GPU seconds
     rc, doc2 = run(mod, tmp_path, tok_dir)
     assert rc == 0 and fake.cmds == [] and doc2["gpu_seconds_total"] == doc["gpu_seconds_total"]
+
+
+def test_the_two_evals_run_side_by_side_on_request(tmp_path, tok_dir, monkeypatch):
+    """--eval-parallel (the GPU default): eval:t0 and eval:t1 overlap in time and both are recorded done; without
+    it they run one after the other."""
+    for flag, overlap in (("--eval-parallel", True), ("--no-eval-parallel", False)):
+        mod = load()
+        fake = FakeStages(eval_s=0.5)
+        monkeypatch.setattr(mod.S.subprocess, "run", fake)
+        work = tmp_path / flag
+        rc = mod.main(["--target", str(tok_dir), "--data", str(sharegpt(tmp_path / "sg.json")), "--work", str(work),
+                       "--device", "cpu", "--rows", "5", "--self-prompts", "3", "--out", str(work / "o.json"), flag])
+        assert rc == 0 and json.loads((work / "o.json").read_text())["complete"]
+        (a0, b0), (a1, b1) = fake.spans["0"], fake.spans["1"]
+        assert (max(a0, a1) < min(b0, b1)) == overlap, (flag, fake.spans)
+        assert {"eval:t0", "eval:t1"} <= set(json.loads((work / "state.json").read_text())["done"])
 
 
 def test_a_call_that_can_start_nothing_fails(tmp_path, tok_dir, monkeypatch):
@@ -269,6 +295,8 @@ def test_tiny_end_to_end_over_two_calls(tmp_path, monkeypatch):
         sb = doc["spec_bench"][t]
         assert sb["chain_tau"] >= 1 and sb["tree_tau"] >= 1 and sb["seconds"] > 0
         assert (sb["chain"], sb["tree"], sb["questions"]) == ("chain-2", "tree(total=6,depth=3,topk=2)", 2)
+        assert len(sb["settings"]["chain-2"]["accept_per_position"]) == 2
+    assert all(x.get("unexplained_divergences", 0) == 0 for x in doc["spec_bench"]["t0"]["settings"].values())
     assert doc["goals"]["tree_tau_met"] is False and doc["goals"]["chain_tau_met"] is False
     assert len(doc["held_out_curve"]) >= 2 and all(p["tau"] >= 1 for p in doc["held_out_curve"])
     assert doc["tokens"]["generated"]["regen"] > 0 and doc["tokens"]["generated"]["self"] > 0

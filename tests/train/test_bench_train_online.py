@@ -10,10 +10,10 @@ def test_bench_train_online_tiny_runs_the_real_trainer(tmp_path, monkeypatch):
     import train_online as bench
 
     out = tmp_path / "t.json"
-    res = bench.main(["--tiny", "--steps", "1", "--warmup", "0", "--variants", "before,base", "--profile",
+    res = bench.main(["--tiny", "--steps", "1", "--warmup", "0", "--variants", "before,edraft,base", "--profile",
                       "--top", "3", "--out", str(out)])
     assert json.loads(out.read_text()) == res
-    assert [(r["variant"], r["batch"]) for r in res["runs"]] == [("before", 2), ("base", 2)]
+    assert [(r["variant"], r["batch"]) for r in res["runs"]] == [("before", 2), ("edraft", 2), ("base", 2)]
     for r in res["runs"]:
         assert r["tokens_per_step"] == 2 * 128 and r["tokens_per_s"] > 0
         assert set(r["phase_ms"]) == {"rows", "target", "head", "forward", "backward", "optimizer"}

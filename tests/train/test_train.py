@@ -65,9 +65,10 @@ def assert_same_run(a_dir, b_dir):
 
 
 def test_compiled_online_equals_eager(tmp_path, world):
-    """--compile (GPU default) compiles the target's layers, its head and the loss chunks: the same run's losses,
-    accuracies and weights as eager (fp32; fused kernels sum in another order), and the injected target's layers
-    are eager again afterwards (the caller may use the target for decoding next)."""
+    """--compile (GPU default) compiles the target's layers, its head, the draft's decoder layer and the loss
+    chunks: the same run's losses, accuracies and weights as eager (fp32; fused kernels sum in another order), the
+    saved draft's names are the eager ones (load_draft below reads them), and the injected target's layers are eager
+    again afterwards (the caller may use the target for decoding next)."""
     target, rows, prepared, store = world
     kw = dict(online=True, store=None, data=tmp_path / "prep", pad_to=32, steps=3, eval_every=3, save_every=3)
     train(cfg(tmp_path, "eager", compile=False, **kw), target=target, dataset=prepared)

@@ -16,22 +16,35 @@ from eyas.target.layers import Layout
 
 def compile_layers(layout: Layout, *, dynamic: bool | None = None) -> int:
     """Compile every decoder layer's forward in place; returns how many were compiled (idempotent)."""
+    return compile_forwards(layout.layers, dynamic=dynamic)
+
+
+def uncompile_layers(layout: Layout) -> None:
+    uncompile_forwards(layout.layers)
+
+
+def compile_forwards(modules, *, dynamic: bool | None = None) -> int:
+    """Compile each module's `forward` in place (the module object, its hooks and its state_dict names stay as
+    they are: a checkpoint or export never sees torch.compile's `_orig_mod.` prefix). Also the trainer's draft
+    layers. Returns how many were compiled (idempotent)."""
     import torch._dynamo
 
-    # One entry per layer instance and input shape: keep them all rather than fall back to eager.
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 8 * len(layout.layers))
+    modules = list(modules)
+    # One entry per module instance and input shape (the draft's TTT steps: one per KV length and grad mode):
+    # keep them all rather than fall back to eager.
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 8 * len(modules), 64)
     n = 0
-    for layer in layout.layers:
-        if getattr(layer, "_eyas_eager_forward", None) is None:
-            layer._eyas_eager_forward = layer.forward
-            layer.forward = torch.compile(layer._eyas_eager_forward, dynamic=dynamic)
+    for m in modules:
+        if getattr(m, "_eyas_eager_forward", None) is None:
+            m._eyas_eager_forward = m.forward
+            m.forward = torch.compile(m._eyas_eager_forward, dynamic=dynamic)
             n += 1
     return n
 
 
-def uncompile_layers(layout: Layout) -> None:
-    for layer in layout.layers:
-        eager = getattr(layer, "_eyas_eager_forward", None)
+def uncompile_forwards(modules) -> None:
+    for m in modules:
+        eager = getattr(m, "_eyas_eager_forward", None)
         if eager is not None:
-            layer.forward = eager
-            layer._eyas_eager_forward = None
+            m.forward = eager
+            m._eyas_eager_forward = None
