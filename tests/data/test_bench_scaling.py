@@ -21,7 +21,7 @@ def load():
     return mod
 
 
-RECIPE = {"ttt": 7, "epochs": 2.0, "lr": 3e-4, "batch": 8, "vocab": 32000, "max_length": 2048}
+RECIPE = {"ttt": 7, "epochs": 2.0, "lr": 1e-3, "batch": 8, "vocab": 32000, "max_length": 2048}
 
 
 def earlier(tmp_path, **recipe):
@@ -105,7 +105,7 @@ def test_each_trained_point_gets_an_eager_spec_bench_eval(tmp_path, monkeypatch)
     assert list(ran) == ["prepare", "train", "eval"]
     cmd = " ".join(ran["eval"])
     for part in ("--chain 3", "--tree total=60,depth=7,topk=10", "--per-category 1", "--max-new-tokens 256",
-                 "--temperature 0", "--no-compile", "run-raw-1000"):
+                 "--temperature 0", "--no-compile", "run-raw-1000", f"--baseline-cache {tmp_path / 'w' / 'baseline-cache'}"):
         assert part in cmd
     assert "eval:raw:1000" in json.loads((tmp_path / "w" / "state.json").read_text())["done"]
     assert doc["eval"]["spec_bench_questions"] == 13 and doc["eval"]["spec_bench_chain"] == "chain-3"
@@ -142,7 +142,7 @@ def test_tiny_end_to_end_with_spec_bench_tau(tmp_path, monkeypatch):
     old = tmp_path / "old.json"   # written before this change: no "eval", no spec_bench_* keys
     old.write_text(json.dumps({"target": str(work / "tiny-target"), "points": [
         {"kind": "regen", "size": 1500, "tokens": 1490, "tau": 1.2}],
-        "recipe": {"ttt": 2, "epochs": 1.0, "lr": 3e-4, "batch": 2, "vocab": 512, "max_length": 256}}))
+        "recipe": {"ttt": 2, "epochs": 1.0, "lr": 1e-3, "batch": 2, "vocab": 512, "max_length": 256}}))
     argv = ["--tiny", "--target", str(tok), "--data", str(data), "--kinds", "raw", "--sizes", "1500",
             "--work", str(work), "--merge", str(old), "--out", str(out)]
     mod.main(argv)

@@ -19,6 +19,7 @@ from pydantic import Field
 
 from eyas.aux_layers import check_aux_layer_ids
 from eyas.config import StageConfig
+from eyas.decode import baseline_cache as bcache
 from eyas.decode.bench import SPEC_BENCH, load_bench
 from eyas.decode.costmodel import Costs, choose, covers, predict_from
 from eyas.decode.divergence import logit_gap, recheck, recheck_lines
@@ -51,6 +52,9 @@ class EvalConfig(StageConfig):
     out: Path | None = Field(None, description="also write the full results JSON to this file")
     plots: Path | None = Field(None, description="write PNG plots into this directory")
     seed: int = Field(0, description="sampling seed (temperature > 0)")
+    baseline_cache: Path | None = Field(None, description="a directory: reuse the AR baseline of an earlier eval with "
+                                        "the same target, questions and settings (every draft of a scaling curve "
+                                        "against one baseline; any difference misses and regenerates it)")
     recheck: int = Field(4, ge=0, description="greedy: decode up to N turns whose divergence is not a logit tie again, "
                          "alone, in fp32 and in --dtype; verdict 'numerics' (fp32 is exact) or 'decoder' (0: off)")
     calib: int = Field(1, ge=1, description="--tree auto: questions per category for the calibration run")
@@ -131,8 +135,9 @@ class Session:
     """A loaded target + draft with one runner; generates baselines once and evaluates settings."""
 
     def __init__(self, target, draft, questions, *, max_new_tokens, temperature=0.0, device=None,
-                 compile_graphs=None, seed=0, reuse: dict | None = None):
+                 compile_graphs=None, seed=0, reuse: dict | None = None, baseline_cache: Path | None = None):
         self.target, self.draft, self.questions = target, draft, questions
+        self.baseline_cache, self._cache_key, self.cached_turns = baseline_cache, None, 0
         self.max_new, self.temperature, self.seed = max_new_tokens, temperature, seed
         self.device = target.layout.lm_head.weight.device if device is None else torch.device(device)
         self.compile = (self.device.type == "cuda") if compile_graphs is None else compile_graphs
@@ -171,6 +176,13 @@ class Session:
 
     def prompts(self):
         """(category, key, prompt ids) per turn; later turns use the baseline's answers as history."""
+        if self.baseline_cache is not None and self._cache_key is None:
+            self._cache_key = bcache.cache_key(self, {"compile": self.compile, "inner": _INNER, "graphs": _GRAPHS,
+                                                      "min_bucket": _MIN_BUCKET})
+            cached = bcache.load(self.baseline_cache, self._cache_key)
+            self.baseline.update(cached)
+            self.cached_turns = len(cached)
+        made = len(self.baseline)
         todo = self.turns() - sum(1 for q in self.questions for t in range(len(q["turns"]))
                                   if (q["question_id"], t) in self.baseline)
         bar = Progress("eval: greedy baseline", todo, "turns", enabled=todo > 0)
@@ -186,6 +198,8 @@ class Session:
                 yield q["category"], key, prompt
                 answers.append(self.baseline[key][0])
         bar.close()
+        if self.baseline_cache is not None and len(self.baseline) > made:
+            bcache.save(self.baseline_cache, self._cache_key, self.baseline)
 
     def warmup(self, spec: TreeSpec | None) -> None:
         """Compile/capture every static shape outside the timed region: a short generation of each,
@@ -319,7 +333,8 @@ def run(cfg: EvalConfig, reuse: dict | None = None) -> dict | int:
             reuse.update(pair_key=pair_key, pair=(target, draft), session={})
     questions = load_bench(cfg.bench, cfg.categories, cfg.per_category)
     s = Session(target, draft, questions, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                compile_graphs=cfg.compile, seed=cfg.seed, reuse=None if reuse is None else reuse["session"])
+                compile_graphs=cfg.compile, seed=cfg.seed, reuse=None if reuse is None else reuse["session"],
+                baseline_cache=cfg.baseline_cache)
     specs = []
     if cfg.chain is not None or cfg.tree is None:
         specs.append(TreeSpec.chain(cfg.chain or 3))
@@ -342,7 +357,9 @@ def run(cfg: EvalConfig, reuse: dict | None = None) -> dict | int:
         by_spec.append((spec, st.rounds))
         results.append(res)
     out = {"target": cfg.target, "draft": str(cfg.draft), "bench": cfg.bench, "questions": len(questions),
-           "hardware": hardware(s.device), "commit": commit(), "results": results}
+           "hardware": hardware(s.device), "commit": commit(), "results": results,
+           "baseline": {"turns": len(s.baseline), "from_cache": s.cached_turns,
+                        "cache": str(cfg.baseline_cache) if cfg.baseline_cache else None}}
     if cfg.temperature <= 0 and any(rounds for _, rounds in by_spec):
         out["cost_model"] = {"costs": costs.to_dict(),
                              "predicted_vs_measured": _predicted_vs_measured(by_spec, results, costs)}

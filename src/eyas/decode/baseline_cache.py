@@ -1,0 +1,71 @@
+"""A file cache of `eyas eval`'s AR baseline, so many drafts of one target are measured against one baseline.
+
+The baseline (the target alone, greedy or sampled) is half of an eager Spec-Bench eval's time and does not depend
+on the draft: a scaling curve evaluates a dozen drafts of the same target on the same questions. An entry is reused
+only when everything the baseline's tokens and timings depend on is the same: the target's weights (a sample of
+every tensor), dtype, device and software, the runner's settings (compile, inner mode, KV buckets, capacity), the
+questions and their prompts' template, new tokens, temperature, seed and stop ids. Anything else misses and the
+baseline is generated (and stored) again, so a stale entry cannot be read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from eyas.decode.speculative import GenStats
+
+
+def weights_sample(model: torch.nn.Module, per_tensor: int = 256) -> str:
+    """sha256 over every tensor's name, shape, dtype and first `per_tensor` values: other weights, another hash."""
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
+        if t.numel():
+            h.update(t.detach().flatten()[:per_tensor].float().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def cache_key(session, extra: dict) -> dict:
+    """What the baseline of `session` (an evaluate.Session) depends on, as a JSON-able dict."""
+    tok = session.target.tokenizer
+    dev = session.device
+    return {"weights": weights_sample(session.target.model), "dtype": str(session.runner.dtype),
+            "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type, "torch": torch.__version__,
+            "capacity": session.capacity, "max_new_tokens": session.max_new, "temperature": session.temperature,
+            "seed": session.seed, "eos": sorted(session.eos), "template": hashlib.sha256(
+                str(getattr(tok, "chat_template", None)).encode() + str(len(tok)).encode()).hexdigest(),
+            "questions": hashlib.sha256(json.dumps([[q["question_id"], q["turns"]] for q in session.questions],
+                                                   ensure_ascii=False).encode()).hexdigest(), **extra}
+
+
+def _path(root: Path, key: dict) -> Path:
+    return root / (hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24] + ".json")
+
+
+def load(root: Path, key: dict) -> dict[tuple, tuple[list[int], GenStats]]:
+    """The cached turns for `key` ({} when none, or when the file holds another key)."""
+    p = _path(root, key)
+    if not p.is_file():
+        return {}
+    doc = json.loads(p.read_text())
+    if doc.get("key") != key:   # a hash collision or a hand-edited file: never reuse it
+        return {}
+    return {(t["question_id"], t["turn"]): (t["ids"], GenStats(**t["stats"])) for t in doc["turns"]}
+
+
+def save(root: Path, key: dict, baseline: dict[tuple, tuple[list[int], GenStats]]) -> Path:
+    """Write every turn of `baseline` atomically (two evals finishing at once: the last complete file wins)."""
+    root.mkdir(parents=True, exist_ok=True)
+    p = _path(root, key)
+    turns = [{"question_id": q, "turn": t, "ids": ids, "stats": dataclasses.asdict(st)}
+             for (q, t), (ids, st) in baseline.items()]
+    tmp = p.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps({"key": key, "turns": turns}))
+    tmp.replace(p)
+    return p

@@ -1,0 +1,79 @@
+"""`eyas eval --baseline-cache`: a second draft of the same target is measured against the first eval's AR baseline
+(not generated again), with the same results as without the cache; anything the baseline depends on misses."""
+
+import importlib
+import json
+
+import pytest
+import torch
+from conftest import random_draft, tiny_llama, write_eval_dirs
+
+from eyas.draft.io import save_draft
+
+evaluate = importlib.import_module("eyas.decode.evaluate")   # the package exports a function of that name
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    root = write_eval_dirs(tmp_path_factory.mktemp("bcache"))
+    draft2, _ = random_draft(tiny_llama(seed=2, vocab=128), seed=7)    # another draft of the same target
+    save_draft(draft2, root / "draft2", {"target": "tiny"})
+    return root
+
+
+def cfg(dirs, cache, draft="draft", **kw):
+    base = dict(target=str(dirs / "target"), draft=str(dirs / draft), bench=str(dirs / "bench.jsonl"),
+                max_new_tokens=8, chain=2, device="cpu", json=True, baseline_cache=cache)
+    return evaluate.EvalConfig(**{**base, **kw})
+
+
+def strip(doc):
+    return [(r["setting"], r["tau"], r["accept_per_position"], r["identical_rate"]) for r in doc["results"]]
+
+
+def test_second_draft_reuses_the_baseline_and_measures_the_same(dirs, tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    first = evaluate.run(cfg(dirs, cache))
+    assert first["baseline"] == {"turns": 4, "from_cache": 0, "cache": str(cache)}
+    assert len(list(cache.glob("*.json"))) == 1
+    plain = evaluate.run(cfg(dirs, None, draft="draft2"))              # no cache: the baseline generated
+    calls = []
+    real = evaluate.ar_generate
+    monkeypatch.setattr(evaluate, "ar_generate", lambda *a, **k: calls.append(1) or real(*a, **k))
+    cached = evaluate.run(cfg(dirs, cache, draft="draft2"))
+    assert calls == [] and cached["baseline"]["from_cache"] == 4
+    assert strip(cached) == strip(plain) and cached["results"][0]["identical_rate"] == 1.0
+
+
+@pytest.mark.parametrize("change", ["max_new_tokens", "temperature", "weights", "questions", "foreign_file"])
+def test_anything_the_baseline_depends_on_misses(dirs, tmp_path, change, monkeypatch):
+    cache = tmp_path / "cache"
+    evaluate.run(cfg(dirs, cache))
+    kw = {}
+    if change == "max_new_tokens":
+        kw["max_new_tokens"] = 6
+    elif change == "temperature":
+        kw["temperature"] = 1.0
+    elif change == "questions":
+        kw["bench"] = str(tmp_path / "bench.jsonl")
+        rows = [json.loads(x) for x in (dirs / "bench.jsonl").read_text().splitlines()]
+        rows[0]["turns"][1] = "and once more?"
+        (tmp_path / "bench.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    elif change == "foreign_file":   # the file the key names holds another key (a collision, a hand edit)
+        f = next(cache.glob("*.json"))
+        doc = json.loads(f.read_text())
+        doc["key"]["seed"] = 99
+        f.write_text(json.dumps(doc))
+    else:   # the target's weights: the same dir name, one value changed
+        from transformers import AutoModelForCausalLM
+        m = AutoModelForCausalLM.from_pretrained(dirs / "target")
+        with torch.no_grad():
+            m.model.layers[1].mlp.down_proj.weight[0, 0] += 0.5
+        (tmp_path / "t").mkdir()
+        for p in (dirs / "target").iterdir():
+            if p.suffix != ".safetensors":
+                (tmp_path / "t" / p.name).write_bytes(p.read_bytes())
+        m.save_pretrained(tmp_path / "t")
+        kw["target"] = str(tmp_path / "t")
+    again = evaluate.run(cfg(dirs, cache, **kw))
+    assert again["baseline"]["from_cache"] == 0 and again["baseline"]["turns"] == 4
