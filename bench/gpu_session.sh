@@ -56,12 +56,14 @@ if [ -n "$TINY" ]; then
   REGEN=(--rows 6 --batch 4 --max-new 8 --hf-sample 4 --hf-batch 2 --sweep batch=2 sdpa=no-cudnn graph=compile attn=flex); RR=(--max-samples 12 --max-new-tokens 8 --batch-size 4)
   DEMO=(--device cpu --max-samples 16 --regen-max-new-tokens 16 --regen-batch-size 8 --max-length 256 --epochs 1
         --draft-vocab-size 512 --eval-per-category 1 --eval-max-new-tokens 16 --tree total=6,depth=3,topk=2 --online)
+  REGEN512=(--rows 6 --batch 4 --max-new 8 --hf-sample 0 --sweep graph=eager)
   SELF=(--data self:12 --max-new-tokens 8 --batch-size 4); MG=(TINY=1 STEPS=2 TOKENS=2048); KILL_ROWS=4; SCALE=(--tiny --kinds self,raw --budget-s 200); RFULL=(--max-samples 16 --max-new-tokens 8 --batch-size 4); LONG_SEQ=${LONG_SEQ:-256}
 else
   TRAIN_ARGS=(--steps 1000 --eval-every 200 --eval-batches 16 --batch-size 8); PREP_ROWS=()
   DEC=(--per-category 2 --max-new-tokens 512); DEC1=(--per-category 1 --max-new-tokens 512)
   COSTS_SMOL=(--shape smollm2-135m --inner compiled --context 1200 --capacity 2600 --widths 4 16 61); PROF=(); B8=()
   DEMO=(--device cuda --profile gpu)
+  REGEN512=(--rows 2048 --batch 512 --max-new 256 --hf-sample 0 --sweep graph=compile attn=flex attn=flex,graph=compile)
   COSTS=(); REGEN=(--rows 2048 --batch 256 --max-new 256 --hf-sample 64 --sweep batch=512 attn=flex); RR=(--max-samples 2000 --max-new-tokens 256 --batch-size 256)
   SELF=(--data self:2000 --max-new-tokens 256 --batch-size 256); MG=(); KILL_ROWS=300
   SCALE=(--kinds ${SCALE_KINDS:-self,raw} --sizes ${SCALE_SIZES:-1e6,3e6} --budget-s ${SCALE_BUDGET_S:-450})
@@ -130,10 +132,14 @@ lane0_demo() {
   job demo_gpu python3 -m eyas.cli demo "${DEMO[@]}" --target $T --data $SG --out $W/demo --json
   mkdir -p "$RES/demo"; cp $W/demo/summary.json $W/demo/report.md $W/demo/*.png $W/demo/eval/*.png "$RES/demo/" 2>/dev/null
   DRAFT=$W/demo/run
-  vllm_arrived || { log "no vLLM after ${VLLM_WAIT_S:-600} s: vllm jobs skipped"; flag lane0_done; return; }
-  await lane1_done
-  vllm_jobs speedup
-  job -o 240 vllm_regen env GPU=0 RES="$RES" REGEN_ROWS=${REGEN_ROWS:-48} bash bench/gpu_vllm.sh regen
+  if vllm_arrived; then
+    await lane1_done
+    vllm_jobs speedup
+    job -o 240 vllm_regen env GPU=0 RES="$RES" REGEN_ROWS=${REGEN_ROWS:-48} bash bench/gpu_vllm.sh regen
+  else log "no vLLM after ${VLLM_WAIT_S:-600} s: vllm jobs skipped"; fi
+  # if time is left: the native generator at batch 512 with the compiled step and flex decode attention (each
+  # 1.3-1.4x at batch 256, never tried at 512): what best_draft's and the scaling curve's generation could use
+  job -o 200 regen_native512 python3 bench/regen.py --target $T --data $SG "${REGEN512[@]}" --out "$RES/regen-h200-512.json"
   flag lane0_done
 }
 lane1_demo() {
