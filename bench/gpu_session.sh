@@ -16,7 +16,8 @@
 #   when its parts have arrived, then the GPU demo if time is left.
 # DEADLINE_S (default 1500): jobs marked optional are skipped once the session is older than this.
 # LANE2=best_draft: lane 2 (one GPU) runs issue 13's bench/best_draft.py until done or the deadline (BD_BUDGET_S per call)
-#   instead of the scaling points (SCALE_KINDS, SCALE_SIZES, SCALE_BUDGET_S).
+#   instead of the scaling points (SCALE_KINDS, SCALE_SIZES, SCALE_BUDGET_S: one call of bench/scaling.py);
+#   LANE2=scaling_all: the scaling points call after call until all are done or the deadline (a session of its own).
 # LANE0=demo_vllm (one GPU): the GPU demo alone first (issue 13), then vLLM with the demo's draft: the speedup sweep
 #   and the regenerate throughput (issue 12); lane 1 runs the regenerate's HF half (untimed) once vLLM has arrived.
 # LANES="N ...": start only these lanes (default 0 1, one GPU 0 1 2); `watch` waits until the started lanes are done.
@@ -104,7 +105,7 @@ lane0_one() {
   gpu_tests                                                                                              # 2 min
   job -o 100 regen_resume regen_resume                                                                   # 1.5 min
   [ -x /tmp/vpy ] && job -o 150 vllm_regen_hf env GPU=0 RES="$RES" REGEN_ROWS=${REGEN_ROWS:-48} bash bench/gpu_vllm.sh regen_hf
-  if [ "${LANE2:-scaling}" = best_draft ]; then await lane1_done; else await lane1_done lane2_done; fi
+  case "${LANE2:-scaling}" in best_draft|scaling_all) await lane1_done ;; *) await lane1_done lane2_done ;; esac
   log "untimed work over: timed jobs alone from here"
   # SmolLM2 at T=0 and T=1 with the in-place draft attention (its speedups were measured before it landed); every
   # non-tie divergence is re-decoded alone in fp32 and bf16 (the recheck's verdict: numerics or decoder)
@@ -163,6 +164,7 @@ lane2_one() {  # issue 13's scaling curve, a few points per session beside the u
              # sessions are in .carry/regen); points of earlier sessions are merged from bench/results/scaling.json
   export CUDA_VISIBLE_DEVICES=0
   if [ "${LANE2:-scaling}" = best_draft ]; then job best_draft best_draft_loop; flag lane2_done; return; fi
+  if [ "${LANE2:-scaling}" = scaling_all ]; then job scaling scaling_loop; flag lane2_done; return; fi
   local merge=(); [ -s "$ROOT/bench/results/scaling.json" ] && merge=(--merge "$ROOT/bench/results/scaling.json")
   job scaling python3 bench/scaling.py --target $T --data $SG --work $W/scaling "${SCALE[@]}" "${merge[@]}" \
     --out "$RES/scaling.json"
@@ -181,6 +183,22 @@ best_draft_loop() {  # LANE2=best_draft: issue 13's recipe (bench/best_draft.py)
       --out "$RES/best_draft.json" 2>&1 | tee "$W/best_draft.last"
     local rc=${PIPESTATUS[0]}
     grep -q "all steps done" "$W/best_draft.last" && return 0
+    [ "$rc" = 0 ] || return "$rc"
+  done
+}
+
+scaling_loop() {  # LANE2=scaling_all: a session given to the scaling curve: bench/scaling.py call after call (each
+                # SCALE_BUDGET_S) until every point of SCALE_KINDS x SCALE_SIZES has its Spec-Bench tau or the
+                # deadline is near; earlier sessions' points merged from bench/results/scaling.json
+  local merge=(); [ -s "$ROOT/bench/results/scaling.json" ] && merge=(--merge "$ROOT/bench/results/scaling.json")
+  for _ in $(seq 50); do
+    local left=$(( DEADLINE_S - $(date +%s) + $(cat "$W/t0") - 60 )) budget=${SCALE_BUDGET_S:-540}
+    [ "$left" -lt 120 ] && { echo "deadline near: stopping (the same command resumes)"; return 0; }
+    [ "$left" -lt "$budget" ] && budget=$left
+    python3 bench/scaling.py --target $T --data $SG --work $W/scaling "${SCALE[@]}" "${merge[@]}" --budget-s "$budget" \
+      --out "$RES/scaling.json" 2>&1 | tee "$W/scaling.last"
+    local rc=${PIPESTATUS[0]}
+    grep -q "all steps done" "$W/scaling.last" && return 0
     [ "$rc" = 0 ] || return "$rc"
   done
 }

@@ -190,3 +190,57 @@ def test_a_point_short_of_its_size_is_prepared_again(tmp_path, tokens_per_row, e
         assert got == 1238 * expect_rows
     if expect_preps > 1:
         assert preps[1][0] == "prep:raw:1000000:1" and preps[1][1] > 488
+
+
+class FakeEval:
+    """subprocess.Popen for a background `eyas eval`: still running until waited for, then exits with `rc`."""
+    events: list = []
+    rc = 0
+
+    def __init__(self, cmd, env=None, stdout=None, stderr=None):
+        self.cmd, self.code = cmd, None
+        FakeEval.events.append(("start", cmd[3], Path(cmd[cmd.index("--draft") + 1]).name))
+
+    def poll(self):
+        return self.code
+
+    def wait(self, timeout=None):
+        self.code = FakeEval.rc
+        FakeEval.events.append(("end", self.cmd[3], Path(self.cmd[self.cmd.index("--draft") + 1]).name))
+        return self.code
+
+    def kill(self):
+        self.code = -9
+
+
+def background_run(tmp_path, monkeypatch, rc=0):
+    mod = load()
+    FakeEval.events, FakeEval.rc = [], rc
+
+    def fake(cmd, env=None, timeout=None):
+        FakeEval.events.append(("run", cmd[3], Path(cmd[cmd.index("--out") + 1]).name))
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(mod.subprocess, "run", fake)
+    monkeypatch.setattr(mod.subprocess, "Popen", FakeEval)
+    monkeypatch.setattr(mod, "tokens_per_row", lambda *a: 600.0)
+    mod.main(["--target", "T", "--kinds", "raw", "--sizes", "1000,2000", "--work", str(tmp_path / "w"),
+              "--device", "cpu", "--eval-background", "--out", str(tmp_path / "o.json")])
+    return json.loads((tmp_path / "w" / "state.json").read_text())
+
+
+def test_background_evals_run_beside_the_next_point_s_training(tmp_path, monkeypatch):
+    """--eval-background (the GPU default): a point's eval starts, the next point's prepare and train run while it
+    does, and both evals are recorded done (with their seconds) once they exit 0."""
+    state = background_run(tmp_path, monkeypatch)
+    ev = FakeEval.events
+    assert ev.index(("start", "eval", "run-raw-1000")) < ev.index(("run", "train", "run-raw-2000")) \
+        < ev.index(("end", "eval", "run-raw-1000"))
+    assert ev.index(("start", "eval", "run-raw-2000")) < ev.index(("end", "eval", "run-raw-2000"))
+    assert {"eval:raw:1000", "eval:raw:2000"} <= set(state["done"])
+    assert (tmp_path / "w" / "eval-raw-1000.log").is_file()
+
+
+def test_a_failing_background_eval_stops_the_run_naming_its_log(tmp_path, monkeypatch):
+    with pytest.raises(SystemExit, match=r"eval:raw:1000 failed \(exit 3\); see .*eval-raw-1000\.log"):
+        background_run(tmp_path, monkeypatch, rc=3)
