@@ -20,6 +20,8 @@
 #   LANE2=scaling_all: the scaling points call after call until all are done or the deadline (a session of its own).
 # LANE0=demo_vllm (one GPU): the GPU demo alone first (issue 13), then vLLM with the demo's draft: the speedup sweep
 #   and the regenerate throughput (issue 12); lane 1 runs the regenerate's HF half (untimed) once vLLM has arrived.
+# LANE0=best_vllm LANE2=best_draft (one GPU): issue 13's draft, then vLLM's K sweep with it (engines start during
+#   its evals, time after them).
 # LANES="N ...": start only these lanes (default 0 1, one GPU 0 1 2); `watch` waits until the started lanes are done.
 # SKIP="job ...": jobs not to run. TINY=1: the same lanes with CPU-sized arguments (a dry run of this script; numbers meaningless).
 set -uo pipefail
@@ -128,7 +130,7 @@ lane0_one() {
 # LANE0=demo_vllm: issue 13's GPU demo (<= 10 min, tree tau >= 3; nothing else on the GPU but lane 1's HF half of
 # the regenerate match sample, light), then issue 12 with the demo's draft, each timed job alone.
 vllm_arrived() { for _ in $(seq "${VLLM_WAIT_S:-600}"); do [ -x /tmp/vpy ] && [ -e /tmp/eyas-env.sh ] && return 0; sleep 1; done; return 1; }
-lane0_demo() {
+lane0_demo_vllm() {
   export CUDA_VISIBLE_DEVICES=0
   job demo_gpu python3 -m eyas.cli demo "${DEMO[@]}" --target $T --data $SG --out $W/demo --json
   mkdir -p "$RES/demo"; cp $W/demo/summary.json $W/demo/report.md $W/demo/*.png $W/demo/eval/*.png "$RES/demo/" 2>/dev/null
@@ -143,7 +145,21 @@ lane0_demo() {
   job -o 200 regen_native512 python3 bench/regen.py --target $T --data $SG "${REGEN512[@]}" --out "$RES/regen-h200-512.json"
   flag lane0_done
 }
-lane1_demo() {
+# LANE0=best_vllm with LANE2=best_draft (one GPU): issue 13's draft (lane 2), and as soon as it is trained, vLLM's
+# K sweep with it (issue 12): the engines start while best_draft's tau evals run and time nothing before lane 2 is
+# done (--start-after), so the sweep's start-up costs no session time.
+lane0_best_vllm() {
+  export CUDA_VISIBLE_DEVICES=0
+  until [ -e "$FL/lane2_done" ] || python3 -c "import json, sys
+sys.exit('train' not in json.load(open('$W/best_draft/state.json'))['done'])" 2> /dev/null; do sleep 5; done
+  DRAFT=$W/best_draft/run
+  if [ -e "$DRAFT/model.safetensors" ] && vllm_arrived; then
+    VLLM_START_AFTER="$FL/lane2_done" vllm_jobs speedup
+  else log "no trained best_draft or no vLLM: vllm jobs skipped"; fi
+  flag lane0_done
+}
+lane1_best_vllm() { flag lane1_done; }
+lane1_demo_vllm() {
   export CUDA_VISIBLE_DEVICES=0
   vllm_arrived && job vllm_regen_hf env GPU=0 RES="$RES" REGEN_ROWS=${REGEN_ROWS:-48} bash bench/gpu_vllm.sh regen_hf
   flag lane1_done
@@ -225,7 +241,8 @@ vllm_jobs() {  # issue 12's rest, when vLLM arrived with the later parts (gpu_ca
     # the engines start side by side (70-130 s each), then take turns timing; the JSON is rewritten after each
     job -o $((120 + 40 * ${#chains[@]})) vllm_speedup python3 bench/vllm_speedup.py --target $T --export "$W/export-k{k}" --python /tmp/vpy \
       --chains "${chains[@]}" --batch-sizes 1 8 32 --per-category 2 --max-new-tokens 256 --gpus $CUDA_VISIBLE_DEVICES \
-      --engines-per-gpu $(( ${#chains[@]} + 1 )) --out "$RES/vllm_speedup.json" ;;
+      --engines-per-gpu $(( ${#chains[@]} + 1 )) ${VLLM_START_AFTER:+--start-after "$VLLM_START_AFTER"} \
+      --out "$RES/vllm_speedup.json" ;;
   esac
   case "${1:-all}" in rest|all)
     job -o 240 vllm_regen env GPU=$CUDA_VISIBLE_DEVICES RES="$RES" REGEN_ROWS=${REGEN_ROWS:-48} bash bench/gpu_vllm.sh regen
@@ -285,7 +302,9 @@ lane1() {  # ~25 min
 lane() {  # lane N: from a snapshot of the code, so a later call's tree never changes a running job
   export LANE=$1; local d="/tmp/eyas-snap/lane$1"; rm -rf "$d"; mkdir -p "$d"; cp -r "$ROOT/src" "$ROOT/bench" "$ROOT/tests" "$ROOT/pyproject.toml" "$d/"; cd "$d"
   export PYTHONPATH="$d/src:/tmp/site" VLLM_HOST_IP=127.0.0.1 EYAS_VLLM_PYTHON=/tmp/vpy
-  if [ "$G1" = 1 ]; then "lane$1"; elif [ "${LANE0:-}" = demo_vllm ]; then "lane$1_demo"; else "lane$1_one"; fi
+  # LANE0=NAME (one GPU): lanes with a function laneN_NAME run it, the others their laneN_one
+  if [ "$G1" = 1 ]; then "lane$1"; elif [ -n "${LANE0:-}" ] && declare -F "lane$1_$LANE0" > /dev/null; then
+    "lane$1_$LANE0"; else "lane$1_one"; fi
 }
 
 pack_results() {
@@ -324,7 +343,7 @@ case "${1:-}" in
   start)
     take_carried
     [ -e "$W/t0" ] || date +%s > "$W/t0"
-    lanes="0 1"; [ "$G1" = 0 ] && [ "${LANE0:-}" != demo_vllm ] && lanes="0 1 2"   # one GPU: lane 2 regenerates data beside the untimed work
+    lanes="0 1"; [ "$G1" = 0 ] && [ "${LANE0:-}" != demo_vllm ] && lanes="0 1 2"   # one GPU: lane 2 too (best_vllm: best_draft)
     lanes=${LANES:-$lanes}   # LANES=2 with LANE2=best_draft: a session given to issue 13's draft alone
     echo "$lanes" > "$W/lanes"
     for n in $lanes; do setsid nohup bash "$ROOT/bench/gpu_session.sh" lane "$n" > "$W/lane$n.out" 2>&1 < /dev/null & done

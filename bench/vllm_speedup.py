@@ -49,6 +49,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=2,
                     help="timed rounds per engine, taken in turns with the wave's other engines; the fastest is "
                          "reported (six engines on one H200 put the plain target 26 %% below its lone speed once)")
+    ap.add_argument("--start-after", default=None,
+                    help="a file: the engines start at once but time nothing before it exists (untimed work on the "
+                         "same GPU, e.g. a Spec-Bench eval, finishes first)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     tok = AutoTokenizer.from_pretrained(a.target)
@@ -67,7 +70,7 @@ def main(argv=None) -> int:
 
     res = measure(engine_python(a.python, ENV_VAR, HOW_TO_CREATE), a.target, a.export, prompts, a.chains,
                   a.batch_sizes, a.max_new_tokens, a.gpus, out.with_suffix(".logs"),
-                  engines_per_gpu=a.engines_per_gpu, on_result=on_result, rounds=a.rounds)
+                  engines_per_gpu=a.engines_per_gpu, on_result=on_result, rounds=a.rounds, start_after=a.start_after)
     write_json(out, {**res, **meta, "complete": True})
     for r in res["rows"]:
         vs = (f" vs {r['base_tok_s']:8.1f} = {r['speedup']:.2f}x  same {r['identical_to_base']}"

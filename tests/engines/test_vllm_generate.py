@@ -497,6 +497,26 @@ def test_speedup_rounds_take_turns_and_report_the_fastest(tmp_path, monkeypatch)
     assert any(a[0][0] < y[0] < a[-1][1] for y in b) or any(b[0][0] < x[0] < b[-1][1] for x in a)
 
 
+def test_speedup_engines_start_at_once_but_time_only_after_the_start_file(tmp_path, monkeypatch):
+    """start_after (an eval sharing the GPU finishes first): the engines start up meanwhile, and no generate call,
+    warm-up included, comes before the file exists."""
+    import threading
+
+    from eyas.engines.vllm_speedup import measure
+
+    py = timed_engine(tmp_path, monkeypatch, {"base": 0.1, "k1": 0.1})
+    flag, touched = tmp_path / "evals.done", []
+    timer = threading.Timer(2.0, lambda: (touched.append(time.time()), flag.touch()))
+    timer.start()
+    res = measure(py, *model_dirs(tmp_path, [1]), [[1, 2, 3], [4, 5]], [1], [1], 2, ["0"], tmp_path / "logs",
+                  engines_per_gpu=2, start_after=str(flag))
+    timer.join()
+    assert not res["failed"]
+    spans = engine_spans(tmp_path / "events.jsonl")
+    assert all(s["init"][1] < touched[0] <= s["timed"][0] for s in spans.values()), (touched, spans)
+    assert all(e["start_after_s"] > 0.5 and e["start_after_timed_out"] is False for e in res["engines"].values())
+
+
 def test_speedup_engine_failing_at_start_does_not_hold_up_its_wave(tmp_path, monkeypatch):
     from eyas.engines.vllm_speedup import measure
 

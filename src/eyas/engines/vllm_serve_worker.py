@@ -23,6 +23,9 @@ OUT (bench mode, "batch_sizes" given): {"vllm_version", "startup_s", "speculativ
            the worker writes `<dir>/<name>.ready` and waits until n distinct names have a `.ready` or `.failed`
            file there (the caller writes `<name>.failed` for an engine that died), so no engine times while another
            of its wave still starts; OUT's "barrier_timed_out" is true when it went on after timeout_s instead;
+       "start_after": PATH: no engine times before this file exists (untimed work sharing the GPU, e.g. a Spec-Bench
+           tau eval, finishes first while the engines start up); OUT's "start_after_s" is the wait, up to the
+           barrier's timeout_s (then it goes on, "start_after_timed_out": true);
        "measure_lock": PATH: an exclusive flock around each round (the first with the warm-up), so one engine times
            at once and the engines of a wave take turns round by round.
      wait_s: seconds from engine up to holding the lock, summed over rounds; measure_s: seconds holding it.
@@ -58,6 +61,16 @@ def delta(after: dict, before: dict) -> dict:
         else:
             out[k] = (v or 0) - (before.get(k) or 0)
     return out
+
+
+def wait_for_file(path: str, timeout_s: float) -> tuple[float, bool]:
+    """Wait until `path` exists: (seconds waited, whether it timed out)."""
+    t0 = time.monotonic()
+    while not os.path.exists(path):
+        if time.monotonic() - t0 > timeout_s:
+            return time.monotonic() - t0, True
+        time.sleep(0.2)
+    return time.monotonic() - t0, False
 
 
 def wait_at_barrier(barrier: dict) -> bool:
@@ -157,6 +170,9 @@ def main(inp: str, out: str) -> None:
         t0 = time.perf_counter()
         if req.get("barrier"):
             doc["barrier_timed_out"] = wait_at_barrier(req["barrier"])
+        if req.get("start_after"):
+            doc["start_after_s"], doc["start_after_timed_out"] = wait_for_file(
+                req["start_after"], (req.get("barrier") or {}).get("timeout_s", 900))
         rounds, waited, measured = [], 0.0, 0.0
         for r in range(max(1, int(req.get("rounds", 1)))):
             # the lock is taken per round, so the engines of a GPU take turns round by round (each timed at

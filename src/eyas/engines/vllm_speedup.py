@@ -154,8 +154,8 @@ def summarize(base: dict | None, spec: dict[int, dict]) -> dict:
                               for b, r in sorted(best.items())}}
 
 
-PER_ENGINE = ("gpu", "startup_s", "wait_s", "measure_s", "rounds", "wall_s", "barrier_timed_out",
-              "gpu_memory_utilization", "kv_cache_memory_bytes")
+PER_ENGINE = ("gpu", "startup_s", "wait_s", "measure_s", "rounds", "wall_s", "barrier_timed_out", "start_after_s",
+              "start_after_timed_out", "gpu_memory_utilization", "kv_cache_memory_bytes")
 
 
 def report(done: dict[str, dict]) -> dict:
@@ -172,11 +172,12 @@ def measure(python: Path, target: str, export: str, prompts: list[list[int]], ch
             batch_sizes: list[int], max_tokens: int, gpus: list[str], log_dir: Path,
             max_model_len: int = 2048, engines_per_gpu: int = 1,
             on_result: Callable[[str, dict], None] | None = None, barrier_timeout_s: float = 900.0,
-            rounds: int = 1) -> dict:
+            rounds: int = 1, start_after: str | None = None) -> dict:
     """Run the plain target and each K, round-robin over `gpus`, up to `engines_per_gpu` engines per GPU at once.
     `on_result(job, doc)` is called (one call at a time) as each engine finishes: doc is the worker's output, or
     {"error": ...} when its engine failed; either way with "gpu" and "wall_s". A failed engine does not stop the
-    sweep: it is listed under "failed". Returns `report` of all engines plus "sweep_s"."""
+    sweep: it is listed under "failed". start_after: a file; no engine times before it exists (the engines start
+    while untimed work on the same GPU finishes). Returns `report` of all engines plus "sweep_s"."""
     # vLLM takes K from a speculators export's own config (a speculative_config override of K is ignored), so
     # each K is its own export: `export` may name them as a pattern, e.g. "/tmp/export-k{k}".
     jobs = [("base", target)] + [(f"k{k}", export.format(k=k)) for k in chains]
@@ -189,7 +190,7 @@ def measure(python: Path, target: str, export: str, prompts: list[list[int]], ch
         payload = {"model": model, "speculative_config": None, "prompts": prompts, "max_tokens": max_tokens,
                    "batch_sizes": batch_sizes, "rounds": rounds, "dtype": dtype, "max_model_len": max_model_len,
                    "enforce_eager": False, "seed": 0, **memory[name],
-                   "measure_lock": str(wave_dir.parent / f"gpu{g}.lock"),
+                   "measure_lock": str(wave_dir.parent / f"gpu{g}.lock"), "start_after": start_after,
                    "barrier": {"dir": str(wave_dir), "name": name, "count": count, "timeout_s": barrier_timeout_s}}
         env = {"CUDA_VISIBLE_DEVICES": gpus[g], "VLLM_HOST_IP": os.environ.get("VLLM_HOST_IP", "127.0.0.1")}
         t0 = time.perf_counter()
