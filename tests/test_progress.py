@@ -96,3 +96,22 @@ def test_heartbeat_line_while_one_long_item_runs():
     lines = log.getvalue().splitlines()
     assert len(lines) >= 4 and all(line.startswith("slow: 0/2 rows") for line in lines)
     assert re.search(r"elapsed 0:00, ETA \?$", lines[2]) and lines[-1].endswith("done")
+
+
+def test_heartbeat_stops_quietly_when_its_stream_closes():
+    """A bar left open (its stage failed) whose stream is closed under it (interpreter exit): the heartbeat
+    thread ends without a traceback."""
+    import threading
+    import time
+
+    log = io.StringIO()
+    errors = []
+    hook, threading.excepthook = threading.excepthook, lambda args: errors.append(args.exc_value)
+    try:
+        p = Progress("left-open", 3, "rows", stream=log, interval=0.05)
+        log.close()
+        time.sleep(0.3)
+        assert not any(t.name == "progress-left-open" and t.is_alive() for t in threading.enumerate())
+        assert errors == [] and not p.closed
+    finally:
+        threading.excepthook = hook

@@ -58,7 +58,10 @@ class Progress:
     def _beat(self) -> None:
         while not self._stop.wait(self.interval):
             if time.perf_counter() - self.last >= self.interval:
-                self._line()
+                try:
+                    self._line()
+                except (OSError, ValueError):   # the stream was closed under us (interpreter exit): stop quietly
+                    return
 
     def update(self, n: int = 1) -> None:
         self.n += n

@@ -287,8 +287,10 @@ def _extract(job: StoreJob, model, layout, dataset, identity, token_budget, writ
                     writer.finish_shard(j)
         t_loop = time.perf_counter() - t_start
     finally:
-        writer.close()
-        bar.close()
+        try:
+            writer.close()
+        finally:   # a writer that fails to close must not leave the bar's heartbeat thread printing
+            bar.close()
     elapsed = time.perf_counter() - t_start
     return job.finish({"rank": rank, "world": world, "dtype": dtype, "aux_layer_ids": aux_ids, "tokens": tokens,
                        "padding_fraction": round(1 - tokens / padded, 4) if padded else 0.0,
