@@ -45,9 +45,7 @@ import json
 import shutil
 import sys
 import tarfile
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -76,11 +74,14 @@ class Steps(S.Runner):
     def __init__(self, a):
         super().__init__(a)
         self.ran: list[str] = []
-        self._lock = threading.Lock()   # the two evals may run side by side (--eval-parallel)
 
-    def save(self) -> None:
-        with self._lock:
-            super().save()
+    def background(self, name: str, *args: str, need: float = 20) -> bool:
+        if name not in self.state["done"] and name not in self.bg and self.left() >= need:
+            self.ran.append(name)
+        return super().background(name, *args, need=need)
+
+    def ended(self, name: str, seconds: float, ok: bool) -> None:
+        self._count(name, seconds, ok)
 
     def eyas(self, name: str, *args: str, need: float = 20) -> bool:
         if name in self.state["done"] or self.left() < need:
@@ -91,12 +92,15 @@ class Steps(S.Runner):
             ok = super().eyas(name, *args, need=need)
             return ok
         finally:
-            sec = self.state.setdefault("seconds", {})
-            sec[name] = round(sec.get(name, 0) + time.perf_counter() - t, 1)
-            if ok:
-                self.state.setdefault("finished_at", {})[name] = now()
-                print(f"[best_draft] step {name} done in {sec[name]:.0f} s", flush=True)
-            self.save()
+            self._count(name, time.perf_counter() - t, ok)
+
+    def _count(self, name: str, seconds: float, ok: bool) -> None:
+        sec = self.state.setdefault("seconds", {})
+        sec[name] = round(sec.get(name, 0) + seconds, 1)
+        if ok:
+            self.state.setdefault("finished_at", {})[name] = now()
+            print(f"[best_draft] step {name} done in {sec[name]:.0f} s", flush=True)
+        self.save()
 
 
 def recipe(a) -> dict:
@@ -195,15 +199,12 @@ def run_evals(r: Steps, a) -> bool:
     """eval:t0 then eval:t1; with --eval-parallel (default on a GPU) both at once: an eager eval is bound by the
     host's launches (the H200 ran eval:t0 at ~36 tok/s of baseline, its GPU nearly idle), and tau is not a time,
     so two side by side cost the wall time of one."""
-    todo = [t for t in (0, 1) if f"eval:t{t}" not in r.state["done"]]
-
-    def one(t: int) -> bool:
-        return S.spec_bench(r, "best", f"t{t}", temperature=t, name=f"eval:t{t}", draft=a.work / "run")
-
-    if a.eval_parallel and len(todo) == 2:
-        with ThreadPoolExecutor(2) as ex:
-            return all(list(ex.map(one, todo)))
-    return all(one(t) for t in todo)   # in order: a cut t0 leaves t1 to the next call
+    for t in (0, 1):   # in order: a t0 cut by the budget leaves t1 to the next call
+        if not S.spec_bench(r, "best", f"t{t}", temperature=t, name=f"eval:t{t}", draft=a.work / "run",
+                            background=a.eval_parallel):
+            break
+    r.reap(wait=True)
+    return all(f"eval:t{t}" in r.state["done"] for t in (0, 1))
 
 
 def curve(a, prep: dict | None) -> list[dict]:

@@ -135,12 +135,18 @@ class Runner:
                 continue
             log.close()
             del self.bg[name]
+            self.ended(name, time.perf_counter() - t, rc == 0)
             if rc == 0:
                 self.state["done"][name] = round(time.perf_counter() - t, 1)
                 self.save()
-                print(f"== {name} done in the background ({self.state['done'][name]:.0f} s)", flush=True)
+                tail = Path(log.name).read_text(errors="replace").splitlines()[-25:]   # eval's table
+                print(f"== {name} done in the background ({self.state['done'][name]:.0f} s); the end of "
+                      f"{log.name}:", *tail, sep="\n", flush=True)
             elif not wait or rc > 0:
                 raise SystemExit(f"{name} failed (exit {rc}); see {log.name}; finished steps are kept")
+
+    def ended(self, name: str, seconds: float, ok: bool) -> None:
+        """A background stage exited (ok) or was stopped at the budget; bench/best_draft.py keeps its seconds."""
 
     def eyas(self, name: str, *args: str, need: float = 20) -> bool:
         """Run one eyas stage under the remaining budget (started only with `need` seconds left); True when done."""

@@ -145,20 +145,46 @@ def test_steps_resume_across_calls_and_the_json_says_what_was_reached(tmp_path, 
     assert rc == 0 and fake.cmds == [] and doc2["gpu_seconds_total"] == doc["gpu_seconds_total"]
 
 
-def test_the_two_evals_run_side_by_side_on_request(tmp_path, tok_dir, monkeypatch):
-    """--eval-parallel (the GPU default): eval:t0 and eval:t1 overlap in time and both are recorded done; without
-    it they run one after the other."""
+class FakePopen:
+    """subprocess.Popen for a background stage: the fake stage runs when waited for (so a span is start -> wait)."""
+
+    def __init__(self, fake, cmd, env=None, stdout=None, stderr=None):
+        self.fake, self.cmd, self.code, self.t0 = fake, cmd, None, time.perf_counter()
+        stdout.write("a background stage's table\n")
+
+    def poll(self):
+        return self.code
+
+    def wait(self, timeout=None):
+        if self.code is None:
+            self.fake(self.cmd)
+            temp = arg(self.cmd[4:], "--temperature")
+            self.fake.spans[temp] = (self.t0, self.fake.spans[temp][1])
+            self.code = 0
+        return self.code
+
+    def kill(self):
+        self.code = -9
+
+
+def test_the_two_evals_run_side_by_side_on_request(tmp_path, tok_dir, monkeypatch, capsys):
+    """--eval-parallel (the GPU default): eval:t0 and eval:t1 overlap in time and both are recorded done, with
+    their seconds and the end of their logs in the output; without it they run one after the other."""
     for flag, overlap in (("--eval-parallel", True), ("--no-eval-parallel", False)):
         mod = load()
         fake = FakeStages(eval_s=0.5)
         monkeypatch.setattr(mod.S.subprocess, "run", fake)
+        monkeypatch.setattr(mod.S.subprocess, "Popen", lambda *a, **k: FakePopen(fake, *a, **k))
         work = tmp_path / flag
         rc = mod.main(["--target", str(tok_dir), "--data", str(sharegpt(tmp_path / "sg.json")), "--work", str(work),
                        "--device", "cpu", "--rows", "5", "--self-prompts", "3", "--out", str(work / "o.json"), flag])
         assert rc == 0 and json.loads((work / "o.json").read_text())["complete"]
         (a0, b0), (a1, b1) = fake.spans["0"], fake.spans["1"]
         assert (max(a0, a1) < min(b0, b1)) == overlap, (flag, fake.spans)
-        assert {"eval:t0", "eval:t1"} <= set(json.loads((work / "state.json").read_text())["done"])
+        st = json.loads((work / "state.json").read_text())
+        assert {"eval:t0", "eval:t1"} <= set(st["done"]) and st["seconds"]["eval:t1"] > 0
+        assert {"eval:t0", "eval:t1"} <= set(st["calls"][-1]["ran"]) and "eval:t1" in st["finished_at"]
+        assert ("a background stage's table" in capsys.readouterr().out) == overlap
 
 
 def test_a_call_that_can_start_nothing_fails(tmp_path, tok_dir, monkeypatch):
