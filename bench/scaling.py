@@ -19,8 +19,8 @@ train resumes from its last checkpoint):
               Not resumable inside, so it starts only when the budget still holds 1.5x the longest eval seen
               in WORK (--eval-est-s before the first). On a GPU it runs in the background beside the next
               point's training (--eval-background; its output in WORK/eval-KIND-S.log), and every eval after
-              the first reuses the first one's AR baseline (--baseline-cache WORK/baseline-cache): an eval then
-              costs about a third of what it did.
+              the first reuses the first one's AR baseline (--baseline-cache WORK/baseline-cache): about half
+              of an eager eval's time, and that half overlaps the next training.
 Each point: kind, size, tokens, rows, tau (simulated), acc, steps, train_seconds; after its eval also
 spec_bench_chain_tau, spec_bench_tree_tau, eval_seconds and the setting they were measured under
 (spec_bench_chain, _tree, _questions, _categories, _max_new_tokens; also the JSON's "eval").
@@ -135,13 +135,14 @@ class Runner:
                 continue
             log.close()
             del self.bg[name]
-            self.ended(name, time.perf_counter() - t, rc == 0)
+            secs = time.perf_counter() - t
+            self.ended(name, secs, rc == 0)
             if rc == 0:
-                self.state["done"][name] = round(time.perf_counter() - t, 1)
+                self.state["done"][name] = round(secs, 1)
                 self.save()
                 tail = Path(log.name).read_text(errors="replace").splitlines()[-25:]   # eval's table
-                print(f"== {name} done in the background ({self.state['done'][name]:.0f} s); the end of "
-                      f"{log.name}:", *tail, sep="\n", flush=True)
+                print(f"== {name} done in the background ({secs:.0f} s); the end of {log.name}:", *tail,
+                      sep="\n", flush=True)
             elif not wait or rc > 0:
                 raise SystemExit(f"{name} failed (exit {rc}); see {log.name}; finished steps are kept")
 
