@@ -62,9 +62,10 @@ def test_demo_runs_every_stage_and_writes_a_report(tmp_path, capsys):
     assert "| trained from | store |" in report
 
 
-def test_demo_online_skips_the_store(tmp_path, capsys):
-    """--online (the GPU profile's way): no extract stage, no store, the draft trained with the target in the loop,
-    and the same report (doctor passes without a store)."""
+def test_demo_online_skips_the_store(tmp_path, capsys, monkeypatch):
+    """The GPU profile's way: --online (no extract stage, no store, the draft trained with the target in the loop,
+    the same report; doctor passes without a store), the native generator with the flex step, self-written prompts
+    joining the regenerated openings, the eval at one KV bucket, and where the eval's seconds went."""
     target = _tiny_target(tmp_path / "target")
     convs = [{"id": str(i), "conversations": [{"from": "human", "value": f"tell me about topic {i} please"},
                                               {"from": "gpt", "value": f"topic {i} is a fine topic indeed"}]}
@@ -73,12 +74,31 @@ def test_demo_online_skips_the_store(tmp_path, capsys):
     bench = tmp_path / "bench.jsonl"
     bench.write_text(json.dumps({"question_id": 0, "category": "writing", "turns": ["say something"]}) + "\n")
     out = tmp_path / "demo"
+
+    def written_prompts(backend, n, path, **kw):  # a random target's own prompts are noise, too long to answer
+        with open(path, "a") as f:
+            f.writelines(json.dumps({"row": i, "source": "self", "messages": [
+                {"role": "user", "content": f"question {i} from the target"},
+                {"role": "assistant", "content": "(not answered yet)"}]}) + "\n" for i in range(n))
+
+    monkeypatch.setattr("eyas.data.regenerate.self_prompts", written_prompts)
     rc = main(["demo", "--target", str(target), "--data", str(tmp_path / "data.json"), "--out", str(out),
                "--max-samples", "8", "--regen-max-new-tokens", "8", "--regen-batch-size", "8", "--max-length", "128",
                "--draft-vocab-size", "64", "--epochs", "1", "--eval-max-new-tokens", "8", "--bench", str(bench),
-               "--online", "--device", "cpu", "--json"])
+               "--online", "--device", "cpu", "--json", "--regen-backend", "native", "--regen-attention", "flex",
+               "--self-prompts", "3", "--eval-min-bucket", "1000000"])
     assert rc == 0
     s = json.loads((out / "summary.json").read_text())
+    rows = s["rows"]
+    assert rows["self_prompts"] == 3 and rows["self_answered"] == 3
+    union = (out / "regenerated" / "union.jsonl").read_text().splitlines()
+    assert len(union) == rows["regenerated"] + rows["self_answered"] == rows["prepare_in"]
+    assert f"{rows['self_answered']} of 3 self-written prompts answered" in (out / "report.md").read_text()
+    assert s["generated_tokens"] > 0
+    (setting, secs), = s["eval_seconds"].items()
+    assert setting == "chain-3" and {"warm", "baseline", "decode"} <= set(secs) and secs["decode"] > 0
+    ev = json.loads((out / "eval" / "eval.json").read_text())
+    assert len(ev["results"][0]["decode"]["kv_buckets"]) == 1   # --eval-min-bucket above the capacity
     assert "extract" not in s["seconds"] and not (out / "store").exists() and "store" not in s["paths"]
     assert s["doctor"]["ok"], s["doctor"]["fails"]
     assert s["train_from"] == "online (no store)" and s["train_steps"] > 0 and s["identical_rate"] == 1.0
@@ -92,6 +112,9 @@ def test_demo_checks_its_inputs_before_the_first_stage(tmp_path, capsys):
     captured = capsys.readouterr()
     assert rc == 1 and "=== fetch ===" not in captured.out
     assert "nothing was started" in captured.err and "--data" in captured.err and "--bench" in captured.err
+    rc = main(["demo", "--target", "smollm2-135m", "--out", str(tmp_path / "d"), "--no-regenerate",
+               "--self-prompts", "100"])
+    assert rc == 1 and "--self-prompts 100 needs --regenerate" in capsys.readouterr().err
 
 
 def test_gpu_profile_fills_only_unset_fields():
@@ -104,4 +127,5 @@ def test_gpu_profile_fills_only_unset_fields():
     assert gpu.max_samples == 50 and gpu.regen_backend == "native" and gpu.epochs == GPU_PROFILE["epochs"]
     assert gpu.tree == "total=60,depth=7,topk=10" and cfg.tree is None
     assert gpu.online and not cfg.online      # on the GPU no ~25 GB store: the target runs inside training
+    assert gpu.self_prompts > 0 and cfg.self_prompts == 0 and gpu.regen_attention == "flex"
     assert with_profile(build_config(DemoConfig, {"profile": "cpu"}), "cuda").regen_backend == "hf"

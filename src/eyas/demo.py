@@ -56,20 +56,29 @@ class DemoConfig(StageConfig):
     profile: Literal["auto", "cpu", "gpu"] = Field("auto", description="size preset: gpu (on cuda: more data through the native generator, a larger draft, more steps; ~10 min on one H200) or cpu (the defaults); flags given explicitly win")
     train_batch_size: int = Field(2, ge=1, description="training batch size")
     regen_backend: Literal["hf", "native"] = Field("hf", description="regenerate backend (gpu profile: native)")
+    regen_attention: Literal["sdpa", "flex"] = Field("sdpa", description="native regenerate: the decode step's "
+                                                     "attention (gpu profile: flex, 1.5x the sdpa rate at batch 512)")
+    self_prompts: int = Field(0, ge=0, description="also N prompts the target writes itself (self:N), answered the "
+                              "same way: the math, code and translation a chat set lacks (gpu profile: 6000)")
+    eval_min_bucket: int | None = Field(None, ge=1, description="eval: smallest KV bucket of the compiled decoder "
+                                        "(gpu profile: 1000000, one bucket: each step width compiles once)")
     online: bool = Field(False, description="train online: the target's states computed inside each training step, "
                          "no extract stage and no store (gpu profile: on; its ~5M tokens would make a ~25 GB store)")
 
 
-# The gpu profile: sizes for about 10 minutes on one H200, aiming at tree tau >= 3 (BENCHMARKS.md, issue #13): the
-# measured recipe closest to it (8k regenerated conversations, ~3.7M tokens, lr 1e-3, batch 8: tree tau 2.99) with
-# more of the same: 9,000 openings (what bench/gpu_carry.sh brings) answered in up to 512 tokens (~3M tokens, ~1.5 min
-# at 35k tok/s), 3 epochs (~10M token-passes, ~2 min with the compiled trainer at 8 x 2,048), trained online (the
-# store of ~5M tokens would be ~25 GB). Only fields the user did not set are replaced.
+# The gpu profile: sizes for about 10 minutes on one H200, aiming at tree tau >= 3 (BENCHMARKS.md, issue #13). Its
+# first run (9,000 ShareGPT openings only, 3 epochs) took 667 s for tree tau 2.51 on Spec-Bench, whose math, code
+# and translation ShareGPT's chat lacks; the best_draft recipe (ShareGPT + 20k self-written prompts) reached 4.68.
+# So: the 9,000 openings plus 6,000 self-written prompts, each answered in up to 512 tokens (~5M tokens; the flex
+# decode step, ~50k tok/s), 2 epochs (~12M token-passes, as before), trained online (a store of ~6M tokens would be
+# ~30 GB), and the eval's decoder compiled at one KV bucket (the first run spent ~270 of its 329 eval seconds on
+# compiles and rechecks, 57 decoding). Only fields the user did not set are replaced.
 GPU_PROFILE: dict[str, Any] = {
     "max_samples": 9000, "regen_backend": "native", "regen_max_new_tokens": 512, "regen_batch_size": 512,
-    "max_length": 2048, "draft_vocab_size": 32000, "ttt_steps": 7, "epochs": 3.0, "lr": 1e-3,
+    "regen_attention": "flex", "self_prompts": 6000,
+    "max_length": 2048, "draft_vocab_size": 32000, "ttt_steps": 7, "epochs": 2.0, "lr": 1e-3,
     "train_batch_size": 8, "eval_per_category": 3, "eval_max_new_tokens": 128, "tree": "total=60,depth=7,topk=10",
-    "online": True,
+    "eval_min_bucket": 1_000_000, "online": True,
 }
 
 
@@ -110,22 +119,30 @@ def run(cfg: DemoConfig) -> int | dict:
         data = resolve_data(cfg.data, cache=cache)
         print(f"target: {src.path}\ndata:   {data}")
 
-    data_for_prepare = str(data)
+    data_for_prepare, regen, regen_self = str(data), None, None
     if cfg.regenerate:
         with _stage("regenerate", times):
+            gen = dict(target=cfg.target, backend=cfg.regen_backend, max_new_tokens=cfg.regen_max_new_tokens,
+                       batch_size=cfg.regen_batch_size, device=device, max_prompt_tokens=cfg.max_length // 2,
+                       assistant_first="skip", cache_dir=cache, seed=cfg.seed, json=True,
+                       dtype="bf16" if fast_bf16(device) else "auto",
+                       **({"attention": cfg.regen_attention} if cfg.regen_backend == "native" else {}))
             openings = _opening_turns(data, paths["regenerated"] / "openings.jsonl", cfg.max_samples, cache)
-            regen = _call(regenerate, RegenerateConfig, target=cfg.target, data=str(openings),
-                          out=paths["regenerated"] / "conversations.jsonl", backend=cfg.regen_backend,
-                          max_samples=cfg.max_samples,
-                          max_new_tokens=cfg.regen_max_new_tokens, batch_size=cfg.regen_batch_size, device=device,
-                          max_prompt_tokens=cfg.max_length // 2, assistant_first="skip", cache_dir=cache, seed=cfg.seed,
-                          dtype="bf16" if fast_bf16(device) else "auto", json=True)
-            data_for_prepare = str(paths["regenerated"] / "conversations.jsonl")
+            regen = _call(regenerate, RegenerateConfig, data=str(openings), max_samples=cfg.max_samples,
+                          out=paths["regenerated"] / "conversations.jsonl", **gen)
+            parts = [paths["regenerated"] / "conversations.jsonl"]
             print(json.dumps(regen, default=str)[:400])
+            if cfg.self_prompts:
+                regen_self = _call(regenerate, RegenerateConfig, data=f"self:{cfg.self_prompts}",
+                                   out=paths["regenerated"] / "self.jsonl", **gen)
+                parts.append(paths["regenerated"] / "self.jsonl")
+                print(json.dumps(regen_self, default=str)[:400])
+            data_for_prepare = str(_union(parts, paths["regenerated"] / "union.jsonl") if len(parts) > 1
+                                   else parts[0])
 
     with _stage("prepare", times):
         prep = _call(prepare, PrepareConfig, target=cfg.target, data=data_for_prepare,
-                     out=paths["prepared"], max_samples=cfg.max_samples, max_length=cfg.max_length,
+                     out=paths["prepared"], max_samples=cfg.max_samples + cfg.self_prompts, max_length=cfg.max_length,
                      draft_vocab_size=cfg.draft_vocab_size, overwrite=True, cache_dir=cache, json=True,
                      assistant_first="skip")
 
@@ -145,7 +162,7 @@ def run(cfg: DemoConfig) -> int | dict:
     with _stage("eval", times):
         ev = _call(evaluate, EvalConfig, target=cfg.target, draft=paths["run"], bench=cfg.bench,
                    per_category=cfg.eval_per_category, max_new_tokens=cfg.eval_max_new_tokens, chain=cfg.chain,
-                   tree=cfg.tree,
+                   tree=cfg.tree, min_bucket=cfg.eval_min_bucket,
                    device=device, out=paths["eval"] / "eval.json", json=True, plots=paths["eval"], cache_dir=cache)
 
     with _stage("export", times):
@@ -159,7 +176,7 @@ def run(cfg: DemoConfig) -> int | dict:
         print(render_table(checks))
         doc = {"ok": not any(c.status == "fail" for c in checks), "checks": [asdict(c) for c in checks]}
 
-    summary = _summary(cfg, device, paths, times, regen if cfg.regenerate else None, prep, ext, tr, ev, exp, doc)
+    summary = _summary(cfg, device, paths, times, regen, regen_self, prep, ext, tr, ev, exp, doc)
     report = write_report(out, summary, paths)
     summary["report"] = str(report)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
@@ -190,6 +207,15 @@ def _opening_turns(data: Path, out: Path, n: int, cache) -> Path:
             kept += 1
             if kept >= n:
                 break
+    return out
+
+
+def _union(parts: list[Path], out: Path) -> Path:
+    """The regenerated files one after another (prepare reads one file; each row keeps its own id)."""
+    with open(out, "w", encoding="utf-8") as f:
+        for p in parts:
+            with open(p, encoding="utf-8") as src:
+                f.writelines(line.rstrip("\n") + "\n" for line in src if line.strip())
     return out
 
 
@@ -234,6 +260,9 @@ def preflight(cfg: DemoConfig, out: Path) -> None:
         import matplotlib  # noqa: F401  (the report's plots)
     except ImportError:
         problems.append("matplotlib is not installed (the report's plots need it): pip install matplotlib")
+    if cfg.self_prompts and not cfg.regenerate:
+        problems.append(f"--self-prompts {cfg.self_prompts} needs --regenerate: the self-written rows join the "
+                        "regenerated ones (the raw set is another format)")
     if problems:
         raise ValueError("the demo cannot run; nothing was started:\n  " + "\n  ".join(problems))
 
@@ -248,13 +277,16 @@ def _failures(errors_file: Path) -> dict[str, int]:
     return counts
 
 
-def _summary(cfg, device, paths, times, regen, prep, ext, tr, ev, exp, doc) -> dict:
+def _summary(cfg, device, paths, times, regen, regen_self, prep, ext, tr, ev, exp, doc) -> dict:
     r = _chain_result(ev)
     held = tr.get("eval") or {}
     rows = {"requested": cfg.max_samples}
     if regen is not None:
         rows.update(regenerated=regen.get("written"), regenerate_failed=regen.get("failed"),
                     regenerate_failed_by_reason=_failures(Path(regen.get("errors", ""))))
+    if regen_self is not None:
+        rows.update(self_prompts=cfg.self_prompts, self_answered=regen_self.get("written"))
+    gen = [g for g in (regen, regen_self) if g]
     rows.update(prepare_in=prep.get("rows_in"), prepare_kept=prep.get("rows_out"),
                 prepare_rejected=prep.get("rows_rejected"), prepare_rejected_by_reason=prep.get("rejected_by_reason"),
                 packed_rows=prep.get("packed_rows"))
@@ -271,6 +303,8 @@ def _summary(cfg, device, paths, times, regen, prep, ext, tr, ev, exp, doc) -> d
         "speedup": r.get("speedup"), "identical_rate": r.get("identical_rate"), "tree": _tree_result(ev),
         "eval_questions": ev.get("questions"), "eval_max_new_tokens": cfg.eval_max_new_tokens,
         "doctor": {"ok": bool(doc.get("ok")), "fails": [c for c in doc.get("checks", []) if c.get("status") == "fail"]},
+        "generated_tokens": sum(g.get("generated_tokens") or 0 for g in gen) if gen else None,
+        "eval_seconds": {x.get("setting"): x.get("seconds") for x in ev.get("results", [])},
         "seconds": times, "total_seconds": round(sum(times.values()), 1),
         "paths": {k: str(v) for k, v in paths.items()},
     }
@@ -286,6 +320,8 @@ def _rows_line(rows: dict) -> str:
         parts.append(f"{rows['regenerated']} regenerated" + (
             f" ({rows['regenerate_failed']} failed: {why(rows['regenerate_failed_by_reason'])})"
             if rows["regenerate_failed"] else ""))
+    if "self_answered" in rows:
+        parts.append(f"{rows['self_answered']} of {rows['self_prompts']} self-written prompts answered")
     parts.append(f"{rows['prepare_kept']} kept by prepare" + (
         f" ({rows['prepare_rejected']} rejected: {why(rows['prepare_rejected_by_reason'])})"
         if rows["prepare_rejected"] else ""))
@@ -341,6 +377,10 @@ def write_report(out: Path, s: dict, paths: dict[str, Path]) -> Path:
              f"| doctor | {'pass' if s['doctor']['ok'] else 'FAIL'} |",
              "", "## Time by stage (s)", "", "| stage | seconds |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in s["seconds"].items()] + [f"| total | {s['total_seconds']} |", ""]
+    evs = {k: v for k, v in (s.get("eval_seconds") or {}).items() if v}
+    if evs:  # compiles and rechecks can outweigh the decoding itself: say which
+        lines += ["Eval seconds by setting: " + "; ".join(
+            f"{k}: " + ", ".join(f"{p} {x}" for p, x in v.items()) for k, v in evs.items()) + ".", ""]
     if curve:
         lines += ["## Learning curve", "", f"![learning curve]({curve.name})", ""]
     if pngs:

@@ -172,3 +172,30 @@ def test_compiled_flex_step_equals_eager(model, monkeypatch):
     gen = Generator(model, batch_size=3, capacity=64, eos=[eos], graph="compile", decode_attention="flex")
     assert gen.mode == "compile" and gen.generate(prompts()[:4], 30) == ref
     assert max(len(p) + len(t) for p, (t, _) in zip(prompts(), ref)) > 32
+
+
+def test_regenerate_attention_flex_gives_the_sdpa_answers(tmp_path, flex_calls):
+    """`eyas regenerate --backend native --attention flex`: the flag reaches the generator (flex runs) and the
+    conversations written are the SDPA step's (fp32: token-identical)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from eyas.data.regenerate import RegenerateConfig, regenerate
+    from tests.data.templates import make_tokenizer
+    from tests.data.test_generate import conversations
+
+    tok = make_tokenizer("smollm2")
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, eos_token_id=tok.eos_token_id,
+                                 pad_token_id=tok.pad_token_id)).save_pretrained(tmp_path / "t")
+    tok.save_pretrained(tmp_path / "t")
+    data, rows = conversations(tmp_path), {}
+    for attn in ("sdpa", "flex"):
+        before = len(flex_calls)
+        out = tmp_path / f"{attn}.jsonl"
+        r = regenerate(RegenerateConfig(target=str(tmp_path / "t"), data=str(data), out=out, backend="native",
+                                        attention=attn, max_new_tokens=6, max_prompt_tokens=200, batch_size=3,
+                                        device="cpu"))
+        assert r["written"] >= 4 and (len(flex_calls) > before) == (attn == "flex")
+        rows[attn] = out.read_text()
+    assert rows["flex"] == rows["sdpa"]

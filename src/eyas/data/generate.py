@@ -316,13 +316,13 @@ class Generator:
 class NativeBackend(HFBackend):
     """The target loaded here (as the hf backend loads it), answering through `Generator`."""
 
-    def __init__(self, target: str, *, graph: str = "auto", seed: int = 0, **kw):
+    def __init__(self, target: str, *, graph: str = "auto", decode_attention: str = "sdpa", seed: int = 0, **kw):
         super().__init__(target, **kw)
         # a slot holds the longest admissible prompt plus its answer
         capacity = (self.max_prompt_tokens or 2048) + self.max_new_tokens
         capacity = -(-capacity // 64) * 64  # aligned key length for the fused attention kernels
         self.gen = Generator(self.model, batch_size=self.batch_size, capacity=capacity, eos=self.eos,
-                             pad=self.pad, graph=graph, seed=seed)
+                             pad=self.pad, graph=graph, seed=seed, decode_attention=decode_attention)
 
     @property
     def generated_tokens(self) -> int:

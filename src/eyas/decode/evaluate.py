@@ -11,6 +11,7 @@ import json
 import os
 import platform
 import subprocess
+import time
 import zlib
 from pathlib import Path
 
@@ -55,6 +56,10 @@ class EvalConfig(StageConfig):
     baseline_cache: Path | None = Field(None, description="a directory: reuse the AR baseline of an earlier eval with "
                                         "the same target, questions and settings (every draft of a scaling curve "
                                         "against one baseline; any difference misses and regenerates it)")
+    min_bucket: int | None = Field(None, ge=1, description="smallest KV bucket the compiled decoder attends over "
+                                   "(default $EYAS_DECODE_MIN_BUCKET or 1024); each bucket is one more compile per "
+                                   "step width, so a value at or above the capacity (e.g. 1000000) compiles each "
+                                   "width once")
     recheck: int = Field(4, ge=0, description="greedy: decode up to N turns whose divergence is not a logit tie again, "
                          "alone, in fp32 and in --dtype; verdict 'numerics' (fp32 is exact) or 'decoder' (0: off)")
     calib: int = Field(1, ge=1, description="--tree auto: questions per category for the calibration run")
@@ -135,8 +140,10 @@ class Session:
     """A loaded target + draft with one runner; generates baselines once and evaluates settings."""
 
     def __init__(self, target, draft, questions, *, max_new_tokens, temperature=0.0, device=None,
-                 compile_graphs=None, seed=0, reuse: dict | None = None, baseline_cache: Path | None = None):
+                 compile_graphs=None, seed=0, reuse: dict | None = None, baseline_cache: Path | None = None,
+                 min_bucket: int | None = None):
         self.target, self.draft, self.questions = target, draft, questions
+        self.min_bucket = min_bucket or _MIN_BUCKET
         self.baseline_cache, self._cache_key, self.cached_turns = baseline_cache, None, 0
         self.max_new, self.temperature, self.seed = max_new_tokens, temperature, seed
         self.device = target.layout.lm_head.weight.device if device is None else torch.device(device)
@@ -152,13 +159,13 @@ class Session:
         # same target, draft and capacity, e.g. one per temperature: nothing in them depends on the temperature,
         # and each (width, KV bucket) compile costs ~20 s on an H200
         self._reuse = reuse if reuse is not None else {}
-        key = (id(target.model), id(draft), self.capacity, self.compile, _INNER, _MIN_BUCKET)
+        key = (id(target.model), id(draft), self.capacity, self.compile, _INNER, self.min_bucket)
         if self._reuse.get("key") != key:
             self._reuse.clear()
             self._reuse.update(key=key, runner=None, proposers={}, ar_warm=False)
         if self._reuse["runner"] is None:
             runner = TargetRunner(target.model, target.layout, draft.config.aux_layer_ids, self.capacity,
-                                  min_bucket=_MIN_BUCKET)
+                                  min_bucket=self.min_bucket)
             if self.compile:
                 runner.compile()
                 if _INNER == "compiled":
@@ -178,7 +185,7 @@ class Session:
         """(category, key, prompt ids) per turn; later turns use the baseline's answers as history."""
         if self.baseline_cache is not None and self._cache_key is None:
             self._cache_key = bcache.cache_key(self, {"compile": self.compile, "inner": _INNER, "graphs": _GRAPHS,
-                                                      "min_bucket": _MIN_BUCKET})
+                                                      "min_bucket": self.min_bucket})
             cached = bcache.load(self.baseline_cache, self._cache_key)
             self.baseline.update(cached)
             self.cached_turns = len(cached)
@@ -234,13 +241,23 @@ class Session:
         return self._decoders[key]
 
     def run(self, spec: TreeSpec, record: bool = False, recheck_n: int = 0) -> tuple[dict, GenStats]:
-        """One setting over every turn. recheck_n: greedy divergences that are not ties to recheck (divergence.py)."""
+        """One setting over every turn. recheck_n: greedy divergences that are not ties to recheck (divergence.py).
+        The result's `seconds` say where the wall time went: warm-up (compiles and graph captures), the AR
+        baseline (only the first setting makes it), the speculative decoding, the rechecks."""
+        clock = [time.perf_counter()]
+
+        def lap() -> float:
+            clock.append(time.perf_counter())
+            return round(clock[-1] - clock[-2], 2)
+
         self.warmup(spec)
+        dec = self.decoder(spec, record)
+        seconds = {"warm": lap()}
         base_all, spec_all, same_all = GenStats(), GenStats(), []
         cats: dict[str, tuple[GenStats, GenStats, list[bool]]] = {}
         divergences, diverged = [], {}
-        dec = self.decoder(spec, record)
         todo = list(self.prompts())
+        seconds["baseline"] = lap()
         bar = Progress(f"eval: {spec.label()}", len(todo), "turns")
         for cat, key, prompt in todo:
             ref, bst = self.baseline[key]
@@ -259,8 +276,9 @@ class Session:
             c[2].append(same)
             same_all.append(same)
         bar.close()
+        seconds["decode"] = lap()
         greedy = self.temperature <= 0
-        result = {"setting": spec.label(), "decode": {"total": spec.total, "depth": spec.depth, "topk": spec.topk,
+        result = {"setting": spec.label(), "seconds": seconds, "decode": {"total": spec.total, "depth": spec.depth, "topk": spec.topk,
                                                      "max_new_tokens": self.max_new, "temperature": self.temperature,
                                                      "compiled": self.compile, "dtype": str(self.runner.dtype),
                                                      "kv_buckets": list(self.runner.buckets)},
@@ -273,6 +291,7 @@ class Session:
             result["unexplained_divergences"] = len(divergences) - ties
             if recheck_n > 0:  # after the timed loop: the same target, draft and prompts are still at hand
                 result.update(recheck(self, spec, divergences, diverged, recheck_n))
+                seconds["recheck"] = lap()
         return result, spec_all
 
     def ar_step(self) -> float:
@@ -334,7 +353,7 @@ def run(cfg: EvalConfig, reuse: dict | None = None) -> dict | int:
     questions = load_bench(cfg.bench, cfg.categories, cfg.per_category)
     s = Session(target, draft, questions, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                 compile_graphs=cfg.compile, seed=cfg.seed, reuse=None if reuse is None else reuse["session"],
-                baseline_cache=cfg.baseline_cache)
+                baseline_cache=cfg.baseline_cache, min_bucket=cfg.min_bucket)
     specs = []
     if cfg.chain is not None or cfg.tree is None:
         specs.append(TreeSpec.chain(cfg.chain or 3))
@@ -428,7 +447,7 @@ def _calibrate(cfg, target, draft, costs: Costs, recorded: list) -> dict:
     """Record a large tree and a chain on `calib` questions per category, then pick by predicted speedup."""
     qs = load_bench(cfg.bench, cfg.categories, cfg.calib)
     s = Session(target, draft, qs, max_new_tokens=min(cfg.max_new_tokens, 128), temperature=0.0,
-                compile_graphs=cfg.compile, seed=cfg.seed)
+                compile_graphs=cfg.compile, seed=cfg.seed, min_bucket=cfg.min_bucket)
     for spec in (TreeSpec.chain(3), AUTO_PROBE):
         _, st = s.run(spec, record=True)
         costs.add_run(spec, st)
