@@ -56,7 +56,7 @@ from _emit import emit  # noqa: E402
 GOALS = {"tree_tau_goal": 4.0, "chain_tau_goal": 2.6}
 KINDS = ("regen", "self", "raw")
 # What decides the data, the draft or the measured tau: a WORK made with other values is refused, not mixed.
-RECIPE = ("target", "data", "kinds", "rows", "self_prompts", "new_tokens", "max_prompt", "gen_temperature",
+RECIPE = ("target", "data", "kinds", "rows", "self_prompts", "new_tokens", "max_prompt", "gen_temperature", "gen_attention",
           "max_length", "vocab", "ttt", "epochs", "lr", "batch", "train_args", "eval_chain", "eval_tree",
           "eval_per_category", "eval_categories", "eval_max_new_tokens")
 PART_BYTES = 15 * 2**20
@@ -422,6 +422,8 @@ def main(argv: list[str] | None = None) -> int:
     add("--budget-s", type=float, default=540, help="start no step after this many seconds")
     add("--device", default=None)
     add("--gen-batch", type=int, default=512)
+    add("--gen-attention", choices=("sdpa", "flex"), default="flex",
+        help="the generator's decode step (flex: 1.5x sdpa at batch 512 on the H200)")
     add("--new-tokens", type=int, default=512, help="max new tokens per generated turn")
     add("--max-prompt", type=int, default=1536)
     add("--gen-temperature", type=float, default=0.0, help="answers' temperature (0 = greedy)")

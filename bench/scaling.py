@@ -179,7 +179,7 @@ def source(r: Runner, kind: str, rows: int) -> str | None:
     ok = r.eyas(f"gen:{kind}", "regenerate", "--target", a.target, "--data", data, "--max-samples", str(rows),
                 "--out", str(out), "--backend", "native", "--batch-size", str(a.gen_batch), "--max-new-tokens",
                 str(a.new_tokens), "--max-prompt-tokens", str(a.max_prompt), "--device", a.device, "--temperature", str(a.gen_temperature),
-                "--json")
+                "--attention", a.gen_attention, "--json")
     return str(out) if ok else None
 
 
@@ -349,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-s", type=float, default=540, help="stop starting work after this many seconds")
     ap.add_argument("--device", default=None)
     ap.add_argument("--gen-batch", type=int, default=512)   # 35.1k tok/s vs 27.7k at 256, the same answers (H200)
+    # the generator's flex decode step: 51.5k tok/s at batch 512 on the H200 against SDPA's 34.4k (BENCHMARKS.md)
+    ap.add_argument("--gen-attention", choices=("sdpa", "flex"), default="flex")
     ap.add_argument("--new-tokens", type=int, default=512)
     ap.add_argument("--max-prompt", type=int, default=1536)
     ap.add_argument("--gen-temperature", type=float, default=0.0, help="answers' sampling temperature (0 = greedy)")
