@@ -157,9 +157,20 @@ sys.exit('train' not in json.load(open('$W/best_draft/state.json'))['done'])" 2>
   if [ -e "$DRAFT/model.safetensors" ] && vllm_arrived; then
     VLLM_START_AFTER="$FL/lane2_done" vllm_jobs speedup
   else log "no trained best_draft or no vLLM: vllm jobs skipped"; fi
+  # VLLM_REGEN=1: then vLLM's regenerate, alone on the GPU (ENGINE_REPLICAS / ENGINE_ASYNC pass to gpu_vllm.sh);
+  # its HF half (the match sample) ran in lane 1 beside best_draft
+  if [ -n "${VLLM_REGEN:-}" ] && [ -x /tmp/vpy ]; then
+    await lane1_done
+    job -o 200 vllm_regen env GPU=0 RES="$RES" REGEN_ROWS=${REGEN_ROWS:-48} bash bench/gpu_vllm.sh regen
+  fi
   flag lane0_done
 }
-lane1_best_vllm() { flag lane1_done; }
+lane1_best_vllm() {
+  export CUDA_VISIBLE_DEVICES=0
+  [ -n "${VLLM_REGEN:-}" ] && vllm_arrived && job vllm_regen_hf env GPU=0 RES="$RES" REGEN_ROWS=${REGEN_ROWS:-48} \
+    bash bench/gpu_vllm.sh regen_hf
+  flag lane1_done
+}
 lane1_demo_vllm() {
   export CUDA_VISIBLE_DEVICES=0
   vllm_arrived && job vllm_regen_hf env GPU=0 RES="$RES" REGEN_ROWS=${REGEN_ROWS:-48} bash bench/gpu_vllm.sh regen_hf
