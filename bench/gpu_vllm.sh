@@ -9,7 +9,9 @@
 #   extract_eq  prepare $EQ_ROWS rows; extract with the hf and the vllm backends; compare state by state
 #   regen       regenerate $REGEN_ROWS rows with hf and vllm (match rate), then $REGEN_BIG rows with vllm (tok/s)
 #               (vllm: --engine-max-seqs $ENGINE_MAX_SEQS, default 2048; --engine-max-batched-tokens
-#               $ENGINE_MAX_BATCHED_TOKENS only when set, else vLLM's own per-step token budget)
+#               $ENGINE_MAX_BATCHED_TOKENS only when set, else vLLM's own per-step token budget;
+#               --engine-replicas $ENGINE_REPLICAS, default 1: engines sharing the GPU; ENGINE_ASYNC=1 adds
+#               --engine-async-scheduling)
 #   regen_hf    only regen's hf half (the match sample; regen then skips it)
 #   tp2         extract with vllm --tensor-parallel-size 2 (both GPUs) and compare with the hf store; SmolLM2 has 9
 #               attention heads, which no TP degree > 1 divides, so this stage builds a random 8-head Llama of the
@@ -104,10 +106,15 @@ PY
       # ENGINE_MAX_BATCHED_TOKENS: vLLM's per-step token budget. The 17.2k tok/s run's "~330 in flight per step" was
       # a mean over steps, most of them the tail's short ones; its full window ran ~1,700 requests at ~74 ms a step
       # (inferred), where vLLM also detokenized every request each step (now off); the worker's by_load says it now
-      budget=(); [ -n "${ENGINE_MAX_BATCHED_TOKENS:-}" ] \
-        && budget=(--engine-max-batched-tokens "$ENGINE_MAX_BATCHED_TOKENS")
+      knobs=(); [ -n "${ENGINE_MAX_BATCHED_TOKENS:-}" ] \
+        && knobs=(--engine-max-batched-tokens "$ENGINE_MAX_BATCHED_TOKENS")
+      # ENGINE_REPLICAS / ENGINE_ASYNC: SmolLM2's engine is bound by its one engine-core CPU thread (78 ms a step
+      # at ~1,720 in flight, 4.8 ms at 47), not by the GPU; N engines on the GPU (0.9/N of its memory each) split
+      # that work, and async scheduling overlaps it with the GPU step
+      [ "${ENGINE_ASYNC:-0}" = 1 ] && knobs+=(--engine-async-scheduling)
       timed regen_vllm_big "${EYAS[@]}" regenerate "${common[@]}" --max-samples "$REGEN_BIG" --backend vllm \
-        --python $VPY --engine-max-seqs "${ENGINE_MAX_SEQS:-2048}" "${budget[@]}" --out $W/rg-vllm-big.jsonl
+        --python $VPY --engine-max-seqs "${ENGINE_MAX_SEQS:-2048}" --engine-replicas "${ENGINE_REPLICAS:-1}" \
+        "${knobs[@]}" --out $W/rg-vllm-big.jsonl
       timed regen_compare python3 "$D/bench/regen_compare.py" --target $T --out "$RES/regen_vllm.json" \
         --pair $W/rg-hf.jsonl $W/rg-vllm-big.jsonl --logs "$RES/regen_hf.log" "$RES/regen_vllm_big.log" \
         --throughput $W/rg-vllm-big.jsonl "$RES/regen_vllm_big.log" ;;

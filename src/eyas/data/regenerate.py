@@ -67,6 +67,12 @@ class RegenerateConfig(StageConfig):
     engine_in_flight: int | None = Field(None, ge=1, description="requests eyas keeps in the engine, running or queued "
                                          "(vllm; default: its max_num_seqs and a quarter more, so a freed slot is "
                                          "refilled at once and a follow-up turn waits behind few others)")
+    engine_replicas: int = Field(1, ge=1, description="engines sharing one GPU (vllm): each its own process with "
+                                 "0.9/N of the GPU's memory, each request sent to the one with the fewest in "
+                                 "flight; for small targets, whose engine is bound by its one CPU thread of "
+                                 "per-request work, not by the GPU (not with --tensor-parallel-size > 1)")
+    engine_async_scheduling: bool = Field(False, description="vLLM's async_scheduling (vllm): the engine schedules "
+                                          "the next step while the GPU runs this one, hiding CPU work per step")
     cache_dir: Path | None = Field(None, description="cache for built-in targets/datasets")
     trust_remote_code: bool = Field(False, description="allow the target's own modelling code")
     json: bool = Field(False, description="print the summary as JSON")
@@ -191,6 +197,7 @@ def _vllm_backend(cfg: RegenerateConfig):
                        temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed,
                        tensor_parallel_size=cfg.tensor_parallel_size, max_num_seqs=cfg.engine_max_seqs,
                        max_num_batched_tokens=cfg.engine_max_batched_tokens, max_in_flight=cfg.engine_in_flight,
+                       replicas=cfg.engine_replicas, async_scheduling=cfg.engine_async_scheduling,
                        log=Path(cfg.out).with_name(Path(cfg.out).name + ".vllm.log"))
 
 

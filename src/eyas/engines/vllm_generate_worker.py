@@ -2,15 +2,16 @@
 --backend vllm`, with requests streaming in and answers streaming out (continuous batching).
 
     python vllm_generate_worker.py CONFIG.json
-CONFIG: {model, dtype, max_model_len, tensor_parallel_size, seed, enforce_eager, max_num_seqs and
-max_num_batched_tokens (optional: vLLM's default when absent)}
+CONFIG: {model, dtype, max_model_len, tensor_parallel_size, seed, enforce_eager, max_num_seqs,
+max_num_batched_tokens, gpu_memory_utilization and async_scheduling (optional: vLLM's default when absent),
+startup_lock (optional: a file locked while the engine is built, so replicas sharing a GPU build one at a time)}
 stdin, one JSON object per line:
     {"id": N, "prompt": [token ids], "max_tokens", "temperature", "top_p", "seed", "stop_token_ids"}
     {"close": true} (or an empty line, or EOF): finish what is in flight, report, exit
 stdout, each line prefixed with `EYAS> ` (vLLM may print its own lines there too):
     {"ready": true, "max_num_seqs": N, "max_num_batched_tokens": M}   once the engine is up
     {"id": N, "tokens": [generated ids], "finish": "stop" | "length" | "error: ..."}   as each request ends
-    {"closed": true, "steps", "step_s", "busy_s", "in_flight_per_step", "by_load"}     last
+    {"closed": true, "requests", "steps", "step_s", "busy_s", "in_flight_per_step", "by_load"}     last
 by_load: the steps grouped by requests in the engine (quarters of the most seen): steps, seconds, in flight per
 step, and in_flight_per_s (requests x steps / seconds: the decode rate if every request in the engine got a token
 each step; an upper bound, since requests waiting in vLLM's queue are counted) -- the full window's rate apart from
@@ -21,6 +22,7 @@ the queue only when the engine has nothing to do. eyas decodes the ids itself (t
 vLLM returns them), exactly as it decodes the hf backend's, so both backends' texts compare token for token.
 """
 
+import importlib.util
 import json
 import os
 import queue
@@ -48,6 +50,16 @@ def by_load(trace: list) -> list:
     return out
 
 
+def startup_lock(path):
+    """Holds `path` locked (None: nothing): vLLM sizes its KV cache from free GPU memory measured around a profile
+    run, which another engine starting on the same GPU would corrupt. The serve worker's lock, loaded from its file
+    (this directory is off sys.path)."""
+    spec = importlib.util.spec_from_file_location("vllm_serve_worker", os.path.join(_HERE, "vllm_serve_worker.py"))
+    serve = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(serve)
+    return serve.exclusive(path)
+
+
 def emit(obj: dict) -> None:
     print("EYAS> " + json.dumps(obj), flush=True)
 
@@ -72,10 +84,15 @@ def main(cfg_path: str) -> None:
     from vllm.sampling_params import RequestOutputKind
 
     extra = {k: int(cfg[k]) for k in ("max_num_seqs", "max_num_batched_tokens") if cfg.get(k)}
-    llm = LLM(model=cfg["model"], dtype=cfg.get("dtype", "bfloat16"), seed=cfg.get("seed", 0),
-              max_model_len=cfg.get("max_model_len", 4096), disable_log_stats=True,
-              enforce_eager=cfg.get("enforce_eager", False),
-              tensor_parallel_size=cfg.get("tensor_parallel_size", 1), **extra)
+    if cfg.get("gpu_memory_utilization"):
+        extra["gpu_memory_utilization"] = float(cfg["gpu_memory_utilization"])
+    if "async_scheduling" in cfg:
+        extra["async_scheduling"] = bool(cfg["async_scheduling"])
+    with startup_lock(cfg.get("startup_lock")):
+        llm = LLM(model=cfg["model"], dtype=cfg.get("dtype", "bfloat16"), seed=cfg.get("seed", 0),
+                  max_model_len=cfg.get("max_model_len", 4096), disable_log_stats=True,
+                  enforce_eager=cfg.get("enforce_eager", False),
+                  tensor_parallel_size=cfg.get("tensor_parallel_size", 1), **extra)
     engine = llm.llm_engine
     sched = engine.vllm_config.scheduler_config  # what the engine settled on, defaults included
     emit({"ready": True, "max_num_seqs": sched.max_num_seqs, "max_num_batched_tokens": sched.max_num_batched_tokens})
@@ -84,12 +101,13 @@ def main(cfg_path: str) -> None:
     threading.Thread(target=read_stdin, args=(inbox,), daemon=True).start()
     live: dict[str, int] = {}  # vLLM request id -> eyas's id
     closing = False
-    steps = held = 0
+    steps = held = added = 0
     step_s = busy_s = 0.0
     trace: list = []  # (requests in the engine, seconds) per step
     busy_since = None
 
     def add(msg: dict) -> None:
+        nonlocal added
         # FINAL_ONLY: a step returns a request once, when it has finished (no per-token copies); detokenize=False:
         # eyas reads token ids only, and vLLM would otherwise detokenize every running request at every step on
         # the engine's one CPU thread (with ~2,000 requests in flight, a cost of the same order as the GPU step)
@@ -104,6 +122,7 @@ def main(cfg_path: str) -> None:
             emit({"id": msg["id"], "tokens": [], "finish": f"error: {type(e).__name__}: {str(e)[:300]}"})
             return
         live[rid] = msg["id"]
+        added += 1
 
     while True:
         # idle: wait for the driver; busy: take whatever has come in since the last step, then step again
@@ -142,7 +161,7 @@ def main(cfg_path: str) -> None:
         if not live:
             busy_s += t1 - busy_since
             busy_since = None
-    emit({"closed": True, "steps": steps, "step_s": round(step_s, 3), "busy_s": round(busy_s, 3),
+    emit({"closed": True, "requests": added, "steps": steps, "step_s": round(step_s, 3), "busy_s": round(busy_s, 3),
           "in_flight_per_step": round(held / steps, 1) if steps else None, "by_load": by_load(trace)})
 
 

@@ -86,6 +86,7 @@ FILES: dict[str, str] = {
         "    kv_cache_memory_bytes: int | None = None\n"
         "    max_num_seqs: int | None = None\n"
         "    max_num_batched_tokens: int | None = None\n"
+        "    async_scheduling: bool | None = None\n"
         "    tensor_parallel_size: int = 1\n"
         "    enforce_eager: bool = False\n"
         "    disable_log_stats: bool = False\n"
