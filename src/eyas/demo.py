@@ -142,7 +142,8 @@ def run(cfg: DemoConfig) -> int | dict:
 
     with _stage("prepare", times):
         prep = _call(prepare, PrepareConfig, target=cfg.target, data=data_for_prepare,
-                     out=paths["prepared"], max_samples=cfg.max_samples + cfg.self_prompts, max_length=cfg.max_length,
+                     out=paths["prepared"], max_samples=cfg.max_samples + cfg.self_prompts,
+                     max_length=cfg.max_length,
                      draft_vocab_size=cfg.draft_vocab_size, overwrite=True, cache_dir=cache, json=True,
                      assistant_first="skip")
 

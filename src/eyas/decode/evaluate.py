@@ -278,10 +278,11 @@ class Session:
         bar.close()
         seconds["decode"] = lap()
         greedy = self.temperature <= 0
-        result = {"setting": spec.label(), "seconds": seconds, "decode": {"total": spec.total, "depth": spec.depth, "topk": spec.topk,
-                                                     "max_new_tokens": self.max_new, "temperature": self.temperature,
-                                                     "compiled": self.compile, "dtype": str(self.runner.dtype),
-                                                     "kv_buckets": list(self.runner.buckets)},
+        result = {"setting": spec.label(), "seconds": seconds,
+                  "decode": {"total": spec.total, "depth": spec.depth, "topk": spec.topk,
+                             "max_new_tokens": self.max_new, "temperature": self.temperature,
+                             "compiled": self.compile, "dtype": str(self.runner.dtype),
+                             "kv_buckets": list(self.runner.buckets)},
                   **_summary(spec_all, base_all, same_all if greedy else []),
                   "per_category": {k: _summary(s, b, i if greedy else []) for k, (s, b, i) in cats.items()},
                   "divergences": divergences}
