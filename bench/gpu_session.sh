@@ -161,7 +161,8 @@ sys.exit('train' not in json.load(open('$W/best_draft/state.json'))['done'])" 2>
   # its HF half (the match sample) ran in lane 1 beside best_draft
   if [ -n "${VLLM_REGEN:-}" ] && [ -x /tmp/vpy ]; then
     await lane1_done
-    job -o 200 vllm_regen env GPU=0 RES="$RES" REGEN_ROWS=${REGEN_ROWS:-48} bash bench/gpu_vllm.sh regen
+    # expected: ~75 s of start-up per replica (built one after another), ~2 min of generation and comparison
+    job -o $((120 + 75 * ${ENGINE_REPLICAS:-1})) vllm_regen env GPU=0 RES="$RES" REGEN_ROWS=${REGEN_ROWS:-48} bash bench/gpu_vllm.sh regen
   fi
   flag lane0_done
 }
