@@ -144,6 +144,8 @@ lane0_demo_vllm() {
   # if time is left: the native generator at batch 512 with the compiled step and flex decode attention (each
   # 1.3-1.4x at batch 256, never tried at 512): what best_draft's and the scaling curve's generation could use
   job -o 200 regen_native512 python3 bench/regen.py --target $T --data $SG "${REGEN512[@]}" --out "$RES/regen-h200-512.json"
+  # issue 16: the per-shape GEMM bound (is 85 % of the square-GEMM ceiling reachable at all?), never run yet
+  job -o 170 extract8b python3 bench/extract.py "${B8[@]}" --out "$RES/extract-h200-v4.json"
   flag lane0_done
 }
 # LANE0=best_vllm with LANE2=best_draft (one GPU): issue 13's draft (lane 2), and as soon as it is trained, vLLM's
