@@ -128,24 +128,27 @@ lane0_one() {
   job -o 600 demo_gpu python3 -m eyas.cli demo "${DEMO[@]}" --target $T --data $SG --out $W/demo --json
   flag lane0_done
 }
-# LANE0=demo_vllm: issue 13's GPU demo (<= 10 min, tree tau >= 3; nothing else on the GPU but lane 1's HF half of
-# the regenerate match sample, light), then issue 12 with the demo's draft, each timed job alone.
+# LANE0=demo_vllm: issue 13's GPU demo (<= 10 min, tree tau >= 3) alone on the GPU, then issue 16's per-shape GEMM
+# bound (extract8b, alone), then issue 12 with the demo's draft: the K sweep's engines start while lane 1 runs the
+# regenerate's HF half (untimed) and time after it; then vLLM's regenerate (ENGINE_REPLICAS / ENGINE_ASYNC). Each
+# timed job runs alone.
 vllm_arrived() { for _ in $(seq "${VLLM_WAIT_S:-600}"); do [ -x /tmp/vpy ] && [ -e /tmp/eyas-env.sh ] && return 0; sleep 1; done; return 1; }
 lane0_demo_vllm() {
   export CUDA_VISIBLE_DEVICES=0
   job demo_gpu python3 -m eyas.cli demo "${DEMO[@]}" --target $T --data $SG --out $W/demo --json
   mkdir -p "$RES/demo"; cp $W/demo/summary.json $W/demo/report.md $W/demo/*.png $W/demo/eval/*.png "$RES/demo/" 2>/dev/null
   DRAFT=$W/demo/run
-  if vllm_arrived; then
-    await lane1_done
-    vllm_jobs speedup
-    job -o 240 vllm_regen env GPU=0 RES="$RES" REGEN_ROWS=${REGEN_ROWS:-48} bash bench/gpu_vllm.sh regen
-  else log "no vLLM after ${VLLM_WAIT_S:-600} s: vllm jobs skipped"; fi
-  # if time is left: the native generator at batch 512 with the compiled step and flex decode attention (each
-  # 1.3-1.4x at batch 256, never tried at 512): what best_draft's and the scaling curve's generation could use
-  job -o 200 regen_native512 python3 bench/regen.py --target $T --data $SG "${REGEN512[@]}" --out "$RES/regen-h200-512.json"
   # issue 16: the per-shape GEMM bound (is 85 % of the square-GEMM ceiling reachable at all?), never run yet
   job -o 170 extract8b python3 bench/extract.py "${B8[@]}" --out "$RES/extract-h200-v4.json"
+  flag demo_done
+  if vllm_arrived; then
+    VLLM_START_AFTER="$FL/lane1_done" vllm_jobs speedup
+    await lane1_done
+    # expected: ~75 s of start-up per replica (built one after another), ~2 min of generation and comparison
+    job -o $((120 + 75 * ${ENGINE_REPLICAS:-1})) vllm_regen env GPU=0 RES="$RES" REGEN_ROWS=${REGEN_ROWS:-48} bash bench/gpu_vllm.sh regen
+  else log "no vLLM after ${VLLM_WAIT_S:-600} s: vllm jobs skipped"; fi
+  # if time is left: the native generator at batch 512 with the compiled step and flex decode attention
+  job -o 200 regen_native512 python3 bench/regen.py --target $T --data $SG "${REGEN512[@]}" --out "$RES/regen-h200-512.json"
   flag lane0_done
 }
 # LANE0=best_vllm with LANE2=best_draft (one GPU): issue 13's draft (lane 2), and as soon as it is trained, vLLM's
@@ -176,6 +179,7 @@ lane1_best_vllm() {
 }
 lane1_demo_vllm() {
   export CUDA_VISIBLE_DEVICES=0
+  await demo_done   # never beside the timed demo or extract8b
   vllm_arrived && job vllm_regen_hf env GPU=0 RES="$RES" REGEN_ROWS=${REGEN_ROWS:-48} bash bench/gpu_vllm.sh regen_hf
   flag lane1_done
 }
@@ -210,7 +214,8 @@ best_draft_loop() {  # LANE2=best_draft: issue 13's recipe (bench/best_draft.py)
     local left=$(( DEADLINE_S - $(date +%s) + $(cat "$W/t0") - 60 )) budget=${BD_BUDGET_S:-540}
     [ "$left" -lt 120 ] && { echo "deadline near: stopping (the same command resumes)"; return 0; }
     [ "$left" -lt "$budget" ] && budget=$left
-    python3 bench/best_draft.py --work $W/best_draft --target $T --data $SG "${tiny[@]}" --budget-s "$budget" \
+    # BD_ARGS: the recipe's own flags, e.g. "--self-prompts 40000 --epochs 2 --eval-per-category 2"
+    python3 bench/best_draft.py --work $W/best_draft --target $T --data $SG "${tiny[@]}" ${BD_ARGS:-} --budget-s "$budget" \
       --out "$RES/best_draft.json" 2>&1 | tee "$W/best_draft.last"
     local rc=${PIPESTATUS[0]}
     grep -q "all steps done" "$W/best_draft.last" && return 0
@@ -250,7 +255,9 @@ vllm_jobs() {  # issue 12's rest, when vLLM arrived with the later parts (gpu_ca
   [ -x /tmp/vpy ] || { log "no vLLM here (/tmp/vpy): vllm jobs skipped"; return 0; }
   local chains=(${VLLM_CHAINS:-1 2 3 4 5})
   case "${1:-all}" in speedup|all)
-    [ "$G1" = 0 ] && await lane1_done   # one GPU: lane 1 writes the exports after the draft
+    # one GPU, lane1_one: lane 1 writes the exports after the draft (demo_vllm / best_vllm: lane 1 writes none,
+    # and demo_vllm's engines start while lane 1 runs the regenerate's HF half, timing after it: --start-after)
+    case "${LANE0:-}" in demo_vllm|best_vllm) ;; *) [ "$G1" = 0 ] && await lane1_done ;; esac
     for k in "${chains[@]}"; do [ -e $W/export-k$k/config.json ] || python3 -m eyas.cli export --draft $DRAFT --format vllm \
       --chain $k --out $W/export-k$k > "$RES/export_k$k.log" 2>&1; done
     # the engines start side by side (70-130 s each), then take turns timing; the JSON is rewritten after each

@@ -114,7 +114,9 @@ PY
       [ "${ENGINE_ASYNC:-0}" = 1 ] && knobs+=(--engine-async-scheduling)
       timed regen_vllm_big "${EYAS[@]}" regenerate "${common[@]}" --max-samples "$REGEN_BIG" --backend vllm \
         --python $VPY --engine-max-seqs "${ENGINE_MAX_SEQS:-2048}" --engine-replicas "${ENGINE_REPLICAS:-1}" \
-        "${knobs[@]}" --out $W/rg-vllm-big.jsonl
+        --engine-startup-timeout "${ENGINE_STARTUP_TIMEOUT:-900}" "${knobs[@]}" --out $W/rg-vllm-big.jsonl
+      # each engine's own log (one per replica), whatever happened: a hang said nothing in regen_vllm_big.log
+      for f in $W/rg-vllm-big.jsonl.vllm*.log; do [ -e "$f" ] && tail -c 60000 "$f" > "$RES/${f##*/}"; done
       timed regen_compare python3 "$D/bench/regen_compare.py" --target $T --out "$RES/regen_vllm.json" \
         --pair $W/rg-hf.jsonl $W/rg-vllm-big.jsonl --logs "$RES/regen_hf.log" "$RES/regen_vllm_big.log" \
         --throughput $W/rg-vllm-big.jsonl "$RES/regen_vllm_big.log" ;;

@@ -21,6 +21,7 @@ from eyas.data.regenerate import RegenerateConfig, regenerate
 from eyas.engines.base import EngineError
 from eyas.engines.vllm_generate import VllmBackend, worker_config
 from eyas.engines.vllm_replicas import memory_share, replica_log
+from eyas.engines.vllm_serve_worker import exclusive
 from tests.data.test_regenerate import conv
 from tests.engines.test_vllm_generate import FAKE_VLLM, fake_vllm_python, target  # noqa: F401 (fixture)
 
@@ -65,6 +66,14 @@ class _Engine:
 class LLM:
     def __init__(self, model, **kw):
         t0 = time.time()
+        if os.environ.get("FAKE_VLLM_HANG"):  # an engine that never comes up
+            time.sleep(3600)
+        if os.environ.get("FAKE_VLLM_FORK"):  # vLLM on a GPU: the engine core is a forked child, all fds inherited
+            parent = os.getpid()
+            if os.fork() == 0:
+                while os.getppid() == parent:
+                    time.sleep(0.05)
+                os._exit(0)
         time.sleep(0.3)
         self.llm_engine = _Engine()
         with open(os.path.join(os.environ["FAKE_VLLM_KW"], f"{os.getpid()}.json"), "w") as f:
@@ -172,3 +181,40 @@ def test_a_dying_replica_stops_the_run_naming_its_log(light, target, tmp_path, m
 def test_replicas_with_tensor_parallel_are_refused_before_start(target):  # noqa: F811
     with pytest.raises(EngineError, match="replicas share one GPU"):
         VllmBackend(str(target), python="/nonexistent/python", tensor_parallel_size=2, replicas=2)
+
+
+def test_the_startup_lock_is_free_once_left_though_a_forked_child_holds_its_descriptor(tmp_path):
+    import fcntl
+
+    lock = tmp_path / "startup.lock"
+    with exclusive(str(lock)):
+        child = os.fork()
+        if child == 0:  # vLLM's engine core, forked while the lock is held: it keeps the descriptor open
+            import time
+
+            time.sleep(3)
+            os._exit(0)
+    try:
+        with open(lock, "w") as f:  # the next replica's build: the lock must be free now, not when the child ends
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.kill(child, 9)
+        os.waitpid(child, 0)
+
+
+def test_replicas_whose_engines_fork_both_come_up(light, target, tmp_path, monkeypatch):  # noqa: F811
+    py, kw = light
+    monkeypatch.setenv("FAKE_VLLM_FORK", "1")
+    b = VllmBackend(str(target), python=str(py), replicas=2, max_new_tokens=3, log=tmp_path / "vllm.log",
+                    startup_timeout_s=60)
+    out = b.generate([[{"role": "user", "content": f"question {i}"}] for i in range(4)])
+    b.close()
+    assert len(out) == 4 and len(builds(kw)) == 2
+
+
+def test_engines_that_never_come_up_stop_the_run_naming_their_logs(light, target, tmp_path, monkeypatch):  # noqa: F811
+    py, _ = light
+    monkeypatch.setenv("FAKE_VLLM_HANG", "1")
+    with pytest.raises(EngineError, match="2 of 2 vLLM engine\\(s\\) not up after 2 s") as err:
+        VllmBackend(str(target), python=str(py), replicas=2, log=tmp_path / "vllm.log", startup_timeout_s=2)
+    assert str(tmp_path / "vllm.log") in str(err.value) and str(tmp_path / "vllm-1.log") in str(err.value)

@@ -72,7 +72,12 @@ class RegenerateConfig(StageConfig):
                                  "flight; for small targets, whose engine is bound by its one CPU thread of "
                                  "per-request work, not by the GPU (not with --tensor-parallel-size > 1)")
     engine_async_scheduling: bool = Field(False, description="vLLM's async_scheduling (vllm): the engine schedules "
-                                          "the next step while the GPU runs this one, hiding CPU work per step")
+                                          "the next step while the GPU runs this one, hiding CPU work per step; "
+                                          "vLLM 0.26 turns it on by itself where compatible, this flag insists "
+                                          "(an engine that cannot fails at start)")
+    engine_startup_timeout: float = Field(1800.0, gt=0, description="seconds the vLLM engine(s) may take to come "
+                                          "up (vllm; model load, compile, CUDA graphs) before the run stops, "
+                                          "naming the logs of those not up")
     cache_dir: Path | None = Field(None, description="cache for built-in targets/datasets")
     trust_remote_code: bool = Field(False, description="allow the target's own modelling code")
     json: bool = Field(False, description="print the summary as JSON")
@@ -198,7 +203,7 @@ def _vllm_backend(cfg: RegenerateConfig):
                        tensor_parallel_size=cfg.tensor_parallel_size, max_num_seqs=cfg.engine_max_seqs,
                        max_num_batched_tokens=cfg.engine_max_batched_tokens, max_in_flight=cfg.engine_in_flight,
                        replicas=cfg.engine_replicas, async_scheduling=cfg.engine_async_scheduling,
-                       log=Path(cfg.out).with_name(Path(cfg.out).name + ".vllm.log"))
+                       startup_timeout_s=cfg.engine_startup_timeout, log=Path(cfg.out).with_name(Path(cfg.out).name + ".vllm.log"))
 
 
 def _local_kw(cfg: RegenerateConfig) -> dict:

@@ -99,7 +99,7 @@ class VllmBackend:
                  top_p: float = 1.0, seed: int = 0, max_model_len: int = 4096, tensor_parallel_size: int = 1,
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                  max_in_flight: int | None = None, replicas: int = 1, async_scheduling: bool = False,
-                 log: Path | None = None, tokenizer=None):
+                 startup_timeout_s: float = 1800.0, log: Path | None = None, tokenizer=None):
         if tokenizer is None:
             tokenizer = load_tokenizer(target)
         self.tok, self.name = tokenizer, target
@@ -158,7 +158,11 @@ class VllmBackend:
                          for i in range(replicas)]
         readies: dict = {}  # {"ready": true, "max_num_seqs": N, "max_num_batched_tokens": M} once an engine is up
         while len(readies) < replicas:
-            i, msg = self._next()
+            left = startup_timeout_s - (time.perf_counter() - t0)
+            try:
+                i, msg = self._next(timeout=max(left, 0))
+            except queue.Empty:  # an engine that never comes up must not hold the run (and the GPU) forever
+                raise self._not_ready(readies, startup_timeout_s) from None
             readies[i] = msg
         self.startup_s = time.perf_counter() - t0
         ready = readies[0]  # the same settings: every replica settles on the same values
@@ -169,12 +173,22 @@ class VllmBackend:
         m = self.engine_max_seqs
         self.window = max_in_flight or (m + max(16, m // 4) if m else 4096)
 
-    def _next(self) -> tuple[int, dict]:
-        """The next message from any replica; a replica that exited stops them all and raises, naming its log."""
-        i, msg = self._answers.get()
+    def _next(self, timeout: float | None = None) -> tuple[int, dict]:
+        """The next message from any replica; a replica that exited stops them all and raises, naming its log.
+        queue.Empty after `timeout` seconds without one."""
+        i, msg = self._answers.get(timeout=timeout)
         if msg is None:
             raise self._lost(self.replicas[i])
         return i, msg
+
+    def _not_ready(self, readies: dict, timeout: float) -> EngineError:
+        """Start-up outlasted `timeout`: every replica is stopped; the error names those not up and their logs."""
+        for r in self.replicas:
+            r.kill()
+        late = [r for r in self.replicas if r.index not in readies]
+        tails = "".join(f"\n--- {r.log} (tail):\n{r.log.read_text()[-1500:]}" for r in late)
+        return EngineError(f"{len(late)} of {len(self.replicas)} vLLM engine(s) not up after {timeout:.0f} s "
+                           f"(--engine-startup-timeout); logs: {', '.join(str(r.log) for r in late)}{tails}")
 
     def _lost(self, r: Replica) -> EngineError:
         """A replica is gone: the others are stopped too (off the GPU), and its error names its log."""

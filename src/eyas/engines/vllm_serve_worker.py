@@ -88,13 +88,20 @@ def wait_at_barrier(barrier: dict) -> bool:
 
 @contextlib.contextmanager
 def exclusive(lock_path):
-    """Hold an exclusive flock on `lock_path` (nothing when None); closing the file releases it, even on a crash."""
+    """Hold an exclusive flock on `lock_path` (nothing when None), released on leaving, even on an error.
+
+    The release is an explicit unlock, not the file's close: vLLM forks its engine-core process while the lock is
+    held, the child inherits the descriptor, and a close here would leave the lock held for the engine's whole
+    life (two replicas on an H200 waited forever so)."""
     if not lock_path:
         yield
         return
     with open(lock_path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def top_logprobs(position) -> list:

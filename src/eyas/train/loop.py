@@ -124,6 +124,10 @@ class Trainer:
             compile_forwards(self.draft.layers, dynamic=False)
         self.unroll = TTTUnroll(self.draft, cfg.ttt_steps, cfg.step_decay, attention, compile_loss=compiled)
         self.model = D.wrap(self.unroll, self.d, cfg.parallel, self.device)
+        # One process, compiled: held-out evals run in the training step's grad and module mode, so they reuse its
+        # compiled graphs; a no_grad / eval() forward compiles graphs of its own (4 here, ~30 s at the first eval
+        # on an H200). Not under DDP/FSDP, whose forward in grad mode prepares for a backward that never comes.
+        self._eval_as_step = compiled and self.d.world == 1
         amp = resolve_dtype(cfg.dtype, self.device)
         self.amp = amp if amp != torch.float32 else None
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -180,12 +184,15 @@ class Trainer:
         if not self.plan.eval_rows:
             return None
         was = self.model.training
-        self.model.eval()
+        if not self._eval_as_step:   # the draft has no dropout or norm statistics: the mode changes no number
+            self.model.eval()
         stats = torch.zeros(self.cfg.ttt_steps, 3, device=self.device)
         for ids in batches:
             # Under FSDP a forward is a collective: a rank without rows still runs one (on a held-out
             # row, not counted) so every rank issues the same all-gathers.
-            out = self._forward(self.inp.source.batch(ids or self.plan.eval_rows[:1], self.device))[1].float()
+            batch = self.inp.source.batch(ids or self.plan.eval_rows[:1], self.device)
+            with torch.set_grad_enabled(self._eval_as_step):   # the loss is dropped: no backward, nothing learned
+                out = self._forward(batch)[1].detach().float()
             if ids:
                 stats += out
         self.model.train(was)
