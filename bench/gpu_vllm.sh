@@ -110,12 +110,14 @@ PY
         && knobs=(--engine-max-batched-tokens "$ENGINE_MAX_BATCHED_TOKENS")
       # ENGINE_REPLICAS / ENGINE_ASYNC: SmolLM2's engine is bound by its one engine-core CPU thread (78 ms a step
       # at ~1,720 in flight, 4.8 ms at 47), not by the GPU; N engines on the GPU (0.9/N of its memory each) split
-      # that work, and async scheduling overlaps it with the GPU step
+      # that work (async scheduling, which overlaps it with the GPU step, is vLLM 0.26's default already)
       [ "${ENGINE_ASYNC:-0}" = 1 ] && knobs+=(--engine-async-scheduling)
       timed regen_vllm_big "${EYAS[@]}" regenerate "${common[@]}" --max-samples "$REGEN_BIG" --backend vllm \
         --python $VPY --engine-max-seqs "${ENGINE_MAX_SEQS:-2048}" --engine-replicas "${ENGINE_REPLICAS:-1}" \
-        --engine-startup-timeout "${ENGINE_STARTUP_TIMEOUT:-900}" "${knobs[@]}" --out $W/rg-vllm-big.jsonl
-      # each engine's own log (one per replica), whatever happened: a hang said nothing in regen_vllm_big.log
+        --engine-startup-timeout "${ENGINE_STARTUP_TIMEOUT:-$((150 * ${ENGINE_REPLICAS:-1} + 60))}" "${knobs[@]}" --out $W/rg-vllm-big.jsonl
+      # ENGINE_STARTUP_TIMEOUT: an engine takes ~75 s to come up on the H200 and replicas build one at a time; a
+      # start-up that hangs (2026-12-02: ~590 s of device time) now stops the stage instead of the session.
+      # Each engine's own log (one per replica), whatever happened: a hang said nothing in regen_vllm_big.log
       for f in $W/rg-vllm-big.jsonl.vllm*.log; do [ -e "$f" ] && tail -c 60000 "$f" > "$RES/${f##*/}"; done
       timed regen_compare python3 "$D/bench/regen_compare.py" --target $T --out "$RES/regen_vllm.json" \
         --pair $W/rg-hf.jsonl $W/rg-vllm-big.jsonl --logs "$RES/regen_hf.log" "$RES/regen_vllm_big.log" \
