@@ -4,6 +4,8 @@ slower at the forward's shapes" and "the forward spends time outside GEMMs and a
 
 from __future__ import annotations
 
+import subprocess
+import threading
 import time
 
 import torch
@@ -33,6 +35,86 @@ def matmul_tflops(device: torch.device, n: int, iters: int) -> float:
     a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     return 2 * n**3 / seconds_per_call(lambda: a @ b, device, iters) / 1e12
+
+
+def matmul_sustained(device: torch.device, n: int, seconds: float, window_s: float = 0.25) -> dict:
+    """The square GEMM run back to back for `seconds`, timed per window of ~`window_s` with CUDA events (no sync
+    in between): a burst of 50 calls (~70 ms on an H200) runs at boost clocks, a forward of seconds at whatever
+    clocks the power limit leaves. Returns the first and last windows' TFLOP/s and the steady mean (second half).
+    On a CPU: one timed window per call group, same fields."""
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    per = seconds_per_call(lambda: a @ b, device, 3, warmup=2)
+    chunk = max(1, int(window_s / per))
+    windows = max(2, int(seconds / (chunk * per)))
+    flops = 2 * n**3 * chunk
+    rates: list[float] = []
+    if device.type == "cuda":
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(windows + 1)]
+        ev[0].record()
+        for w in range(windows):
+            for _ in range(chunk):
+                a @ b
+            ev[w + 1].record()
+        torch.cuda.synchronize(device)
+        rates = [flops / (ev[w].elapsed_time(ev[w + 1]) / 1e3) / 1e12 for w in range(windows)]
+    else:
+        for _ in range(windows):
+            t0 = time.perf_counter()
+            for _ in range(chunk):
+                a @ b
+            rates.append(flops / (time.perf_counter() - t0) / 1e12)
+    steady = rates[len(rates) // 2:]
+    return {"seconds": round(windows * chunk * per, 2), "windows": windows, "calls_per_window": chunk,
+            "first_window_tflops": round(rates[0], 2), "last_window_tflops": round(rates[-1], 2),
+            "steady_tflops": round(sum(steady) / len(steady), 2), "min_window_tflops": round(min(rates), 2)}
+
+
+class GpuSampler:
+    """`nvidia-smi` sampled every `ms` while the block runs: SM clock (MHz), power (W), temperature (C) — whether
+    a timing ran at boost clocks or power-limited ones. Empty (None summary) where there is no nvidia-smi."""
+
+    QUERY = "clocks.sm,power.draw,temperature.gpu"
+
+    def __init__(self, device: torch.device, ms: int = 200):
+        self.device, self.ms, self.rows, self.proc = device, ms, [], None
+
+    def __enter__(self):
+        if self.device.type != "cuda":
+            return self
+        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        try:
+            self.proc = subprocess.Popen(["nvidia-smi", f"--id={index}", f"--query-gpu={self.QUERY}",
+                                          "--format=csv,noheader,nounits", f"-lms={self.ms}"],
+                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        except OSError:
+            return self
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        return self
+
+    def _read(self):
+        for line in self.proc.stdout:
+            try:
+                self.rows.append([float(x) for x in line.split(",")])
+            except ValueError:   # "[N/A]" fields
+                pass
+
+    def __exit__(self, *exc):
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait()
+            self._reader.join(timeout=2)
+        return False
+
+    def summary(self) -> dict | None:
+        if not self.rows:
+            return None
+        cols = list(zip(*self.rows))
+        mean = lambda c: round(sum(c) / len(c), 1)  # noqa: E731
+        return {"samples": len(self.rows), "sm_mhz_mean": mean(cols[0]), "sm_mhz_min": min(cols[0]),
+                "sm_mhz_max": max(cols[0]), "power_w_mean": mean(cols[1]), "power_w_max": max(cols[1]),
+                "temp_c_max": max(cols[2])}
 
 
 def head_dim(cfg) -> int:

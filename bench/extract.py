@@ -14,6 +14,10 @@ Ceiling: tokens/s = measured matmul FLOP/s / FLOPs per token, where FLOPs per to
 linear parameters) + attention (2 x hidden x seq per layer, causal average). The lm_head is not in
 it: extraction never runs it.
 
+Sustained ceiling: the same square GEMM back to back for seconds (a forward's duration), per window, with the SM
+clock and power sampled beside it (and beside the timed forward and the bf16 store): the 50-call burst runs at
+boost clocks, a long extraction at what the power limit leaves. Every fraction is given against both.
+
 Shape bound (bench/_gemm.py): one decoder layer's GEMMs (separate, and with q/k/v and gate/up fused) and its
 causal attention timed the ceiling's way at the run's batch shape; tokens / (layers x (GEMMs + attention)) is
 what a forward with no other cost could reach, so it says how much of the ceiling cuBLAS allows at these shapes.
@@ -32,7 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ helpers, also when loaded by path
 from _emit import emit  # noqa: E402
-from _gemm import matmul_tflops, shape_bound, summary, sync  # noqa: E402
+from _gemm import GpuSampler, matmul_sustained, matmul_tflops, shape_bound, summary, sync  # noqa: E402
 from capture import random_llama  # noqa: E402
 
 from eyas.store import HiddenStateStore, bytes_per_token, target_identity
@@ -77,11 +81,12 @@ def flops_per_token(model, cfg, seq: int) -> float:
 
 
 @torch.inference_mode()
-def plain_forward(model, data, token_budget: int, device) -> float:
-    """tokens/s of the backbone alone over the same batches (no hooks, no copies, no store)."""
+def plain_forward(model, data, token_budget: int, device, limit: int | None = None) -> float:
+    """tokens/s of the backbone alone over the same batches (no hooks, no copies, no store); `limit`: only the
+    first batches (a warm-up)."""
     layout = find_layout(model)
     backbone = backbone_of(model, layout)
-    batches = make_batches({i: data[i]["input_ids"].numel() for i in range(len(data))}, token_budget)
+    batches = make_batches({i: data[i]["input_ids"].numel() for i in range(len(data))}, token_budget)[:limit]
     # position ids passed as extraction passes them: the same masks, the same compiled graph
     run = lambda b: backbone(input_ids=torch.stack([data[i]["input_ids"] for i in b]).to(device),  # noqa: E731
                              position_ids=torch.stack([data[i]["position_ids"] for i in b]).to(device), use_cache=False)
@@ -195,8 +200,9 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tiny", action="store_true", help="tiny shapes on CPU (smoke run)")
     ap.add_argument("--device", default=None)
-    ap.add_argument("--tokens", type=int, default=None, help="tokens to extract (default 262144 = 16 full batches, "
-                    "one compiled shape, twice --max-pending so the writer reaches its steady state; tiny 4096)")
+    ap.add_argument("--tokens", type=int, default=None, help="tokens to extract (default 524288 = 32 full batches, "
+                    "one compiled shape, 4x --max-pending: the writer's steady state and a final flush that a long "
+                    "run amortises; tiny 4096)")
     ap.add_argument("--seq", type=int, default=None, help="row length (default 2048, tiny 128)")
     ap.add_argument("--token-budget", type=int, default=None, help="tokens per batch (default 16384, tiny 512)")
     ap.add_argument("--shard-mb", type=float, default=64.0, help="small shards keep the final (unoverlapped) write short")
@@ -213,7 +219,7 @@ def main(argv=None) -> dict:
     device = torch.device(a.device or ("cpu" if a.tiny or not torch.cuda.is_available() else "cuda"))
     shape = TINY if a.tiny else LLAMA_8B
     seq = a.seq or (128 if a.tiny else 2048)
-    tokens = a.tokens or (4096 if a.tiny else 262144)
+    tokens = a.tokens or (4096 if a.tiny else 524288)
     budget = a.token_budget or (512 if a.tiny else 16384)
     mm_n, mm_iters = (1024, 5) if device.type == "cpu" else (8192, 50)
 
@@ -224,11 +230,17 @@ def main(argv=None) -> dict:
     fpt = flops_per_token(model, cfg, seq)
     tflops = matmul_tflops(device, mm_n, mm_iters)
     ceiling = tflops * 1e12 / fpt
+    with GpuSampler(device) as smi:
+        sustained = matmul_sustained(device, mm_n, 0.2 if device.type == "cpu" else 4.0)
+    sustained["gpu"] = smi.summary()
+    ceiling_sus = sustained["steady_tflops"] * 1e12 / fpt
+    print(f"[bench/extract] square GEMM: burst {tflops:.1f} TFLOP/s, sustained {sustained['steady_tflops']} "
+          f"(first window {sustained['first_window_tflops']}, clocks {sustained['gpu']})", flush=True)
     # the same timing at the forward's own shapes: M = the first batch's tokens (make_batches' packing)
     rows = len(make_batches({i: data[i]["input_ids"].numel() for i in range(len(data))}, budget)[0])
     bound = shape_bound(cfg, rows, seq, ceiling, device, mm_iters)
     print(f"[bench/extract] {summary(bound)}", flush=True)
-    plain_forward(model, data, budget, device)           # a whole warm-up pass: allocator, kernels, clocks
+    plain_forward(model, data, budget, device, limit=4)  # warm-up: allocator, kernels, clocks
     fwd = eager_fwd = plain_forward(model, data, budget, device)
     compiled = a.compile == "on" or (a.compile == "auto" and device.type == "cuda")
     eager_ref = first_batch_states(model, data, budget, device, aux_ids)
@@ -238,25 +250,31 @@ def main(argv=None) -> dict:
         t_c = time.perf_counter()
         compile_layers(layout)
         try:
-            plain_forward(model, data, budget, device)   # compiles (once per batch shape)
+            plain_forward(model, data, budget, device, limit=2)   # compiles (once per batch shape)
         except Exception as e:  # noqa: BLE001 - report it and measure the eager path instead
             print(f"[bench/extract] compile failed, eager from here: {type(e).__name__}: {e}", flush=True)
             uncompile_layers(layout)
             compiled, compiled_info = False, {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+    fwd_smi = GpuSampler(device)
     if compiled:
         compile_s = time.perf_counter() - t_c
-        fwd = plain_forward(model, data, budget, device)
+        with fwd_smi:
+            fwd = plain_forward(model, data, budget, device)
         compiled_info = {"compile_s": round(compile_s, 1), "eager_forward_tokens_per_s": round(eager_fwd, 1),
                          "eager_forward_frac_of_ceiling": round(eager_fwd / ceiling, 4),
                          "capture_vs_eager": compare(eager_ref, *first_batch_states(model, data, budget, device,
                                                                                     aux_ids)[1:])}
-    print(f"[bench/extract] ceiling {ceiling:.0f} tok/s, forward {fwd:.0f} tok/s ({fwd / ceiling:.1%})", flush=True)
+    print(f"[bench/extract] ceiling {ceiling:.0f} tok/s (sustained {ceiling_sus:.0f}), forward {fwd:.0f} tok/s "
+          f"({fwd / ceiling:.1%}; {fwd / ceiling_sus:.1%} of the sustained ceiling; clocks {fwd_smi.summary()})",
+          flush=True)
     prof = None if a.no_profile else forward_profile(model, data, budget, device)
     result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (smoke run: numbers "
               "at tiny shapes on a shared CPU are noise, not a benchmark)",
               "torch": torch.__version__, "shape": shape, "seq": seq, "tokens": len(data) * seq,
               "token_budget": budget, "aux_layer_ids": aux_ids, "matmul_n": mm_n,
               "matmul_tflops": round(tflops, 2), "flops_per_token": fpt, "ceiling_tokens_per_s": round(ceiling, 1),
+              "matmul_sustained": sustained, "sustained_ceiling_tokens_per_s": round(ceiling_sus, 1),
+              "forward_frac_of_sustained_ceiling": round(fwd / ceiling_sus, 4), "forward_gpu": fwd_smi.summary(),
               "shape_bound": bound,
               "forward_tokens_per_s": round(fwd, 1), "forward_frac_of_ceiling": round(fwd / ceiling, 4),
               "compiled": compiled_info, "forward_profile": prof, "writer_threads": a.writer_threads, "max_pending": a.max_pending,
@@ -277,12 +295,14 @@ def main(argv=None) -> dict:
             cold = extract_to_store(model, layout, data, root / f"{dtype}-cold", **kw)
             shutil.rmtree(root / f"{dtype}-cold")
             sync(device)
-            s = extract_to_store(model, layout, data, out, **kw)
+            with GpuSampler(device) as store_smi:
+                s = extract_to_store(model, layout, data, out, **kw)
             disk = sum(p.stat().st_size for p in out.glob("shard-*.safetensors"))
             result["stores"][dtype] = {
                 "forward_capture_copy_tokens_per_s": round(fc, 1),
                 "cold_tokens_per_s": cold["tokens_per_s"],
                 "tokens_per_s": s["tokens_per_s"], "frac_of_ceiling": round(s["tokens_per_s"] / ceiling, 4),
+                "frac_of_sustained_ceiling": round(s["tokens_per_s"] / ceiling_sus, 4), "gpu": store_smi.summary(),
                 "frac_of_forward": round(s["tokens_per_s"] / fwd, 4), "seconds": s["seconds"],
                 "writer_stall_s": s["writer_stall_s"], "writer_busy_s": s["writer_busy_s"],
                 # steady state: every batch through forward, capture, copy and into the writer's queue, without
@@ -290,6 +310,8 @@ def main(argv=None) -> dict:
                 "loop_s": s["loop_s"], "flush_s": s["flush_s"],
                 "steady_tokens_per_s": round(s["tokens"] / s["loop_s"], 1) if s["loop_s"] else None,
                 "steady_frac_of_ceiling": round(s["tokens"] / s["loop_s"] / ceiling, 4) if s["loop_s"] else None,
+                "steady_frac_of_sustained_ceiling": round(s["tokens"] / s["loop_s"] / ceiling_sus, 4)
+                if s["loop_s"] else None,
                 # what the writer threads could sustain (their busy time is summed over threads): a long run goes
                 # at min(steady, this)
                 "writer_capacity_tokens_per_s": round(s["tokens"] * a.writer_threads / s["writer_busy_s"], 1)
@@ -299,7 +321,8 @@ def main(argv=None) -> dict:
                 "formula_bytes_per_token": bytes_per_token(cfg.hidden_size, len(aux_ids), dtype),
                 "write_mb_per_s": round(disk / s["seconds"] / 2**20, 1)}
             print(f"[bench/extract] {dtype} store: {s['tokens_per_s']:.0f} tok/s "
-                  f"({s['tokens_per_s'] / ceiling:.1%} of ceiling), writer stall {s['writer_stall_s']} s", flush=True)
+                  f"({s['tokens_per_s'] / ceiling:.1%} of ceiling, {s['tokens_per_s'] / ceiling_sus:.1%} of the "
+                  f"sustained one), writer stall {s['writer_stall_s']} s", flush=True)
             dirs[dtype] = out
         if {"bf16", "fp8"} <= set(dirs):
             result["fp8_vs_bf16"] = fp8_error(dirs["bf16"], dirs["fp8"])

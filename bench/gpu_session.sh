@@ -138,8 +138,9 @@ lane0_demo_vllm() {
   job demo_gpu python3 -m eyas.cli demo "${DEMO[@]}" --target $T --data $SG --out $W/demo --json
   mkdir -p "$RES/demo"; cp $W/demo/summary.json $W/demo/report.md $W/demo/*.png $W/demo/eval/*.png "$RES/demo/" 2>/dev/null
   DRAFT=$W/demo/run
-  # issue 16: the per-shape GEMM bound (is 85 % of the square-GEMM ceiling reachable at all?), never run yet
-  job -o 170 extract8b python3 bench/extract.py "${B8[@]}" --out "$RES/extract-h200-v4.json"
+  # issue 16: the per-shape GEMM bound (is 85 % of the square-GEMM ceiling reachable at all?) and the sustained
+  # ceiling (the square GEMM for 4 s, clocks and power sampled), 32 batches of 16k tokens (~250 s)
+  job -o 260 extract8b python3 bench/extract.py "${B8[@]}" --out "$RES/extract-h200-v4.json"
   flag demo_done
   if vllm_arrived; then
     VLLM_START_AFTER="$FL/lane1_done" vllm_jobs speedup

@@ -9,7 +9,13 @@ import tarfile
 import time
 from pathlib import Path
 
+import matplotlib
 import pytest
+
+matplotlib.use("Agg")
+# pyplot's first import on a fresh machine builds matplotlib's font cache by running fc-list through subprocess,
+# which these tests replace with fakes: import it before they do
+import matplotlib.pyplot  # noqa: E402,F401
 import torch
 from safetensors.torch import load as load_weights, save_file
 

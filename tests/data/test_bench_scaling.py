@@ -7,7 +7,13 @@ import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
+import matplotlib
 import pytest
+
+matplotlib.use("Agg")
+# pyplot's first import on a fresh machine builds matplotlib's font cache by running fc-list through subprocess,
+# which these tests replace with fakes: import it before they do
+import matplotlib.pyplot  # noqa: E402,F401
 
 from tests.data.templates import make_tokenizer
 

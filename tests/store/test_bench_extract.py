@@ -34,6 +34,21 @@ def test_bench_extract_tiny_cpu(tmp_path):
     # eager path (no --compile on CPU): the store holds exactly the states a plain captured forward gives
     assert r["compiled"] is None and r["bf16_store_vs_eager_forward"]["bit_equal"] is True
     _check_shape_bound(r)
+    _check_sustained(r)
+
+
+def _check_sustained(r):
+    """The sustained ceiling comes from its own GEMM windows, and every fraction against it is its own division."""
+    m = r["matmul_sustained"]
+    assert m["windows"] >= 2 and m["min_window_tflops"] <= m["steady_tflops"]
+    assert m["gpu"] is None          # no nvidia-smi samples on a CPU
+    assert r["sustained_ceiling_tokens_per_s"] == pytest.approx(m["steady_tflops"] * 1e12 / r["flops_per_token"],
+                                                                rel=1e-3)
+    assert r["forward_frac_of_sustained_ceiling"] == pytest.approx(
+        r["forward_tokens_per_s"] / r["sustained_ceiling_tokens_per_s"], rel=1e-3, abs=1e-4)
+    for s in r["stores"].values():
+        assert s["frac_of_sustained_ceiling"] == pytest.approx(s["tokens_per_s"] / r["sustained_ceiling_tokens_per_s"],
+                                                               rel=1e-3, abs=1e-4)
 
 
 def _check_shape_bound(r):
