@@ -37,37 +37,41 @@ def matmul_tflops(device: torch.device, n: int, iters: int) -> float:
     return 2 * n**3 / seconds_per_call(lambda: a @ b, device, iters) / 1e12
 
 
-def matmul_sustained(device: torch.device, n: int, seconds: float, window_s: float = 0.25) -> dict:
-    """The square GEMM run back to back for `seconds`, timed per window of ~`window_s` with CUDA events (no sync
-    in between): a burst of 50 calls (~70 ms on an H200) runs at boost clocks, a forward of seconds at whatever
-    clocks the power limit leaves. Returns the first and last windows' TFLOP/s and the steady mean (second half).
-    On a CPU: one timed window per call group, same fields."""
-    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    per = seconds_per_call(lambda: a @ b, device, 3, warmup=2)
+def sustained(fn, device: torch.device, flops: float, seconds: float, window_s: float = 0.25) -> dict:
+    """`fn` run back to back for `seconds`, timed per window of ~`window_s` with CUDA events (no sync in between):
+    a burst of 50 calls (~70 ms on an H200) runs at boost clocks, a forward of seconds at whatever clocks the power
+    limit leaves. `flops`: one call's. Returns the first and last windows' TFLOP/s and the steady mean (second
+    half). On a CPU: the same windows timed by the host clock."""
+    per = seconds_per_call(fn, device, 3, warmup=2)
     chunk = max(1, int(window_s / per))
     windows = max(2, int(seconds / (chunk * per)))
-    flops = 2 * n**3 * chunk
     rates: list[float] = []
     if device.type == "cuda":
         ev = [torch.cuda.Event(enable_timing=True) for _ in range(windows + 1)]
         ev[0].record()
         for w in range(windows):
             for _ in range(chunk):
-                a @ b
+                fn()
             ev[w + 1].record()
         torch.cuda.synchronize(device)
-        rates = [flops / (ev[w].elapsed_time(ev[w + 1]) / 1e3) / 1e12 for w in range(windows)]
+        rates = [flops * chunk / (ev[w].elapsed_time(ev[w + 1]) / 1e3) / 1e12 for w in range(windows)]
     else:
         for _ in range(windows):
             t0 = time.perf_counter()
             for _ in range(chunk):
-                a @ b
-            rates.append(flops / (time.perf_counter() - t0) / 1e12)
+                fn()
+            rates.append(flops * chunk / (time.perf_counter() - t0) / 1e12)
     steady = rates[len(rates) // 2:]
     return {"seconds": round(windows * chunk * per, 2), "windows": windows, "calls_per_window": chunk,
             "first_window_tflops": round(rates[0], 2), "last_window_tflops": round(rates[-1], 2),
             "steady_tflops": round(sum(steady) / len(steady), 2), "min_window_tflops": round(min(rates), 2)}
+
+
+def matmul_sustained(device: torch.device, n: int, seconds: float) -> dict:
+    """The square GEMM of the ceiling, sustained (see `sustained`)."""
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    return sustained(lambda: a @ b, device, 2 * n**3, seconds)
 
 
 class GpuSampler:
@@ -192,6 +196,32 @@ def shape_bound(cfg, batch: int, seq: int, ceiling_tokens_per_s: float, device: 
     return {"tokens": m, "batch": batch, "seq": seq, "num_layers": layers, "iters": iters,
             **bound(gemms), "layer_attention_s": attn["s"], "gemms": gemms, "attention": attn,
             "fused": {**bound(fused_gemms), "gemms": fused_gemms}}
+
+
+@torch.inference_mode()
+def sustained_layer_bound(cfg, batch: int, seq: int, sustained_ceiling: float, device: torch.device,
+                          seconds: float) -> dict:
+    """One decoder layer's seven GEMMs and its causal attention, in the forward's order and at its batch shape, run
+    back to back for `seconds` (the forward's own kernels, at the clocks a seconds-long forward gets): tokens/s a
+    forward with no other cost reaches then, and that as a fraction of the sustained square-GEMM ceiling."""
+    m, layers, (h, kvh, d) = batch * seq, cfg.num_hidden_layers, (cfg.num_attention_heads, cfg.num_key_value_heads,
+                                                                  head_dim(cfg))
+    separate, _ = projections(cfg)
+    xs = {k: torch.randn(m, k, device=device, dtype=torch.bfloat16) for k in {k for _, k in separate.values()}}
+    ws = {name: torch.randn(n, k, device=device, dtype=torch.bfloat16) for name, (n, k) in separate.items()}
+    q, kk, v = (torch.randn(batch, seq, n, d, device=device, dtype=torch.bfloat16).transpose(1, 2)
+                for n in (h, kvh, kvh))
+
+    def layer():
+        for name, (_, k) in separate.items():
+            F.linear(xs[k], ws[name])
+        F.scaled_dot_product_attention(q, kk, v, is_causal=True, enable_gqa=True)
+
+    flops = 2 * m * sum(n * k for n, k in separate.values()) + 2 * batch * h * seq * seq * d
+    r = sustained(layer, device, flops, seconds)
+    tok = m / (layers * flops / (r["steady_tflops"] * 1e12))
+    return {**r, "tokens": m, "forward_bound_tokens_per_s": round(tok, 1),
+            "forward_bound_frac_of_sustained_ceiling": round(tok / sustained_ceiling, 4)}
 
 
 def summary(sb: dict) -> str:

@@ -36,7 +36,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ helpers, also when loaded by path
 from _emit import emit  # noqa: E402
-from _gemm import GpuSampler, matmul_sustained, matmul_tflops, shape_bound, summary, sync  # noqa: E402
+from _gemm import (GpuSampler, matmul_sustained, matmul_tflops, shape_bound, summary,  # noqa: E402
+                   sustained_layer_bound, sync)
 from capture import random_llama  # noqa: E402
 
 from eyas.store import HiddenStateStore, bytes_per_token, target_identity
@@ -196,6 +197,34 @@ def fp8_error(bf16_dir: Path, fp8_dir: Path, samples: int = 4) -> dict:
     return {"mean_rel_err": round(float(e.mean()), 5), "max_rel_err": round(float(e.max()), 5)}
 
 
+def ceilings(shape: dict, seq: int, budget: int, device, mm_n: int, mm_iters: int) -> dict:
+    """--ceiling-only: the burst and sustained square GEMM, the per-shape bound (burst timing) and one layer's
+    kernels sustained, from the config alone (flops_per_token's formula: 2 x linear weights + causal attention)."""
+    from types import SimpleNamespace
+
+    from _gemm import projections
+    cfg = SimpleNamespace(**shape)
+    fpt = 2 * cfg.num_hidden_layers * sum(n * k for n, k in projections(cfg)[0].values()) \
+        + 2 * cfg.hidden_size * seq * cfg.num_hidden_layers
+    tflops = matmul_tflops(device, mm_n, mm_iters)
+    secs = 0.2 if device.type == "cpu" else 4.0
+    with GpuSampler(device) as smi:
+        sus = matmul_sustained(device, mm_n, secs)
+    sus["gpu"] = smi.summary()
+    ceiling, ceiling_sus = tflops * 1e12 / fpt, sus["steady_tflops"] * 1e12 / fpt
+    rows = max(1, budget // seq)
+    with GpuSampler(device) as smi:
+        layer = sustained_layer_bound(cfg, rows, seq, ceiling_sus, device, secs)
+    layer["gpu"] = smi.summary()
+    sb = shape_bound(cfg, rows, seq, ceiling, device, mm_iters)
+    print(f"[bench/extract] {summary(sb)}", flush=True)
+    return {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (smoke run)",
+            "torch": torch.__version__, "shape": shape, "seq": seq, "flops_per_token": fpt, "matmul_n": mm_n,
+            "matmul_tflops": round(tflops, 2), "ceiling_tokens_per_s": round(ceiling, 1), "matmul_sustained": sus,
+            "sustained_ceiling_tokens_per_s": round(ceiling_sus, 1), "sustained_layer_bound": layer,
+            "shape_bound": sb}
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tiny", action="store_true", help="tiny shapes on CPU (smoke run)")
@@ -213,6 +242,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp8"])
     ap.add_argument("--store-dir", type=Path, default=None, help="where the stores go (default a temp dir)")
     ap.add_argument("--no-profile", action="store_true", help="skip the profiler summary of one forward batch")
+    ap.add_argument("--ceiling-only", action="store_true", help="only the ceilings and bounds (burst, sustained, "
+                    "per shape; no model, no stores): seconds on a GPU")
     ap.add_argument("--out", type=Path, default=None, help="JSON results file")
     a = ap.parse_args(argv)
 
@@ -223,6 +254,8 @@ def main(argv=None) -> dict:
     budget = a.token_budget or (512 if a.tiny else 16384)
     mm_n, mm_iters = (1024, 5) if device.type == "cpu" else (8192, 50)
 
+    if a.ceiling_only:
+        return emit(ceilings(shape, seq, budget, device, mm_n, mm_iters), a.out)
     model, cfg = build_model(shape, device)
     layout = find_layout(model)
     data = RandomRows(max(1, tokens // seq), seq, cfg.vocab_size)
@@ -240,6 +273,9 @@ def main(argv=None) -> dict:
     rows = len(make_batches({i: data[i]["input_ids"].numel() for i in range(len(data))}, budget)[0])
     bound = shape_bound(cfg, rows, seq, ceiling, device, mm_iters)
     print(f"[bench/extract] {summary(bound)}", flush=True)
+    with GpuSampler(device) as smi:
+        layer_sus = sustained_layer_bound(cfg, rows, seq, ceiling_sus, device, 0.2 if device.type == "cpu" else 4.0)
+    layer_sus["gpu"] = smi.summary()
     plain_forward(model, data, budget, device, limit=4)  # warm-up: allocator, kernels, clocks
     fwd = eager_fwd = plain_forward(model, data, budget, device)
     compiled = a.compile == "on" or (a.compile == "auto" and device.type == "cuda")
@@ -274,6 +310,7 @@ def main(argv=None) -> dict:
               "token_budget": budget, "aux_layer_ids": aux_ids, "matmul_n": mm_n,
               "matmul_tflops": round(tflops, 2), "flops_per_token": fpt, "ceiling_tokens_per_s": round(ceiling, 1),
               "matmul_sustained": sustained, "sustained_ceiling_tokens_per_s": round(ceiling_sus, 1),
+              "sustained_layer_bound": layer_sus,
               "forward_frac_of_sustained_ceiling": round(fwd / ceiling_sus, 4), "forward_gpu": fwd_smi.summary(),
               "shape_bound": bound,
               "forward_tokens_per_s": round(fwd, 1), "forward_frac_of_ceiling": round(fwd / ceiling, 4),

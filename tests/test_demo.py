@@ -4,6 +4,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from eyas.cli import main
@@ -129,3 +130,27 @@ def test_gpu_profile_fills_only_unset_fields():
     assert gpu.online and not cfg.online      # on the GPU no ~25 GB store: the target runs inside training
     assert gpu.self_prompts > 0 and cfg.self_prompts == 0 and gpu.regen_attention == "flex"
     assert with_profile(build_config(DemoConfig, {"profile": "cpu"}), "cuda").regen_backend == "hf"
+    assert gpu.regen_max_prompt_tokens == GPU_PROFILE["regen_max_prompt_tokens"] and cfg.regen_max_prompt_tokens is None
+
+
+@pytest.mark.parametrize("flags, cap", [([], 64), (["--regen-max-prompt-tokens", "100"], 100)])
+def test_demo_regenerate_prompt_cap(tmp_path, monkeypatch, flags, cap):
+    """The longest prompt regenerate answers: max_length // 2 unless --regen-max-prompt-tokens says (the gpu profile
+    raises it so that long-context prompts are answered too)."""
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def first_regenerate(cfg):
+        seen.append(cfg)
+        raise Stop
+
+    monkeypatch.setattr("eyas.demo.regenerate", first_regenerate)
+    target = _tiny_target(tmp_path / "target")
+    (tmp_path / "data.json").write_text(json.dumps([{"id": "0", "conversations": [
+        {"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]}]))
+    with pytest.raises(Stop):
+        main(["demo", "--target", str(target), "--data", str(tmp_path / "data.json"), "--out", str(tmp_path / "d"),
+              "--max-samples", "8", "--max-length", "128", "--device", "cpu", *flags])
+    assert seen[0].max_prompt_tokens == cap

@@ -39,6 +39,9 @@ class DemoConfig(StageConfig):
     regenerate: bool = Field(True, description="replace assistant turns with the target's own answers first")
     regen_max_new_tokens: int = Field(160, ge=8, description="max tokens per regenerated answer")
     regen_batch_size: int = Field(80, ge=1, description="conversations per generation batch")
+    regen_max_prompt_tokens: int | None = Field(None, ge=1, description="regenerate: a longer prompt is not answered "
+                                                "(default max_length // 2; gpu profile: 1536, so the long prompts of "
+                                                "summarization and RAG are answered too)")
     max_length: int = Field(1024, ge=64, description="tokens per packed training row")
     draft_vocab_size: int = Field(4096, ge=16, description="draft vocabulary size")
     ttt_steps: int = Field(3, ge=1, description="training-time-test steps")
@@ -59,7 +62,7 @@ class DemoConfig(StageConfig):
     regen_attention: Literal["sdpa", "flex"] = Field("sdpa", description="native regenerate: the decode step's "
                                                      "attention (gpu profile: flex, 1.5x the sdpa rate at batch 512)")
     self_prompts: int = Field(0, ge=0, description="also N prompts the target writes itself (self:N), answered the "
-                              "same way: the math, code and translation a chat set lacks (gpu profile: 6000)")
+                              "same way: the math, code and translation a chat set lacks (gpu profile: 8000)")
     eval_min_bucket: int | None = Field(None, ge=1, description="eval: smallest KV bucket of the compiled decoder "
                                         "(gpu profile: 1000000, one bucket: each step width compiles once)")
     online: bool = Field(False, description="train online: the target's states computed inside each training step, "
@@ -72,10 +75,13 @@ class DemoConfig(StageConfig):
 # So: the 9,000 openings plus 6,000 self-written prompts, each answered in up to 512 tokens (~5M tokens; the flex
 # decode step, ~50k tok/s), 2 epochs (~12M token-passes, as before), trained online (a store of ~6M tokens would be
 # ~30 GB), and the eval's decoder compiled at one KV bucket (the first run spent ~270 of its 329 eval seconds on
-# compiles and rechecks, 57 decoding). Only fields the user did not set are replaced.
+# compiles and rechecks, 57 decoding). Its second run (2026-12-03) took 567 s for tree tau 2.71: every category
+# ~60 % of best_draft's, summarization and RAG (long prompts, cut at 1,024 tokens) least, and a ~30 s recompile at
+# the first held-out eval (since fixed). So: prompts up to 1,536 tokens and 8,000 self-written prompts, in the time
+# that recompile took. Only fields the user did not set are replaced.
 GPU_PROFILE: dict[str, Any] = {
     "max_samples": 9000, "regen_backend": "native", "regen_max_new_tokens": 512, "regen_batch_size": 512,
-    "regen_attention": "flex", "self_prompts": 6000,
+    "regen_attention": "flex", "self_prompts": 8000, "regen_max_prompt_tokens": 1536,
     "max_length": 2048, "draft_vocab_size": 32000, "ttt_steps": 7, "epochs": 2.0, "lr": 1e-3,
     "train_batch_size": 8, "eval_per_category": 3, "eval_max_new_tokens": 128, "tree": "total=60,depth=7,topk=10",
     "eval_min_bucket": 1_000_000, "online": True,
@@ -123,7 +129,8 @@ def run(cfg: DemoConfig) -> int | dict:
     if cfg.regenerate:
         with _stage("regenerate", times):
             gen = dict(target=cfg.target, backend=cfg.regen_backend, max_new_tokens=cfg.regen_max_new_tokens,
-                       batch_size=cfg.regen_batch_size, device=device, max_prompt_tokens=cfg.max_length // 2,
+                       batch_size=cfg.regen_batch_size, device=device,
+                       max_prompt_tokens=cfg.regen_max_prompt_tokens or cfg.max_length // 2,
                        assistant_first="skip", cache_dir=cache, seed=cfg.seed, json=True,
                        dtype="bf16" if fast_bf16(device) else "auto",
                        **({"attention": cfg.regen_attention} if cfg.regen_backend == "native" else {}))

@@ -37,6 +37,19 @@ def test_bench_extract_tiny_cpu(tmp_path):
     _check_sustained(r)
 
 
+def test_ceiling_only_matches_the_full_run(tmp_path):
+    """--ceiling-only (no model, no store) counts the same FLOPs per token as the full run and reports the same
+    bounds' fields."""
+    mod = _load()
+    args = ["--tiny", "--seq", "64", "--token-budget", "256"]
+    full = mod.main([*args, "--tokens", "512", "--dtypes", "fp8", "--no-profile"])
+    only = mod.main([*args, "--ceiling-only", "--out", str(tmp_path / "c.json")])
+    assert only["flops_per_token"] == full["flops_per_token"]
+    assert set(only["shape_bound"]) == set(full["shape_bound"]) and "stores" not in only
+    _check_sustained({**only, "forward_tokens_per_s": 1.0, "forward_frac_of_sustained_ceiling":
+                      1.0 / only["sustained_ceiling_tokens_per_s"], "stores": {}})
+
+
 def _check_sustained(r):
     """The sustained ceiling comes from its own GEMM windows, and every fraction against it is its own division."""
     m = r["matmul_sustained"]
@@ -46,6 +59,9 @@ def _check_sustained(r):
                                                                 rel=1e-3)
     assert r["forward_frac_of_sustained_ceiling"] == pytest.approx(
         r["forward_tokens_per_s"] / r["sustained_ceiling_tokens_per_s"], rel=1e-3, abs=1e-4)
+    lb = r["sustained_layer_bound"]
+    assert lb["forward_bound_frac_of_sustained_ceiling"] == pytest.approx(
+        lb["forward_bound_tokens_per_s"] / r["sustained_ceiling_tokens_per_s"], rel=1e-3, abs=1e-4)
     for s in r["stores"].values():
         assert s["frac_of_sustained_ceiling"] == pytest.approx(s["tokens_per_s"] / r["sustained_ceiling_tokens_per_s"],
                                                                rel=1e-3, abs=1e-4)

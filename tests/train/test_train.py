@@ -75,7 +75,9 @@ def test_compiled_online_equals_eager(tmp_path, world, monkeypatch):
     from eyas.train.loop import Trainer
 
     target, rows, prepared, store = world
-    kw = dict(online=True, store=None, data=tmp_path / "prep", pad_to=32, steps=4, eval_every=2, save_every=4)
+    # 3 held-out rows at batch size 2: a full batch and a short one (filled up, uncounted, when compiled)
+    kw = dict(online=True, store=None, data=tmp_path / "prep", pad_to=32, steps=4, eval_every=2, save_every=4,
+              eval_fraction=0.25)
     train(cfg(tmp_path, "eager", compile=False, **kw), target=target, dataset=prepared)
     evaluate, compiled_at_eval = Trainer.evaluate, []
 

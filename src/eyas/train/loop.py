@@ -190,7 +190,14 @@ class Trainer:
         for ids in batches:
             # Under FSDP a forward is a collective: a rank without rows still runs one (on a held-out
             # row, not counted) so every rank issues the same all-gathers.
-            batch = self.inp.source.batch(ids or self.plan.eval_rows[:1], self.device)
+            use = ids or self.plan.eval_rows[:1]
+            # Compiled: a short last batch is a new shape, graphs of its own (~30 s on an H200 at the first eval):
+            # fill it up with held-out rows whose loss mask is cleared, so they count nothing
+            fill = self.cfg.batch_size - len(use) if self._eval_as_step else 0
+            use = use + [self.plan.eval_rows[i % len(self.plan.eval_rows)] for i in range(max(0, fill))]
+            batch = self.inp.source.batch(use, self.device)
+            if fill > 0:
+                batch["loss_mask"][-fill:] = False
             with torch.set_grad_enabled(self._eval_as_step):   # the loss is dropped: no backward, nothing learned
                 out = self._forward(batch)[1].detach().float()
             if ids:
