@@ -18,6 +18,8 @@
 # LANE2=best_draft: lane 2 (one GPU) runs issue 13's bench/best_draft.py until done or the deadline (BD_BUDGET_S per call)
 #   instead of the scaling points (SCALE_KINDS, SCALE_SIZES, SCALE_BUDGET_S: one call of bench/scaling.py);
 #   LANE2=scaling_all: the scaling points call after call until all are done or the deadline (a session of its own).
+#   LANE2_AFTER=FLAG: lane 2 waits for lane 0's FLAG (LANE0=demo_vllm LANES="0 2" LANE2_AFTER=demo_done: the scaling
+#   points after the timed demo).
 # LANE0=demo_vllm (one GPU): the GPU demo alone first (issue 13), then vLLM with the demo's draft: the speedup sweep
 #   and the regenerate throughput (issue 12); lane 1 runs the regenerate's HF half (untimed) once vLLM has arrived.
 # LANE0=best_vllm LANE2=best_draft (one GPU): issue 13's draft, then vLLM's K sweep with it (engines start during
@@ -199,6 +201,8 @@ lane2_one() {  # issue 13's scaling curve, a few points per session beside the u
              # sharing the GPU is fine): self-generated and raw data first (ShareGPT-regenerated rows of earlier
              # sessions are in .carry/regen); points of earlier sessions are merged from bench/results/scaling.json
   export CUDA_VISIBLE_DEVICES=0
+  # LANE2_AFTER=FLAG: start only once lane 0 has set FLAG (e.g. demo_done: never beside the timed demo)
+  [ -n "${LANE2_AFTER:-}" ] && { await "$LANE2_AFTER"; log "lane 2 starts after $LANE2_AFTER"; }
   if [ "${LANE2:-scaling}" = best_draft ]; then job best_draft best_draft_loop; flag lane2_done; return; fi
   if [ "${LANE2:-scaling}" = scaling_all ]; then job scaling scaling_loop; flag lane2_done; return; fi
   local merge=(); [ -s "$ROOT/bench/results/scaling.json" ] && merge=(--merge "$ROOT/bench/results/scaling.json")
