@@ -11,15 +11,15 @@ from pathlib import Path
 
 import matplotlib
 import pytest
+import torch
+from safetensors.torch import load as load_weights, save_file
+
+from tests.data.templates import make_tokenizer
 
 matplotlib.use("Agg")
 # pyplot's first import on a fresh machine builds matplotlib's font cache by running fc-list through subprocess,
 # which these tests replace with fakes: import it before they do
 import matplotlib.pyplot  # noqa: E402,F401
-import torch
-from safetensors.torch import load as load_weights, save_file
-
-from tests.data.templates import make_tokenizer
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "best_draft.py"
 ANSWER = "the cat runs fast over the green house"

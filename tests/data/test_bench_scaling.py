@@ -10,12 +10,12 @@ from types import SimpleNamespace
 import matplotlib
 import pytest
 
+from tests.data.templates import make_tokenizer
+
 matplotlib.use("Agg")
 # pyplot's first import on a fresh machine builds matplotlib's font cache by running fc-list through subprocess,
 # which these tests replace with fakes: import it before they do
 import matplotlib.pyplot  # noqa: E402,F401
-
-from tests.data.templates import make_tokenizer
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "scaling.py"
 
