@@ -87,7 +87,7 @@ def test_demo_online_skips_the_store(tmp_path, capsys, monkeypatch):
                "--max-samples", "8", "--regen-max-new-tokens", "8", "--regen-batch-size", "8", "--max-length", "128",
                "--draft-vocab-size", "64", "--epochs", "1", "--eval-max-new-tokens", "8", "--bench", str(bench),
                "--online", "--device", "cpu", "--json", "--regen-backend", "native", "--regen-attention", "flex",
-               "--self-prompts", "3", "--eval-min-bucket", "1000000"])
+               "--self-prompts", "3", "--eval-min-bucket", "1000000", "--eval-warm-background"])
     assert rc == 0
     s = json.loads((out / "summary.json").read_text())
     rows = s["rows"]
@@ -104,6 +104,11 @@ def test_demo_online_skips_the_store(tmp_path, capsys, monkeypatch):
     assert s["doctor"]["ok"], s["doctor"]["fails"]
     assert s["train_from"] == "online (no store)" and s["train_steps"] > 0 and s["identical_rate"] == 1.0
     assert "| trained from | online (no store) |" in (out / "report.md").read_text()
+    # the eval's warm-up beside training: started on the run's first draft, or (a run this short may write it only
+    # at its end) not started; either way said in the report
+    wb = s["eval_warm_background"]
+    assert wb["started"] is False or (wb["rc"] == 0 and not wb["killed"])
+    assert "Eval warm-up beside training: " in (out / "report.md").read_text()
 
 
 def test_demo_checks_its_inputs_before_the_first_stage(tmp_path, capsys):
@@ -128,6 +133,7 @@ def test_gpu_profile_fills_only_unset_fields():
     assert gpu.max_samples == 50 and gpu.regen_backend == "native" and gpu.epochs == GPU_PROFILE["epochs"]
     assert gpu.tree == "total=60,depth=7,topk=10" and cfg.tree is None
     assert gpu.online and not cfg.online      # on the GPU no ~25 GB store: the target runs inside training
+    assert gpu.eval_warm_background and not cfg.eval_warm_background
     assert gpu.self_prompts > 0 and cfg.self_prompts == 0 and gpu.regen_attention == "flex"
     assert with_profile(build_config(DemoConfig, {"profile": "cpu"}), "cuda").regen_backend == "hf"
     assert gpu.regen_max_prompt_tokens == GPU_PROFILE["regen_max_prompt_tokens"] and cfg.regen_max_prompt_tokens is None

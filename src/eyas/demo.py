@@ -23,6 +23,7 @@ from eyas.data.regenerate import RegenerateConfig, regenerate
 from eyas.data.sources import BUILTIN_DATASETS, iter_conversations, resolve_data
 from eyas.decode.bench import load_bench
 from eyas.decode.evaluate import EvalConfig, run as evaluate
+from eyas.decode.prewarm import Prewarm
 from eyas.devices import DEVICE_HELP, fast_bf16, resolve_device
 from eyas.doctor import DoctorConfig, diagnose, render_table
 from eyas.export.commands import ExportConfig, run_export
@@ -65,6 +66,9 @@ class DemoConfig(StageConfig):
                               "same way: the math, code and translation a chat set lacks (gpu profile: 8000)")
     eval_min_bucket: int | None = Field(None, ge=1, description="eval: smallest KV bucket of the compiled decoder "
                                         "(gpu profile: 1000000, one bucket: each step width compiles once)")
+    eval_warm_background: bool = Field(False, description="compile the eval's graphs beside training, on its first "
+                                       "held-out-best draft (a background `eyas eval --warm-only`), so the eval "
+                                       "starts from inductor's warm caches (gpu profile: on)")
     online: bool = Field(False, description="train online: the target's states computed inside each training step, "
                          "no extract stage and no store (gpu profile: on; its ~5M tokens would make a ~25 GB store)")
 
@@ -77,14 +81,15 @@ class DemoConfig(StageConfig):
 # ~30 GB), and the eval's decoder compiled at one KV bucket (the first run spent ~270 of its 329 eval seconds on
 # compiles and rechecks, 57 decoding). Its second run (2026-12-03) took 567 s for tree tau 2.71: every category
 # ~60 % of best_draft's, summarization and RAG (long prompts, cut at 1,024 tokens) least, and a ~30 s recompile at
-# the first held-out eval (since fixed). So: prompts up to 1,536 tokens and 8,000 self-written prompts, in the time
-# that recompile took. Only fields the user did not set are replaced.
+# the first held-out eval (since fixed). So: prompts up to 1,536 tokens, 8,000 self-written prompts and 2.3 epochs,
+# in the time of that recompile and of the eval's compiles, now done beside training (eval_warm_background). Only
+# fields the user did not set are replaced.
 GPU_PROFILE: dict[str, Any] = {
     "max_samples": 9000, "regen_backend": "native", "regen_max_new_tokens": 512, "regen_batch_size": 512,
     "regen_attention": "flex", "self_prompts": 8000, "regen_max_prompt_tokens": 1536,
-    "max_length": 2048, "draft_vocab_size": 32000, "ttt_steps": 7, "epochs": 2.0, "lr": 1e-3,
+    "max_length": 2048, "draft_vocab_size": 32000, "ttt_steps": 7, "epochs": 2.3, "lr": 1e-3,
     "train_batch_size": 8, "eval_per_category": 3, "eval_max_new_tokens": 128, "tree": "total=60,depth=7,topk=10",
-    "eval_min_bucket": 1_000_000, "online": True,
+    "eval_min_bucket": 1_000_000, "online": True, "eval_warm_background": True,
 }
 
 
@@ -160,6 +165,10 @@ def run(cfg: DemoConfig) -> int | dict:
             ext = _call(extract, ExtractConfig, target=cfg.target, data=paths["prepared"],
                         out=paths["store"], store_dtype="bf16", device=device, overwrite=True, cache_dir=cache)
 
+    eval_kw = dict(target=cfg.target, bench=cfg.bench, per_category=cfg.eval_per_category,
+                   max_new_tokens=cfg.eval_max_new_tokens, chain=cfg.chain, tree=cfg.tree, min_bucket=cfg.eval_min_bucket,
+                   device=device, cache_dir=cache)
+    prewarm = Prewarm(paths["run"], out / "eval-warm", eval_kw) if cfg.eval_warm_background else None
     with _stage("train", times):
         tr = _call(train, TrainConfig, target=cfg.target, store=paths.get("store"), online=cfg.online,
                    data=paths["prepared"], out=paths["run"], ttt_steps=cfg.ttt_steps, tau_chain=cfg.chain,
@@ -168,10 +177,12 @@ def run(cfg: DemoConfig) -> int | dict:
                    init_head=False, overwrite=True)
 
     with _stage("eval", times):
-        ev = _call(evaluate, EvalConfig, target=cfg.target, draft=paths["run"], bench=cfg.bench,
-                   per_category=cfg.eval_per_category, max_new_tokens=cfg.eval_max_new_tokens, chain=cfg.chain,
-                   tree=cfg.tree, min_bucket=cfg.eval_min_bucket,
-                   device=device, out=paths["eval"] / "eval.json", json=True, plots=paths["eval"], cache_dir=cache)
+        # the background warm-up must not share the GPU with the timed eval: waited for (bounded), then stopped
+        warm = prewarm.finish(timeout=300) if prewarm is not None else None
+        ev = _call(evaluate, EvalConfig, draft=paths["run"], **eval_kw, out=paths["eval"] / "eval.json", json=True,
+                   plots=paths["eval"])
+        if warm is not None:
+            ev["warm_background"] = warm
 
     with _stage("export", times):
         exp = _call(run_export, ExportConfig, draft=paths["run"], format="vllm",
@@ -313,9 +324,18 @@ def _summary(cfg, device, paths, times, regen, regen_self, prep, ext, tr, ev, ex
         "doctor": {"ok": bool(doc.get("ok")), "fails": [c for c in doc.get("checks", []) if c.get("status") == "fail"]},
         "generated_tokens": sum(g.get("generated_tokens") or 0 for g in gen) if gen else None,
         "eval_seconds": {x.get("setting"): x.get("seconds") for x in ev.get("results", [])},
+        "eval_warm_background": ev.get("warm_background"),
         "seconds": times, "total_seconds": round(sum(times.values()), 1),
         "paths": {k: str(v) for k, v in paths.items()},
     }
+
+
+def _warm_line(wb: dict) -> str:
+    if not wb.get("started"):
+        return "not started (no draft was written while training ran)"
+    warmed = ", ".join(f"{k} {v} s" for k, v in (wb.get("warm") or {}).items())
+    return (f"started {wb['started_at_s']} s into training, done {wb['ended_at_s']} s after its start (rc {wb['rc']}"
+            f"{', stopped at the eval' if wb['killed'] else ''}){'; ' + warmed if warmed else ''}")
 
 
 def _rows_line(rows: dict) -> str:
@@ -389,6 +409,9 @@ def write_report(out: Path, s: dict, paths: dict[str, Path]) -> Path:
     if evs:  # compiles and rechecks can outweigh the decoding itself: say which
         lines += ["Eval seconds by setting: " + "; ".join(
             f"{k}: " + ", ".join(f"{p} {x}" for p, x in v.items()) for k, v in evs.items()) + ".", ""]
+    wb = s.get("eval_warm_background")
+    if wb:   # the eval's compiles done beside training (--eval-warm-background)
+        lines += ["Eval warm-up beside training: " + _warm_line(wb) + ".", ""]
     if curve:
         lines += ["## Learning curve", "", f"![learning curve]({curve.name})", ""]
     if pngs:

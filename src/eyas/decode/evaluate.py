@@ -63,6 +63,9 @@ class EvalConfig(StageConfig):
     recheck: int = Field(4, ge=0, description="greedy: decode up to N turns whose divergence is not a logit tie again, "
                          "alone, in fp32 and in --dtype; verdict 'numerics' (fp32 is exact) or 'decoder' (0: off)")
     calib: int = Field(1, ge=1, description="--tree auto: questions per category for the calibration run")
+    warm_only: bool = Field(False, description="only compile and capture every setting's static shapes, decode and "
+                            "time nothing: run beside training on a draft of the same config, so that the eval "
+                            "after it finds inductor's on-disk caches warm")
     cache_dir: Path | None = Field(None, description="cache for built-in targets")
     trust_remote_code: bool = Field(False, description="allow the target's own modelling code")
 
@@ -361,6 +364,8 @@ def run(cfg: EvalConfig, reuse: dict | None = None) -> dict | int:
     costs, auto = Costs(ar_step=0.0), None
     by_spec: list[tuple[TreeSpec, list[dict]]] = []   # the rounds each setting recorded, for the cost model
     if cfg.tree == "auto":
+        if cfg.warm_only:
+            raise ValueError("--warm-only warms given settings; --tree auto would decode to choose one: name the tree")
         if cfg.temperature > 0:
             raise ValueError("--tree auto calibrates on greedy acceptance; use --temperature 0")
         probe: list[dict] = []
@@ -369,6 +374,8 @@ def run(cfg: EvalConfig, reuse: dict | None = None) -> dict | int:
         specs.append(auto["chosen"])
     elif cfg.tree:
         specs.append(TreeSpec.parse(cfg.tree))
+    if cfg.warm_only:
+        return _warm_only(cfg, s, specs)
     results = []
     for spec in specs:
         res, st = s.run(spec, record=cfg.temperature <= 0, recheck_n=cfg.recheck)
@@ -395,6 +402,24 @@ def run(cfg: EvalConfig, reuse: dict | None = None) -> dict | int:
     if cfg.json:
         return out
     print(table(out))
+    return 0
+
+
+def _warm_only(cfg: EvalConfig, s: Session, specs: list[TreeSpec]) -> dict | int:
+    """--warm-only: each setting's warm-up as `Session.run` does it (compiles, graph captures), nothing timed."""
+    t0, seconds = time.perf_counter(), {}
+    for spec in specs:
+        t = time.perf_counter()
+        s.warmup(spec)
+        seconds[spec.label()] = round(time.perf_counter() - t, 2)
+    out = {"warm_only": True, "target": cfg.target, "draft": str(cfg.draft), "compiled": s.compile,
+           "kv_buckets": list(s.runner.buckets), "seconds": seconds, "total_s": round(time.perf_counter() - t0, 2)}
+    if cfg.out:
+        cfg.out.parent.mkdir(parents=True, exist_ok=True)
+        cfg.out.write_text(json.dumps(out, indent=2))
+    if cfg.json:
+        return out
+    print(f"warmed {', '.join(seconds)} in {out['total_s']} s (compiled: {s.compile})")
     return 0
 
 
