@@ -169,12 +169,17 @@ def run(cfg: DemoConfig) -> int | dict:
                    max_new_tokens=cfg.eval_max_new_tokens, chain=cfg.chain, tree=cfg.tree, min_bucket=cfg.eval_min_bucket,
                    device=device, cache_dir=cache)
     prewarm = Prewarm(paths["run"], out / "eval-warm", eval_kw) if cfg.eval_warm_background else None
-    with _stage("train", times):
-        tr = _call(train, TrainConfig, target=cfg.target, store=paths.get("store"), online=cfg.online,
-                   data=paths["prepared"], out=paths["run"], ttt_steps=cfg.ttt_steps, tau_chain=cfg.chain,
-                   epochs=cfg.epochs, lr=cfg.lr, device=device, seed=cfg.seed, eval_every=50, save_every=10_000,
-                   log_every=10, target_dtype="bf16" if fast_bf16(device) else "auto", batch_size=cfg.train_batch_size,
-                   init_head=False, overwrite=True)
+    try:
+        with _stage("train", times):
+            tr = _call(train, TrainConfig, target=cfg.target, store=paths.get("store"), online=cfg.online,
+                       data=paths["prepared"], out=paths["run"], ttt_steps=cfg.ttt_steps, tau_chain=cfg.chain,
+                       epochs=cfg.epochs, lr=cfg.lr, device=device, seed=cfg.seed, eval_every=50, save_every=10_000,
+                       log_every=10, target_dtype="bf16" if fast_bf16(device) else "auto",
+                       batch_size=cfg.train_batch_size, init_head=False, overwrite=True)
+    except BaseException:
+        if prewarm is not None:   # no warm-up left running after a failed (or interrupted) training
+            prewarm.finish(timeout=0)
+        raise
 
     with _stage("eval", times):
         # the background warm-up must not share the GPU with the timed eval: waited for (bounded), then stopped

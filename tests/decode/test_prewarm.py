@@ -66,3 +66,18 @@ def test_prewarm_waits_for_a_new_draft_then_warms_it(tiny_dirs, tmp_path):
 def test_prewarm_that_never_saw_a_draft_says_so(tmp_path):
     pw = Prewarm(tmp_path / "nothing", tmp_path / "warm", {}, poll_s=0.05)
     assert pw.finish(timeout=1) == {"started": False}
+
+
+def test_prewarm_finish_without_waiting_stops_it(tiny_dirs, tmp_path):
+    """A failed training must leave no warm-up running: finish(timeout=0) kills it."""
+    run = tmp_path / "run"
+    shutil.copytree(tiny_dirs / "draft", run)
+    pw = Prewarm(run, tmp_path / "warm", dict(target=str(tiny_dirs / "target"), device="cpu"), poll_s=0.01)
+    for f in run.iterdir():
+        os.utime(f, (time.time() + 5, time.time() + 5))   # written after the watcher started
+    for _ in range(500):
+        if pw.proc is not None:
+            break
+        time.sleep(0.01)
+    info = pw.finish(timeout=0)
+    assert info["started"] and info["killed"] and pw.proc.poll() is not None
