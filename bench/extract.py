@@ -197,32 +197,41 @@ def fp8_error(bf16_dir: Path, fp8_dir: Path, samples: int = 4) -> dict:
     return {"mean_rel_err": round(float(e.mean()), 5), "max_rel_err": round(float(e.max()), 5)}
 
 
-def ceilings(shape: dict, seq: int, budget: int, device, mm_n: int, mm_iters: int) -> dict:
-    """--ceiling-only: the burst and sustained square GEMM, the per-shape bound (burst timing) and one layer's
-    kernels sustained, from the config alone (flops_per_token's formula: 2 x linear weights + causal attention)."""
+def ceilings(cfg, seq: int, rows: int, fpt: float, device, mm_n: int, mm_iters: int) -> dict:
+    """The burst and sustained square GEMM (clocks and power sampled), the per-shape bound (burst timing) and one
+    layer's kernels sustained, at `rows` x `seq` tokens a batch: the full run's first part, and all of
+    --ceiling-only."""
+    secs = 0.2 if device.type == "cpu" else 4.0
+    tflops = matmul_tflops(device, mm_n, mm_iters)
+    with GpuSampler(device) as smi:
+        sus = matmul_sustained(device, mm_n, secs)
+    sus["gpu"] = smi.summary()
+    ceiling, ceiling_sus = tflops * 1e12 / fpt, sus["steady_tflops"] * 1e12 / fpt
+    print(f"[bench/extract] square GEMM: burst {tflops:.1f} TFLOP/s, sustained {sus['steady_tflops']} "
+          f"(first window {sus['first_window_tflops']}, clocks {sus['gpu']})", flush=True)
+    sb = shape_bound(cfg, rows, seq, ceiling, device, mm_iters)
+    print(f"[bench/extract] {summary(sb)}", flush=True)
+    with GpuSampler(device) as smi:
+        layer = sustained_layer_bound(cfg, rows, seq, ceiling_sus, device, secs)
+    layer["gpu"] = smi.summary()
+    return {"matmul_n": mm_n, "matmul_tflops": round(tflops, 2), "flops_per_token": fpt,
+            "ceiling_tokens_per_s": round(ceiling, 1), "matmul_sustained": sus,
+            "sustained_ceiling_tokens_per_s": round(ceiling_sus, 1), "sustained_layer_bound": layer,
+            "shape_bound": sb}
+
+
+def ceiling_only(shape: dict, seq: int, budget: int, device, mm_n: int, mm_iters: int) -> dict:
+    """--ceiling-only: `ceilings` from the config alone (flops_per_token's formula: 2 x linear weights + causal
+    attention; tests check it against the model's count)."""
     from types import SimpleNamespace
 
     from _gemm import projections
     cfg = SimpleNamespace(**shape)
     fpt = 2 * cfg.num_hidden_layers * sum(n * k for n, k in projections(cfg)[0].values()) \
         + 2 * cfg.hidden_size * seq * cfg.num_hidden_layers
-    tflops = matmul_tflops(device, mm_n, mm_iters)
-    secs = 0.2 if device.type == "cpu" else 4.0
-    with GpuSampler(device) as smi:
-        sus = matmul_sustained(device, mm_n, secs)
-    sus["gpu"] = smi.summary()
-    ceiling, ceiling_sus = tflops * 1e12 / fpt, sus["steady_tflops"] * 1e12 / fpt
-    rows = max(1, budget // seq)
-    with GpuSampler(device) as smi:
-        layer = sustained_layer_bound(cfg, rows, seq, ceiling_sus, device, secs)
-    layer["gpu"] = smi.summary()
-    sb = shape_bound(cfg, rows, seq, ceiling, device, mm_iters)
-    print(f"[bench/extract] {summary(sb)}", flush=True)
     return {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (smoke run)",
-            "torch": torch.__version__, "shape": shape, "seq": seq, "flops_per_token": fpt, "matmul_n": mm_n,
-            "matmul_tflops": round(tflops, 2), "ceiling_tokens_per_s": round(ceiling, 1), "matmul_sustained": sus,
-            "sustained_ceiling_tokens_per_s": round(ceiling_sus, 1), "sustained_layer_bound": layer,
-            "shape_bound": sb}
+            "torch": torch.__version__, "shape": shape, "seq": seq,
+            **ceilings(cfg, seq, max(1, budget // seq), fpt, device, mm_n, mm_iters)}
 
 
 def main(argv=None) -> dict:
@@ -255,27 +264,15 @@ def main(argv=None) -> dict:
     mm_n, mm_iters = (1024, 5) if device.type == "cpu" else (8192, 50)
 
     if a.ceiling_only:
-        return emit(ceilings(shape, seq, budget, device, mm_n, mm_iters), a.out)
+        return emit(ceiling_only(shape, seq, budget, device, mm_n, mm_iters), a.out)
     model, cfg = build_model(shape, device)
     layout = find_layout(model)
     data = RandomRows(max(1, tokens // seq), seq, cfg.vocab_size)
     aux_ids = default_aux_layer_ids(layout.num_layers)
-    fpt = flops_per_token(model, cfg, seq)
-    tflops = matmul_tflops(device, mm_n, mm_iters)
-    ceiling = tflops * 1e12 / fpt
-    with GpuSampler(device) as smi:
-        sustained = matmul_sustained(device, mm_n, 0.2 if device.type == "cpu" else 4.0)
-    sustained["gpu"] = smi.summary()
-    ceiling_sus = sustained["steady_tflops"] * 1e12 / fpt
-    print(f"[bench/extract] square GEMM: burst {tflops:.1f} TFLOP/s, sustained {sustained['steady_tflops']} "
-          f"(first window {sustained['first_window_tflops']}, clocks {sustained['gpu']})", flush=True)
-    # the same timing at the forward's own shapes: M = the first batch's tokens (make_batches' packing)
+    # the bounds at the forward's own shapes: M = the first batch's tokens (make_batches' packing)
     rows = len(make_batches({i: data[i]["input_ids"].numel() for i in range(len(data))}, budget)[0])
-    bound = shape_bound(cfg, rows, seq, ceiling, device, mm_iters)
-    print(f"[bench/extract] {summary(bound)}", flush=True)
-    with GpuSampler(device) as smi:
-        layer_sus = sustained_layer_bound(cfg, rows, seq, ceiling_sus, device, 0.2 if device.type == "cpu" else 4.0)
-    layer_sus["gpu"] = smi.summary()
+    bounds = ceilings(cfg, seq, rows, flops_per_token(model, cfg, seq), device, mm_n, mm_iters)
+    ceiling, ceiling_sus = bounds["ceiling_tokens_per_s"], bounds["sustained_ceiling_tokens_per_s"]
     plain_forward(model, data, budget, device, limit=4)  # warm-up: allocator, kernels, clocks
     fwd = eager_fwd = plain_forward(model, data, budget, device)
     compiled = a.compile == "on" or (a.compile == "auto" and device.type == "cuda")
@@ -307,12 +304,8 @@ def main(argv=None) -> dict:
     result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (smoke run: numbers "
               "at tiny shapes on a shared CPU are noise, not a benchmark)",
               "torch": torch.__version__, "shape": shape, "seq": seq, "tokens": len(data) * seq,
-              "token_budget": budget, "aux_layer_ids": aux_ids, "matmul_n": mm_n,
-              "matmul_tflops": round(tflops, 2), "flops_per_token": fpt, "ceiling_tokens_per_s": round(ceiling, 1),
-              "matmul_sustained": sustained, "sustained_ceiling_tokens_per_s": round(ceiling_sus, 1),
-              "sustained_layer_bound": layer_sus,
+              "token_budget": budget, "aux_layer_ids": aux_ids, **bounds,
               "forward_frac_of_sustained_ceiling": round(fwd / ceiling_sus, 4), "forward_gpu": fwd_smi.summary(),
-              "shape_bound": bound,
               "forward_tokens_per_s": round(fwd, 1), "forward_frac_of_ceiling": round(fwd / ceiling, 4),
               "compiled": compiled_info, "forward_profile": prof, "writer_threads": a.writer_threads, "max_pending": a.max_pending,
               "stores": {}}

@@ -194,7 +194,7 @@ class Trainer:
             # Compiled: a short last batch is a new shape, graphs of its own (~30 s on an H200 at the first eval):
             # fill it up with held-out rows whose loss mask is cleared, so they count nothing
             fill = self.cfg.batch_size - len(use) if self._eval_as_step else 0
-            use = use + [self.plan.eval_rows[i % len(self.plan.eval_rows)] for i in range(max(0, fill))]
+            use = use + [self.plan.eval_rows[i % len(self.plan.eval_rows)] for i in range(fill)]
             batch = self.inp.source.batch(use, self.device)
             if fill > 0:
                 batch["loss_mask"][-fill:] = False
