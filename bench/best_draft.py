@@ -68,8 +68,8 @@ def now() -> str:
 
 
 class Steps(S.Runner):
-    """scaling's Runner, also adding up each step's seconds over every call it ran in (a step cut by the budget
-    costs GPU time too) and noting which steps this call started and when each finished."""
+    """scaling's Runner (which adds up each step's seconds over every call it ran in), also noting which steps
+    this call started and when each finished."""
 
     def __init__(self, a):
         super().__init__(a)
@@ -80,27 +80,17 @@ class Steps(S.Runner):
             self.ran.append(name)
         return super().background(name, *args, need=need)
 
-    def ended(self, name: str, seconds: float, ok: bool) -> None:
-        self._count(name, seconds, ok)
-
     def eyas(self, name: str, *args: str, need: float = 20) -> bool:
-        if name in self.state["done"] or self.left() < need:
-            return super().eyas(name, *args, need=need)
-        self.ran.append(name)
-        t, ok = time.perf_counter(), False
-        try:
-            ok = super().eyas(name, *args, need=need)
-            return ok
-        finally:
-            self._count(name, time.perf_counter() - t, ok)
+        if name not in self.state["done"] and self.left() >= need:
+            self.ran.append(name)
+        return super().eyas(name, *args, need=need)
 
-    def _count(self, name: str, seconds: float, ok: bool) -> None:
-        sec = self.state.setdefault("seconds", {})
-        sec[name] = round(sec.get(name, 0) + seconds, 1)
+    def count(self, name: str, seconds: float, ok: bool) -> None:
+        super().count(name, seconds, ok)
         if ok:
             self.state.setdefault("finished_at", {})[name] = now()
-            print(f"[best_draft] step {name} done in {sec[name]:.0f} s", flush=True)
-        self.save()
+            print(f"[best_draft] step {name} done in {self.state['seconds'][name]:.0f} s", flush=True)
+            self.save()
 
 
 def recipe(a) -> dict:

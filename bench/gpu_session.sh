@@ -63,7 +63,7 @@ if [ -n "$TINY" ]; then
         --draft-vocab-size 512 --eval-per-category 1 --eval-max-new-tokens 16 --tree total=6,depth=3,topk=2 --online
         --regen-backend native --regen-attention flex --self-prompts 2 --eval-min-bucket 1000000)
   REGEN512=(--rows 6 --batch 4 --max-new 8 --hf-sample 0 --sweep graph=eager)
-  SELF=(--data self:12 --max-new-tokens 8 --batch-size 4); MG=(TINY=1 STEPS=2 TOKENS=2048); KILL_ROWS=4; SCALE=(--tiny --kinds self,raw --budget-s 200); RFULL=(--max-samples 16 --max-new-tokens 8 --batch-size 4); LONG_SEQ=${LONG_SEQ:-256}
+  SELF=(--data self:12 --max-new-tokens 8 --batch-size 4); MG=(TINY=1 STEPS=2 TOKENS=2048); KILL_ROWS=4; SCALE=(--tiny --kinds ${SCALE_KINDS:-self,raw} --budget-s 200); RFULL=(--max-samples 16 --max-new-tokens 8 --batch-size 4); LONG_SEQ=${LONG_SEQ:-256}
 else
   TRAIN_ARGS=(--steps 1000 --eval-every 200 --eval-batches 16 --batch-size 8); PREP_ROWS=()
   DEC=(--per-category 2 --max-new-tokens 512); DEC1=(--per-category 1 --max-new-tokens 512)
@@ -205,7 +205,7 @@ lane2_one() {  # issue 13's scaling curve, a few points per session beside the u
   [ -n "${LANE2_AFTER:-}" ] && { await "$LANE2_AFTER"; log "lane 2 starts after $LANE2_AFTER"; }
   if [ "${LANE2:-scaling}" = best_draft ]; then job best_draft best_draft_loop; flag lane2_done; return; fi
   if [ "${LANE2:-scaling}" = scaling_all ]; then job scaling scaling_loop; flag lane2_done; return; fi
-  local merge=(); [ -s "$ROOT/bench/results/scaling.json" ] && merge=(--merge "$ROOT/bench/results/scaling.json")
+  local merge=(); scaling_merge
   job scaling python3 bench/scaling.py --target $T --data $SG --work $W/scaling "${SCALE[@]}" "${merge[@]}" \
     --out "$RES/scaling.json"
   flag lane2_done
@@ -228,10 +228,14 @@ best_draft_loop() {  # LANE2=best_draft: issue 13's recipe (bench/best_draft.py)
   done
 }
 
+scaling_merge() {  # the committed points of earlier sessions (not in a TINY dry run: another recipe, refused)
+  [ -z "$TINY" ] && [ -s "$ROOT/bench/results/scaling.json" ] && merge=(--merge "$ROOT/bench/results/scaling.json")
+  return 0
+}
 scaling_loop() {  # LANE2=scaling_all: a session given to the scaling curve: bench/scaling.py call after call (each
                 # SCALE_BUDGET_S) until every point of SCALE_KINDS x SCALE_SIZES has its Spec-Bench tau or the
                 # deadline is near; earlier sessions' points merged from bench/results/scaling.json
-  local merge=(); [ -s "$ROOT/bench/results/scaling.json" ] && merge=(--merge "$ROOT/bench/results/scaling.json")
+  local merge=(); scaling_merge
   for _ in $(seq 50); do
     local left=$(( DEADLINE_S - $(date +%s) + $(cat "$W/t0") - 60 )) budget=${SCALE_BUDGET_S:-540}
     [ "$left" -lt 120 ] && { echo "deadline near: stopping (the same command resumes)"; return 0; }

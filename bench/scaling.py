@@ -136,7 +136,7 @@ class Runner:
             log.close()
             del self.bg[name]
             secs = time.perf_counter() - t
-            self.ended(name, secs, rc == 0)
+            self.count(name, secs, rc == 0)
             if rc == 0:
                 self.state["done"][name] = round(secs, 1)
                 self.save()
@@ -146,8 +146,16 @@ class Runner:
             elif not wait or rc > 0:
                 raise SystemExit(f"{name} failed (exit {rc}); see {log.name}; finished steps are kept")
 
-    def ended(self, name: str, seconds: float, ok: bool) -> None:
-        """A background stage exited (ok) or was stopped at the budget; bench/best_draft.py keeps its seconds."""
+    def count(self, name: str, seconds: float, ok: bool) -> None:
+        """A stage ended (ok) or was stopped at the budget: state["seconds"] adds up its seconds over every call it
+        ran in (a step cut by the budget costs GPU time too; a training split over two calls is both calls' time)."""
+        sec = self.state.setdefault("seconds", {})
+        sec[name] = round(sec.get(name, 0) + seconds, 1)
+        self.save()
+
+    def seconds(self, name: str) -> float | None:
+        """A done stage's seconds over all its calls (state files older than state["seconds"]: its last call's)."""
+        return self.state.get("seconds", {}).get(name, self.state["done"].get(name))
 
     def eyas(self, name: str, *args: str, need: float = 20) -> bool:
         """Run one eyas stage under the remaining budget (started only with `need` seconds left); True when done."""
@@ -157,26 +165,30 @@ class Runner:
         if cmd is None:
             return False
         env = self._env()
-        t = time.perf_counter()
+        t, ok = time.perf_counter(), False
         try:
             r = subprocess.run(cmd, env=env, timeout=max(1, self.left()))
+            if r.returncode:
+                raise SystemExit(f"{name} failed (exit {r.returncode}); fix and rerun, finished steps are kept")
+            ok = True
+            self.state["done"][name] = round(time.perf_counter() - t, 1)
+            return True
         except subprocess.TimeoutExpired:
             print(f"-- {name}: budget reached; the next call resumes it", flush=True)
             return False
-        if r.returncode:
-            raise SystemExit(f"{name} failed (exit {r.returncode}); fix and rerun, finished steps are kept")
-        self.state["done"][name] = round(time.perf_counter() - t, 1)
-        self.save()
-        return True
+        finally:
+            self.count(name, time.perf_counter() - t, ok)
 
 
-def source(r: Runner, kind: str, rows: int) -> str | None:
+def source(r: Runner, kind: str, rows: int, stage: str = "") -> str | None:
+    """KIND's rows (raw: the dataset itself), generated into KIND.jsonl by gen:KIND (`stage` names a later top-up:
+    `eyas regenerate` resumes, writing only the rows beyond those already there)."""
     a = r.a
     if kind == "raw":
         return a.data
     out = r.work / f"{kind}.jsonl"
     data = a.data if kind == "regen" else f"self:{rows}"
-    ok = r.eyas(f"gen:{kind}", "regenerate", "--target", a.target, "--data", data, "--max-samples", str(rows),
+    ok = r.eyas(f"gen:{kind}{stage}", "regenerate", "--target", a.target, "--data", data, "--max-samples", str(rows),
                 "--out", str(out), "--backend", "native", "--batch-size", str(a.gen_batch), "--max-new-tokens",
                 str(a.new_tokens), "--max-prompt-tokens", str(a.max_prompt), "--device", a.device, "--temperature", str(a.gen_temperature),
                 "--attention", a.gen_attention, "--json")
@@ -407,6 +419,13 @@ def main(argv: list[str] | None = None) -> int:
         tpr = tokens_per_row(r, kind, src, rows) if src else None
         if tpr is None:
             break
+        need = math.ceil(max(todo) * 1.1 / tpr)
+        if kind != "raw" and need > 1.02 * rows:
+            # rows came out shorter than estimated (self-written: 402 tokens a row where 600 were guessed, so a
+            # "10M" point held 7.4M): generate the rest; prep:KIND:all keeps the first sample's measure
+            print(f"-- gen:{kind}: {rows} rows x {tpr:.0f} tokens < {max(todo) * 1.1:.3g}: {need} rows", flush=True)
+            if not source(r, kind, need, stage=":more"):
+                break
         for size in todo:
             r.reap()
             prep, run = r.work / f"prep-{kind}-{size}", r.work / f"run-{kind}-{size}"
@@ -430,10 +449,10 @@ def main(argv: list[str] | None = None) -> int:
                 man = json.loads((r.work / f"prep-{kind}-{size}" / "manifest.json").read_text()).get("summary", {})
                 points.append({"kind": kind, "size": int(size), "tokens": man.get("tokens"), "rows": man.get("rows_out"),
                                "tau": ev["tau"], "acc": ev.get("acc"), "steps": ev.get("step"),
-                               "train_seconds": r.state["done"][key]})
+                               "train_seconds": r.seconds(key)})
                 if f"eval:{kind}:{size}" in r.state["done"]:
                     points[-1].update(spec_bench_point(r.work / f"eval-{kind}-{size}.json"),
-                                      eval_seconds=r.state["done"][f"eval:{kind}:{size}"])
+                                      eval_seconds=r.seconds(f"eval:{kind}:{size}"))
                 else:
                     unmeasured.append((kind, int(size)))
     ours = eval_setting(a)
@@ -450,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
     emit({"bench": "scaling", "target": a.target, "data": a.data, "kinds": a.kinds.split(","), "sizes": sizes,
           "ttt": a.ttt, "epochs": a.epochs, "complete": done, "merged_from": [str(m) for m in a.merge],
           "recipe": recipe, "eval": ours, "png": str(png) if points else None,
-          "stage_seconds": r.state["done"], "points": points}, a.out)
+          "stage_seconds": {k: r.seconds(k) for k in r.state["done"]}, "points": points}, a.out)
     return 0
 
 

@@ -250,3 +250,52 @@ def test_background_evals_run_beside_the_next_point_s_training(tmp_path, monkeyp
 def test_a_failing_background_eval_stops_the_run_naming_its_log(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match=r"eval:raw:1000 failed \(exit 3\); see .*eval-raw-1000\.log"):
         background_run(tmp_path, monkeypatch, rc=3)
+
+
+@pytest.mark.parametrize("tpr, more", [(402.0, 27364), (600.0, None)])
+def test_generation_short_of_the_largest_size_is_topped_up(tmp_path, monkeypatch, tpr, more):
+    """Rows shorter than --est-tokens-per-row (self-written: 402 tokens, not 600) make a second gen stage that
+    asks regenerate (which resumes) for the rows the measured length needs; an estimate that held makes none."""
+    mod = load()
+    ran = []
+
+    def fake(cmd, env=None, timeout=None):
+        ran.append((cmd[3], cmd[cmd.index("--max-samples") + 1] if "--max-samples" in cmd else None))
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(mod.subprocess, "run", fake)
+    monkeypatch.setattr(mod, "tokens_per_row", lambda *a: tpr)
+    mod.main(["--target", "T", "--kinds", "self", "--sizes", "1e7", "--work", str(tmp_path / "w"), "--device", "cpu",
+              "--skip-eval", "--out", str(tmp_path / "o.json")])
+    gens = [n for stage, n in ran if stage == "regenerate"]
+    assert gens[0] == "18334" and gens[1:] == ([str(more)] if more else [])
+    done = json.loads((tmp_path / "w" / "state.json").read_text())["done"]
+    assert ("gen:self:more" in done) == bool(more)
+
+
+def test_a_stage_stopped_at_the_budget_counts_the_seconds_of_every_call(tmp_path, monkeypatch):
+    """A training cut by the budget and resumed by the next call: its point's train_seconds is both calls' time
+    (the done entry alone held the second call's)."""
+    import time
+
+    mod = load()
+    calls = {"train": 0}
+
+    def fake(cmd, env=None, timeout=None):
+        if cmd[3] == "train":
+            calls["train"] += 1
+            time.sleep(0.3 if calls["train"] == 1 else 0.1)
+            if calls["train"] == 1:
+                raise subprocess.TimeoutExpired(cmd, timeout)
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(mod.subprocess, "run", fake)
+    monkeypatch.setattr(mod, "tokens_per_row", lambda *a: 600.0)
+    argv = ["--target", "T", "--kinds", "raw", "--sizes", "1000", "--work", str(tmp_path / "w"), "--device", "cpu",
+            "--skip-eval", "--out", str(tmp_path / "o.json")]
+    mod.main(argv)
+    mod.main(argv)   # resumes the training
+    state = json.loads((tmp_path / "w" / "state.json").read_text())
+    assert calls["train"] == 2
+    assert state["done"]["train:raw:1000"] < 0.3 <= state["seconds"]["train:raw:1000"]
+    assert json.loads((tmp_path / "o.json").read_text())["stage_seconds"]["train:raw:1000"] >= 0.4
