@@ -1,0 +1,37 @@
+"""A randomly initialised eyas draft for a target (shapes only: the default aux layers, a draft vocabulary of the
+first N ids), for probes that need a draft of the real shapes but not a trained one — e.g. timing `eyas eval
+--warm-only` (compiled graphs take the draft's weights as inputs, so any draft of the same config warms them).
+
+    PYTHONPATH=src python bench/random_draft.py --target /tmp/smol-hf --out /tmp/rd --draft-vocab-size 32000
+"""
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig
+
+from eyas.aux_layers import default_aux_layer_ids
+from eyas.draft.io import save_draft
+from eyas.draft.model import Eagle3Draft, draft_config_from_target
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--draft-vocab-size", type=int, default=32000)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    tcfg = AutoConfig.from_pretrained(a.target)
+    t = getattr(tcfg, "text_config", None) or tcfg
+    torch.manual_seed(a.seed)
+    cfg = draft_config_from_target(tcfg, aux_layer_ids=default_aux_layer_ids(t.num_hidden_layers),
+                                   draft_vocab_size=a.draft_vocab_size)
+    save_draft(Eagle3Draft(cfg), a.out, {"target": a.target, "random": True}, dtype=torch.bfloat16)
+    print(f"random draft -> {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
