@@ -60,6 +60,8 @@ def test_demo_runs_every_stage_and_writes_a_report(tmp_path, capsys):
     tree = summary["tree"]   # the tree is evaluated beside the chain (the GPU profile's tree-tau goal reads it)
     assert tree["setting"].startswith("tree") and tree["tau"] >= 1.0 and tree["identical_rate"] == 1.0
     assert f"| τ ({tree['setting']}) / speedup / identical | {tree['tau']:.3f} /" in report
+    assert "| identical to greedy baseline | 1.000 (tie-aware 1.000; 0 not ties) |" in report   # fp32: exact
+    assert tree["tie_aware_identical_rate"] == 1.0 and tree["unexplained_divergences"] == 0
     assert "| trained from | store |" in report
 
 
@@ -160,3 +162,15 @@ def test_demo_regenerate_prompt_cap(tmp_path, monkeypatch, flags, cap):
         main(["demo", "--target", str(target), "--data", str(tmp_path / "data.json"), "--out", str(tmp_path / "d"),
               "--max-samples", "8", "--max-length", "128", "--device", "cpu", *flags])
     assert seen[0].max_prompt_tokens == cap
+
+
+def test_report_says_what_explains_each_divergence():
+    """A bf16 eval's bare identity rate reads as lossy; the line says the tie-aware rate and each recheck verdict."""
+    from eyas.demo import _identity
+
+    r = {"identical_rate": 0.429, "tie_aware_identical_rate": 0.952, "unexplained_divergences": 3,
+         "unexplained_numerics": 2, "unexplained_decoder": 0, "unexplained_unchecked": 1}
+    assert _identity(r) == "0.429 (tie-aware 0.952; 3 not ties: 2 numerics, 1 unchecked)"
+    assert _identity({"identical_rate": 1.0, "tie_aware_identical_rate": 1.0, "unexplained_divergences": 0}) \
+        == "1.000 (tie-aware 1.000; 0 not ties)"
+    assert _identity({"identical_rate": None}) == "-"   # T > 0: no identity to claim
