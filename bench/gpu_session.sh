@@ -61,7 +61,7 @@ if [ -n "$TINY" ]; then
   REGEN=(--rows 6 --batch 4 --max-new 8 --hf-sample 4 --hf-batch 2 --sweep batch=2 sdpa=no-cudnn graph=compile attn=flex); RR=(--max-samples 12 --max-new-tokens 8 --batch-size 4)
   DEMO=(--device cpu --max-samples 16 --regen-max-new-tokens 16 --regen-batch-size 8 --max-length 256 --epochs 1
         --draft-vocab-size 512 --eval-per-category 1 --eval-max-new-tokens 16 --tree total=6,depth=3,topk=2 --online
-        --regen-backend native --regen-attention flex --self-prompts 2 --eval-min-bucket 1000000)
+        --regen-backend native --regen-attention flex --self-prompts 2 --eval-min-bucket 1000000 --eval-warm-background --train-warm-background)
   REGEN512=(--rows 6 --batch 4 --max-new 8 --hf-sample 0 --sweep graph=eager)
   SELF=(--data self:12 --max-new-tokens 8 --batch-size 4); MG=(TINY=1 STEPS=2 TOKENS=2048); KILL_ROWS=4; SCALE=(--tiny --kinds ${SCALE_KINDS:-self,raw} --budget-s 200); RFULL=(--max-samples 16 --max-new-tokens 8 --batch-size 4); LONG_SEQ=${LONG_SEQ:-256}
 else

@@ -89,7 +89,8 @@ def test_demo_online_skips_the_store(tmp_path, capsys, monkeypatch):
                "--max-samples", "8", "--regen-max-new-tokens", "8", "--regen-batch-size", "8", "--max-length", "128",
                "--draft-vocab-size", "64", "--epochs", "1", "--eval-max-new-tokens", "8", "--bench", str(bench),
                "--online", "--device", "cpu", "--json", "--regen-backend", "native", "--regen-attention", "flex",
-               "--self-prompts", "3", "--eval-min-bucket", "1000000", "--eval-warm-background"])
+               "--self-prompts", "3", "--eval-min-bucket", "1000000", "--eval-warm-background",
+               "--train-warm-background"])
     assert rc == 0
     s = json.loads((out / "summary.json").read_text())
     rows = s["rows"]
@@ -111,6 +112,11 @@ def test_demo_online_skips_the_store(tmp_path, capsys, monkeypatch):
     wb = s["eval_warm_background"]
     assert wb["started"] is False or (wb["rc"] == 0 and not wb["killed"])
     assert "Eval warm-up beside training: " in (out / "report.md").read_text()
+    # the training step's warm-up beside the data stages: the same flags, stand-in rows, finished before training
+    tw = s["train_warm_background"]
+    assert tw["rc"] == 0 and not tw["killed"], (out / "train-warm.log").read_text()
+    assert (out / "train-warm" / "prepared" / "manifest.json").is_file()
+    assert f"Training warm-up beside the data stages: {tw['seconds']} s (rc 0)" in (out / "report.md").read_text()
 
 
 def test_demo_checks_its_inputs_before_the_first_stage(tmp_path, capsys):
@@ -136,6 +142,7 @@ def test_gpu_profile_fills_only_unset_fields():
     assert gpu.tree == "total=60,depth=7,topk=10" and cfg.tree is None
     assert gpu.online and not cfg.online      # on the GPU no ~25 GB store: the target runs inside training
     assert gpu.eval_warm_background and not cfg.eval_warm_background
+    assert gpu.train_warm_background and not cfg.train_warm_background
     assert gpu.self_prompts > 0 and cfg.self_prompts == 0 and gpu.regen_attention == "flex"
     assert with_profile(build_config(DemoConfig, {"profile": "cpu"}), "cuda").regen_backend == "hf"
     assert gpu.regen_max_prompt_tokens == GPU_PROFILE["regen_max_prompt_tokens"] and cfg.regen_max_prompt_tokens is None

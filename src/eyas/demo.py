@@ -24,7 +24,7 @@ from eyas.data.sources import BUILTIN_DATASETS, iter_conversations, resolve_data
 from eyas.decode.bench import load_bench
 from eyas.decode.divergence import COUNTS
 from eyas.decode.evaluate import EvalConfig, run as evaluate
-from eyas.decode.prewarm import Prewarm
+from eyas.decode.prewarm import Background, Prewarm, cli_flags
 from eyas.devices import DEVICE_HELP, fast_bf16, resolve_device
 from eyas.doctor import DoctorConfig, diagnose, render_table
 from eyas.export.commands import ExportConfig, run_export
@@ -64,12 +64,16 @@ class DemoConfig(StageConfig):
     regen_attention: Literal["sdpa", "flex"] = Field("sdpa", description="native regenerate: the decode step's "
                                                      "attention (gpu profile: flex, 1.5x the sdpa rate at batch 512)")
     self_prompts: int = Field(0, ge=0, description="also N prompts the target writes itself (self:N), answered the "
-                              "same way: the math, code and translation a chat set lacks (gpu profile: 8000)")
+                              "same way: the math, code and translation a chat set lacks (gpu profile: 13000)")
     eval_min_bucket: int | None = Field(None, ge=1, description="eval: smallest KV bucket of the compiled decoder "
                                         "(gpu profile: 1000000, one bucket: each step width compiles once)")
     eval_warm_background: bool = Field(False, description="compile the eval's graphs beside training, on its first "
                                        "held-out-best draft (a background `eyas eval --warm-only`), so the eval "
                                        "starts from inductor's warm caches (gpu profile: on)")
+    train_warm_background: bool = Field(False, description="compile the training step's graphs beside the data "
+                                        "stages (a background `eyas train --warm-only` on stand-in rows of the same "
+                                        "shapes), so training starts from inductor's warm caches (online only; gpu "
+                                        "profile: on)")
     online: bool = Field(False, description="train online: the target's states computed inside each training step, "
                          "no extract stage and no store (gpu profile: on; its ~5M tokens would make a ~25 GB store)")
 
@@ -87,14 +91,14 @@ class DemoConfig(StageConfig):
 # third run (2026-12-03, 531 s) reached tree tau 2.997, while the scaling curve's self-written-only draft of 7.4M
 # tokens reached 3.64 (13 questions): a self-written row costs ~7.8 ms of generation to ShareGPT's ~8.8 and the
 # curve had not flattened, so the mix moves to 6,000 ShareGPT openings + 13,000 self-written prompts (~8.1M tokens,
-# ~+17 s), at 2.2 epochs (about as many steps: more distinct data, not more passes). Only fields the user did not
-# set are replaced.
+# ~+17 s); training's ~1 min of compiles moves beside regenerate (train_warm_background: 48 -> 22 s to the end of a
+# tiny CPU run), which pays for 2.3 epochs over the larger set. Only fields the user did not set are replaced.
 GPU_PROFILE: dict[str, Any] = {
     "max_samples": 6000, "regen_backend": "native", "regen_max_new_tokens": 512, "regen_batch_size": 512,
     "regen_attention": "flex", "self_prompts": 13000, "regen_max_prompt_tokens": 1536,
-    "max_length": 2048, "draft_vocab_size": 32000, "ttt_steps": 7, "epochs": 2.2, "lr": 1e-3,
+    "max_length": 2048, "draft_vocab_size": 32000, "ttt_steps": 7, "epochs": 2.3, "lr": 1e-3,
     "train_batch_size": 8, "eval_per_category": 3, "eval_max_new_tokens": 128, "tree": "total=60,depth=7,topk=10",
-    "eval_min_bucket": 1_000_000, "online": True, "eval_warm_background": True,
+    "eval_min_bucket": 1_000_000, "online": True, "eval_warm_background": True, "train_warm_background": True,
 }
 
 
@@ -119,22 +123,8 @@ def _call(fn, cls: type[StageConfig], **kw: Any):
     return fn(build_config(cls, {k: v for k, v in kw.items() if v is not None}))
 
 
-def run(cfg: DemoConfig) -> int | dict:
-    device = str(resolve_device(cfg.device))
-    cfg = with_profile(cfg, device)
-    out = cfg.out.resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {k: out / k for k in ("regenerated", "prepared", *(() if cfg.online else ("store",)), "run", "eval",
-                                  "export")}
-    times: dict[str, float] = {}
-    cache = str(cfg.cache_dir) if cfg.cache_dir else None
-    preflight(cfg, out)
-
-    with _stage("fetch", times):
-        src = resolve(cfg.target, cache=cache)
-        data = resolve_data(cfg.data, cache=cache)
-        print(f"target: {src.path}\ndata:   {data}")
-
+def _data_stages(cfg: DemoConfig, device: str, data, paths: dict[str, Path], times: dict[str, float], cache):
+    """regenerate (openings, then self-written prompts) and prepare: (regen, regen_self, prepare's summary)."""
     data_for_prepare, regen, regen_self = str(data), None, None
     if cfg.regenerate:
         with _stage("regenerate", times):
@@ -164,6 +154,47 @@ def run(cfg: DemoConfig) -> int | dict:
                      draft_vocab_size=cfg.draft_vocab_size, overwrite=True, cache_dir=cache, json=True,
                      assistant_first="skip")
 
+    return regen, regen_self, prep
+
+
+def run(cfg: DemoConfig) -> int | dict:
+    device = str(resolve_device(cfg.device))
+    cfg = with_profile(cfg, device)
+    out = cfg.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {k: out / k for k in ("regenerated", "prepared", *(() if cfg.online else ("store",)), "run", "eval",
+                                  "export")}
+    times: dict[str, float] = {}
+    cache = str(cfg.cache_dir) if cfg.cache_dir else None
+    preflight(cfg, out)
+
+    with _stage("fetch", times):
+        src = resolve(cfg.target, cache=cache)
+        data = resolve_data(cfg.data, cache=cache)
+        print(f"target: {src.path}\ndata:   {data}")
+
+    # Every training flag but its data and length, shared by the warm-up and the run: the warm-up's graphs are the
+    # run's only if their shapes and dtypes agree.
+    train_kw = dict(target=cfg.target, online=cfg.online, ttt_steps=cfg.ttt_steps, tau_chain=cfg.chain, lr=cfg.lr,
+                    device=device, seed=cfg.seed, eval_every=50, save_every=10_000, log_every=10,
+                    target_dtype="bf16" if fast_bf16(device) else "auto", batch_size=cfg.train_batch_size,
+                    init_head=False)
+    train_warm = None
+    if cfg.train_warm_background and cfg.online:   # the step's compiles beside the data stages (train/warm.py)
+        train_warm = Background(["train", "--warm-only", "--out", str(out / "train-warm"), "--max-length",
+                                 str(cfg.max_length), "--draft-vocab-size", str(cfg.draft_vocab_size),
+                                 *cli_flags(train_kw)], out / "train-warm.log")
+    try:
+        regen, regen_self, prep = _data_stages(cfg, device, data, paths, times, cache)
+    except BaseException:
+        if train_warm is not None:   # nothing left running after a failed data stage
+            train_warm.finish(timeout=0)
+        raise
+    warm_train = None
+    if train_warm is not None:   # never two compiles of the same graphs at once: wait for it (bounded)
+        t = time.perf_counter()
+        warm_train = {**train_warm.finish(timeout=240), "waited_s": round(time.perf_counter() - t, 1)}
+
     ext = None
     if not cfg.online:
         with _stage("extract", times):
@@ -176,11 +207,8 @@ def run(cfg: DemoConfig) -> int | dict:
     prewarm = Prewarm(paths["run"], out / "eval-warm", eval_kw) if cfg.eval_warm_background else None
     try:
         with _stage("train", times):
-            tr = _call(train, TrainConfig, target=cfg.target, store=paths.get("store"), online=cfg.online,
-                       data=paths["prepared"], out=paths["run"], ttt_steps=cfg.ttt_steps, tau_chain=cfg.chain,
-                       epochs=cfg.epochs, lr=cfg.lr, device=device, seed=cfg.seed, eval_every=50, save_every=10_000,
-                       log_every=10, target_dtype="bf16" if fast_bf16(device) else "auto",
-                       batch_size=cfg.train_batch_size, init_head=False, overwrite=True)
+            tr = _call(train, TrainConfig, store=paths.get("store"), data=paths["prepared"], out=paths["run"],
+                       epochs=cfg.epochs, overwrite=True, **train_kw)
     except BaseException:
         if prewarm is not None:   # no warm-up left running after a failed (or interrupted) training
             prewarm.finish(timeout=0)
@@ -206,6 +234,7 @@ def run(cfg: DemoConfig) -> int | dict:
         doc = {"ok": not any(c.status == "fail" for c in checks), "checks": [asdict(c) for c in checks]}
 
     summary = _summary(cfg, device, paths, times, regen, regen_self, prep, ext, tr, ev, exp, doc)
+    summary["train_warm_background"] = warm_train
     report = write_report(out, summary, paths)
     summary["report"] = str(report)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
@@ -433,6 +462,10 @@ def write_report(out: Path, s: dict, paths: dict[str, Path]) -> Path:
     if evs:  # compiles and rechecks can outweigh the decoding itself: say which
         lines += ["Eval seconds by setting: " + "; ".join(
             f"{k}: " + ", ".join(f"{p} {x}" for p, x in v.items()) for k, v in evs.items()) + ".", ""]
+    tw = s.get("train_warm_background")
+    if tw:   # the training step's compiles done beside the data stages (--train-warm-background)
+        lines += [f"Training warm-up beside the data stages: {tw['seconds']} s (rc {tw['rc']}"
+                  f"{', stopped' if tw['killed'] else ''}); training waited {tw['waited_s']} s for it.", ""]
     wb = s.get("eval_warm_background")
     if wb:   # the eval's compiles done beside training (--eval-warm-background)
         lines += ["Eval warm-up beside training: " + _warm_line(wb) + ".", ""]

@@ -22,7 +22,7 @@ def tiny_dirs(tmp_path_factory):
 
 def test_cli_flags():
     assert cli_flags({"per_category": 3, "tree": None, "json": True, "compile": False, "min_bucket": 1000000}) == \
-        ["--per-category", "3", "--json", "--min-bucket", "1000000"]
+        ["--per-category", "3", "--json", "--no-compile", "--min-bucket", "1000000"]
 
 
 def test_warm_only_decodes_nothing(tiny_dirs, tmp_path, monkeypatch):

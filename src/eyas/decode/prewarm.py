@@ -6,6 +6,9 @@ The draft's architecture, dtype and vocabulary are fixed before training ends, a
 compiled graphs, not constants: the graphs compiled for the first held-out-best draft are the final draft's
 graphs. On an H200 the eval's warm-up (one torch.compile per step width) was ~107 of the GPU demo's ~208 eval
 seconds. The warm-up runs at a lower CPU priority so that the trainer's host thread keeps its core.
+
+`Background` is the one way the demo runs such a warm-up (this one, and `eyas train --warm-only` beside regenerate):
+an eyas command, niced, with a bounded wait that stops it.
 """
 
 from __future__ import annotations
@@ -23,15 +26,47 @@ WEIGHTS, CONFIG = "model.safetensors", "config.json"
 
 
 def cli_flags(kw: dict[str, Any]) -> list[str]:
-    """{'per_category': 3, 'tree': None, 'compile': True} -> ['--per-category', '3', '--compile']: the flags of an
-    eyas command for these config fields (None left out; booleans as switches)."""
+    """{'per_category': 3, 'tree': None, 'compile': False} -> ['--per-category', '3', '--no-compile']: the flags of
+    an eyas command for these config fields (None left out; booleans as --x / --no-x, never left to a default that
+    may differ from the caller's)."""
     out: list[str] = []
     for k, v in kw.items():
-        flag = "--" + k.replace("_", "-")
-        if v is None or v is False:
+        flag = k.replace("_", "-")
+        if v is None:
             continue
-        out += [flag] if v is True else [flag, str(v)]
+        out += [f"--{flag}"] if v is True else [f"--no-{flag}"] if v is False else [f"--{flag}", str(v)]
     return out
+
+
+class Background:
+    """`eyas ARGS...` started now at nice 10, output to LOG; `finish` waits a bounded time, then stops it."""
+
+    def __init__(self, args: list[str], log: Path, result: Path | None = None):
+        self.log_path, self.result, self._t0 = Path(log), result, time.perf_counter()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "w")
+        cmd = [sys.executable, "-m", "eyas.cli", *args]
+        nice = shutil.which("nice")   # (not preexec_fn: unsafe in a process with threads)
+        self.proc = subprocess.Popen([nice, "-n", "10", *cmd] if nice else cmd, stdout=self._log,
+                                     stderr=subprocess.STDOUT)
+
+    def finish(self, timeout: float) -> dict[str, Any]:
+        """Wait up to `timeout` s (then stop it): rc, killed, its seconds, its log and (when written) its JSON."""
+        killed = False
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc, killed = self.proc.wait(), True
+        self._log.close()
+        info: dict[str, Any] = {"rc": rc, "killed": killed, "seconds": round(time.perf_counter() - self._t0, 1),
+                                "log": str(self.log_path)}
+        if self.result is not None:
+            try:
+                info["result"] = json.loads(self.result.read_text())
+            except (OSError, ValueError):
+                pass
+        return info
 
 
 class Prewarm:
@@ -42,6 +77,7 @@ class Prewarm:
     def __init__(self, run_dir: Path, work: Path, eval_kw: dict[str, Any], *, poll_s: float = 2.0):
         self.run_dir, self.work, self.eval_kw, self.poll_s = Path(run_dir), Path(work), eval_kw, poll_s
         self.proc: subprocess.Popen | None = None
+        self.job: Background | None = None
         self._t0, self._since = time.perf_counter(), time.time()
         self.started_at: float | None = None
         self._stop = threading.Event()
@@ -70,12 +106,10 @@ class Prewarm:
                 except ValueError:   # copied while the trainer rewrote it: try again at the next poll
                     self._stop.wait(self.poll_s)
                     continue
-                self._log = open(self.work / "eval-warm.log", "w")
-                cmd = [sys.executable, "-m", "eyas.cli", "eval", "--draft", str(draft), "--warm-only", "--json",
-                       "--out", str(self.work / "warm.json"), *cli_flags(self.eval_kw)]
-                nice = shutil.which("nice")   # (not preexec_fn: unsafe in a process with threads)
-                self.proc = subprocess.Popen([nice, "-n", "10", *cmd] if nice else cmd, stdout=self._log,
-                                             stderr=subprocess.STDOUT)
+                self.job = Background(["eval", "--draft", str(draft), "--warm-only", "--json", "--out",
+                                       str(self.work / "warm.json"), *cli_flags(self.eval_kw)],
+                                      self.work / "eval-warm.log", self.work / "warm.json")
+                self.proc = self.job.proc
                 self.started_at = time.perf_counter() - self._t0
                 return
             self._stop.wait(self.poll_s)
@@ -86,18 +120,10 @@ class Prewarm:
         self._thread.join()
         if self.proc is None:
             return {"started": False}
-        killed = False
-        try:
-            rc = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            rc, killed = self.proc.wait(), True
-        self._log.close()
+        job = self.job.finish(timeout)
         info: dict[str, Any] = {"started": True, "started_at_s": round(self.started_at, 1),
-                                "ended_at_s": round(time.perf_counter() - self._t0, 1), "rc": rc, "killed": killed,
-                                "log": str(self.work / "eval-warm.log")}
-        try:
-            info["warm"] = json.loads((self.work / "warm.json").read_text())["seconds"]
-        except (OSError, ValueError, KeyError):
-            pass
+                                "ended_at_s": round(time.perf_counter() - self._t0, 1), "rc": job["rc"],
+                                "killed": job["killed"], "log": job["log"]}
+        if isinstance(job.get("result"), dict) and "seconds" in job["result"]:
+            info["warm"] = job["result"]["seconds"]
         return info

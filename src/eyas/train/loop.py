@@ -76,6 +76,9 @@ class TrainConfig(StageConfig):
     seed: int = Field(0, description="seed for init, split and data order")
     progress: bool = Field(True, description="show a progress bar with ETA")
     tensorboard: bool = Field(True, description="write TensorBoard scalars to --out/tb")
+    warm_only: bool = Field(False, description="compile this run's step graphs on stand-in rows (a few steps under "
+                            "--out, into inductor's on-disk cache) and exit, before the real data exists: the run "
+                            "started later finds them compiled (online; needs --max-length, --draft-vocab-size)")
 
 
 def cosine_lambda(total: int, warmup: int, min_ratio: float):
@@ -378,4 +381,8 @@ def train(cfg: TrainConfig, *, target=None, store=None, dataset=None) -> dict:
 
 
 def run(cfg: TrainConfig) -> dict:
+    if cfg.warm_only:
+        from eyas.train.warm import warm_only
+
+        return warm_only(cfg, train)
     return train(cfg)
