@@ -115,6 +115,17 @@ def make_target_dir(path: Path, style: str = "smollm2") -> Path:
     return path
 
 
+def make_model_dir(path: Path, style: str = "smollm2", seed: int = 0) -> Path:
+    """make_target_dir plus random weights: a target every stage can run (prepare, train, eval)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    make_target_dir(path, style)
+    torch.manual_seed(seed)
+    LlamaForCausalLM(LlamaConfig.from_pretrained(path)).save_pretrained(path)
+    return Path(path)
+
+
 def write_jsonl(path: Path, rows: list) -> Path:
     with open(path, "w") as f:
         for r in rows:

@@ -6,18 +6,7 @@ import json
 import pytest
 
 from eyas.cli import main
-from tests.data import templates
-
-
-def tiny_target_dir(path):
-    """A tiny Llama with a tokenizer and chat template (prepare renders the stand-in conversations with it)."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    templates.make_target_dir(path)
-    torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig.from_pretrained(path)).save_pretrained(path)
-    return path
+from tests.data.templates import make_model_dir as tiny_target_dir
 
 
 def test_warm_only_trains_a_few_steps_on_stand_in_rows(tmp_path, capsys):
