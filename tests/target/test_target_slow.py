@@ -101,5 +101,11 @@ def test_capture_on_the_real_model(converted):
     packed, _, _ = target_states(model, layout, row, aux_ids, position_ids=packed_position_ids([len(d) for d in docs]))
     start = 0
     for d, single in zip(docs, singles):
-        torch.testing.assert_close(packed[0, start:start + len(d)], single, atol=1e-4, rtol=1e-4)
+        # fp32 reduction order differs between a packed row and a lone doc; SmolLM2's massive activations (~2.2e4
+        # in a few dims from layer ~3 on) carry that noise into the small dims (1.4e-4 seen at a value of 0.2), so
+        # atol scales with the layer's largest magnitude: 1e-5 of it is still ~1e4 below what attention across
+        # documents or unrestarted positions would change
+        atol = 1e-5 * single.abs().amax(dim=(0, 2), keepdim=True)   # per aux layer [1, k, 1]
+        got = packed[0, start:start + len(d)]
+        assert ((got - single).abs() <= atol + 1e-4 * single.abs()).all(), (got - single).abs().amax(dim=(0, 2))
         start += len(d)
