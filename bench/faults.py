@@ -117,8 +117,11 @@ def kill_series(tally, family, kills, cmd_for, finish_check, reset, *, work, t_c
             injected += 1
             continue
         sig = rng.choice([signal.SIGKILL, signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
-        if injected % 2 == 0 and points:
-            r = start_and_kill(cmd, point=points[(injected // 2) % len(points)], point_env=point_env, work=work,
+        t0 = time.monotonic()
+        # alternate by attempt, not by faults landed: a series whose timed kills keep missing still gets the
+        # named points (it once stalled at 1 of 20 extract faults, every attempt a timed one that came too late)
+        if attempts % 2 == 1 and points:
+            r = start_and_kill(cmd, point=points[(attempts // 2) % len(points)], point_env=point_env, work=work,
                                env=env)
         else:
             r = start_and_kill(cmd, delay=rng.uniform(0.2, 1.0) * t_clean, sig=sig, work=work, env=env)
@@ -127,6 +130,8 @@ def kill_series(tally, family, kills, cmd_for, finish_check, reset, *, work, t_c
                 tally.add(family, "manual", f"a resumed run failed: {r['stderr'][-400:]}")
                 injected += 1
                 continue
+            # a whole run took less than the clean one did (a slow first run): aim the timed kills inside it
+            t_clean = min(t_clean, time.monotonic() - t0)
             settle(tally, family, *finish_check(ran=True))  # finished first: judge the faults so far
             reset()
             continue
