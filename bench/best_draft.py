@@ -86,11 +86,11 @@ class Steps(S.Runner):
         return super().eyas(name, *args, need=need)
 
     def count(self, name: str, seconds: float, ok: bool) -> None:
-        super().count(name, seconds, ok)
         if ok:
             self.state.setdefault("finished_at", {})[name] = now()
+        super().count(name, seconds, ok)   # saves the state
+        if ok:
             print(f"[best_draft] step {name} done in {self.state['seconds'][name]:.0f} s", flush=True)
-            self.save()
 
 
 def recipe(a) -> dict:

@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig
 
 from eyas.aux_layers import default_aux_layer_ids
 from eyas.draft.io import save_draft
 from eyas.draft.model import Eagle3Draft, draft_config_from_target
+from eyas.target import load_config, text_config
 
 
 def main(argv=None) -> int:
@@ -23,10 +23,9 @@ def main(argv=None) -> int:
     ap.add_argument("--draft-vocab-size", type=int, default=32000)
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
-    tcfg = AutoConfig.from_pretrained(a.target)
-    t = getattr(tcfg, "text_config", None) or tcfg
+    tcfg = load_config(a.target)   # also a built-in name or a .gguf, like every eyas command
     torch.manual_seed(a.seed)
-    cfg = draft_config_from_target(tcfg, aux_layer_ids=default_aux_layer_ids(t.num_hidden_layers),
+    cfg = draft_config_from_target(tcfg, aux_layer_ids=default_aux_layer_ids(text_config(tcfg).num_hidden_layers),
                                    draft_vocab_size=a.draft_vocab_size)
     save_draft(Eagle3Draft(cfg), a.out, {"target": a.target, "random": True}, dtype=torch.bfloat16)
     print(f"random draft -> {a.out}")

@@ -190,10 +190,10 @@ def run(cfg: DemoConfig) -> int | dict:
         if train_warm is not None:   # nothing left running after a failed data stage
             train_warm.finish(timeout=0)
         raise
-    warm_train = None
+    train_warm_info = None
     if train_warm is not None:   # never two compiles of the same graphs at once: wait for it (bounded)
         t = time.perf_counter()
-        warm_train = {**train_warm.finish(timeout=240), "waited_s": round(time.perf_counter() - t, 1)}
+        train_warm_info = {**train_warm.finish(timeout=240), "waited_s": round(time.perf_counter() - t, 1)}
 
     ext = None
     if not cfg.online:
@@ -234,7 +234,7 @@ def run(cfg: DemoConfig) -> int | dict:
         doc = {"ok": not any(c.status == "fail" for c in checks), "checks": [asdict(c) for c in checks]}
 
     summary = _summary(cfg, device, paths, times, regen, regen_self, prep, ext, tr, ev, exp, doc)
-    summary["train_warm_background"] = warm_train
+    summary["train_warm_background"] = train_warm_info
     report = write_report(out, summary, paths)
     summary["report"] = str(report)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
@@ -285,15 +285,6 @@ def _chain_result(ev: dict) -> dict:
     raise KeyError("eval result has no tau")
 
 
-def _tree_result(ev: dict) -> dict | None:
-    """The tree row, when --tree was evaluated too: τ, acceptance, speedup (the chain's fields, for the tree)."""
-    trees = [r for r in ev.get("results", []) if str(r.get("setting", "")).startswith("tree")]
-    if not trees:
-        return None
-    t = trees[0]
-    return {k: t.get(k) for k in ("setting", "tau", "accept_per_position", "tokens_per_s", "speedup", *_IDENTITY)}
-
-
 # Greedy identity and what explains each divergence (tie rule, then the fp32 recheck): a bare "identical 0.43" reads
 # as lossy when every divergence is a bf16 tie or numerics (the GPU demo's bf16 eval).
 _IDENTITY = ("identical_rate", "tie_aware_identical_rate", "unexplained_divergences", *COUNTS)
@@ -306,6 +297,15 @@ def _identity(x: dict) -> str:
     why = ", ".join(f"{x[k]} {k.removeprefix('unexplained_')}" for k in COUNTS if x.get(k))
     return (f"{_fmt(x.get('identical_rate'))} (tie-aware {_fmt(x['tie_aware_identical_rate'])}; "
             f"{x.get('unexplained_divergences') or 0} not ties{': ' + why if why else ''})")
+
+
+def _tree_result(ev: dict) -> dict | None:
+    """The tree row, when --tree was evaluated too: τ, acceptance, speedup (the chain's fields, for the tree)."""
+    trees = [r for r in ev.get("results", []) if str(r.get("setting", "")).startswith("tree")]
+    if not trees:
+        return None
+    t = trees[0]
+    return {k: t.get(k) for k in ("setting", "tau", "accept_per_position", "tokens_per_s", "speedup", *_IDENTITY)}
 
 
 def preflight(cfg: DemoConfig, out: Path) -> None:
