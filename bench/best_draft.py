@@ -14,7 +14,10 @@ the rows it wrote, train resumes from its last checkpoint, written every --save-
   train      online `eyas train`, TTT --ttt, --batch rows x --max-length tokens, --epochs, --lr (cosine), held-out
              simulated tau every --eval-every steps (train's 5% split of the packed rows).
   eval:t0, eval:t1   `eyas eval` on Spec-Bench (--eval-per-category per category, --eval-max-new-tokens tokens a
-             turn, eager) with chain --eval-chain and tree --eval-tree, at T=0 then T=1.
+             turn; compiled at one KV bucket on a GPU, --no-eval-compile for eager) with chain --eval-chain and
+             tree --eval-tree, at T=0 then T=1.
+A run of one kind with bench/scaling.py's recipe (--epochs 2) is also that kind's scaling point: scaling.py
+--merge takes this JSON (e.g. --kinds self --self-prompts 75000 --epochs 2: the self curve's ~30M-token end).
 The JSON (--out, rewritten every call) holds the recipe, tokens generated / prepared / trained, per-step seconds,
 the held-out tau curve, Spec-Bench tau at T=0 and T=1 and whether the goals are met; gpu_seconds_total sums the wall
 seconds of every call that ran a step (the machine's start and the transfers are not in it).
@@ -57,6 +60,7 @@ GOALS = {"tree_tau_goal": 4.0, "chain_tau_goal": 2.6}
 KINDS = ("regen", "self", "raw")
 # What decides the data, the draft or the measured tau: a WORK made with other values is refused, not mixed.
 RECIPE = ("target", "data", "kinds", "rows", "self_prompts", "new_tokens", "max_prompt", "gen_temperature", "gen_attention",
+          "gen_graph",
           "max_length", "vocab", "ttt", "epochs", "lr", "batch", "train_args", "eval_chain", "eval_tree",
           "eval_per_category", "eval_categories", "eval_max_new_tokens")
 PART_BYTES = 15 * 2**20
@@ -68,22 +72,8 @@ def now() -> str:
 
 
 class Steps(S.Runner):
-    """scaling's Runner (which adds up each step's seconds over every call it ran in), also noting which steps
-    this call started and when each finished."""
-
-    def __init__(self, a):
-        super().__init__(a)
-        self.ran: list[str] = []
-
-    def background(self, name: str, *args: str, need: float = 20) -> bool:
-        if name not in self.state["done"] and name not in self.bg and self.left() >= need:
-            self.ran.append(name)
-        return super().background(name, *args, need=need)
-
-    def eyas(self, name: str, *args: str, need: float = 20) -> bool:
-        if name not in self.state["done"] and self.left() >= need:
-            self.ran.append(name)
-        return super().eyas(name, *args, need=need)
+    """scaling's Runner (which adds up each step's seconds over every call it ran in and notes the steps this call
+    started in `ran`), also noting when each step finished."""
 
     def count(self, name: str, seconds: float, ok: bool) -> None:
         if ok:
@@ -147,23 +137,66 @@ def write_union(a, kinds: list[str]) -> dict:
     return counts
 
 
+def train_flags(a) -> list[str]:
+    """The `eyas train` flags that decide its compiled graphs (with the prepared rows' length and vocabulary): the
+    run's and its warm-up's, from one place so the two agree."""
+    return ["--online", "--target", a.target, "--ttt-steps", str(a.ttt), "--batch-size", str(a.batch), "--lr",
+            str(a.lr), "--seed", "0", "--device", a.device, *a.train_args.split()]
+
+
 def train_args(a, run: Path) -> list[str]:
     from eyas.train.checkpoint import latest_checkpoint
 
     # Resume from a checkpoint; a run killed before its first one left metrics only: start it over.
     cont = ["--resume"] if latest_checkpoint(run) else ["--overwrite"] if (run / "metrics.jsonl").exists() else []
-    return ["train", "--online", "--target", a.target, "--data", str(a.work / "prep"), "--out", str(run),
-            "--ttt-steps", str(a.ttt), "--epochs", str(a.epochs), "--batch-size", str(a.batch), "--lr", str(a.lr),
+    return ["train", *train_flags(a), "--data", str(a.work / "prep"), "--out", str(run), "--epochs", str(a.epochs),
             "--eval-every", str(a.eval_every), "--eval-batches", str(a.eval_batches), "--save-every",
-            str(a.save_every), *cont, "--seed", "0", "--device", a.device,
-            "--no-progress", "--no-tensorboard", *a.train_args.split()]
+            str(a.save_every), *cont, "--no-progress", "--no-tensorboard"]
 
 
 def run_steps(r: Steps, a, kinds: list[str]) -> None:
+    """The steps in order; with --warm-background, training's compiles run beside the data steps (`eyas train
+    --warm-only` on stand-in rows) and the evals' beside training (`eyas eval --warm-only` on its first draft), as
+    the GPU demo does: inductor's on-disk cache then holds both when they start (~1 min and ~2 min on the H200)."""
+    from eyas.decode.prewarm import Background, Prewarm
+
+    st = r.state
+    warm = a.warm_background and "train" not in st["done"]
+    # (only while data steps are left to overlap with: otherwise the training compiles its own graphs)
+    tw = Background(["train", "--warm-only", "--out", str(a.work / "train-warm"), "--max-length", str(a.max_length),
+                     "--draft-vocab-size", str(a.vocab), *train_flags(a)], a.work / "train-warm.log") \
+        if warm and "prep" not in st["done"] else None
+    ready = False
+    try:
+        ready = data_steps(r, a, kinds)
+    finally:
+        if tw is not None:   # the training waits for it (bounded): never two compiles of the same graphs at once
+            t = time.perf_counter()
+            info = tw.finish(timeout=min(240.0, max(0.0, r.left() - a.train_need)) if ready else 0)
+            st["train_warm"] = {**info, "waited_s": round(time.perf_counter() - t, 1)}
+            r.save()
+    if not ready:
+        return
+    ew = None
+    if warm and a.eval_compile and not all(f"eval:t{t}" in st["done"] for t in (0, 1)):
+        ew = Prewarm(a.work / "run", a.work / "eval-warm", S.eval_flags(a))
+    trained = False
+    try:
+        trained = r.eyas("train", *train_args(a, a.work / "run"), need=a.train_need)
+    finally:
+        if ew is not None:   # the evals wait for it (bounded), and none is left running after a cut training
+            st["eval_warm"] = ew.finish(timeout=min(300.0, max(0.0, r.left() - 60)) if trained else 0)
+            r.save()
+    if trained:
+        run_evals(r, a)
+
+
+def data_steps(r: Steps, a, kinds: list[str]) -> bool:
+    """gen (per kind), the generated-token counts, union.jsonl and prep; True when prep is done."""
     st = r.state
     for kind in kinds:
         if kind != "raw" and not S.source(r, kind, a.rows if kind == "regen" else a.self_prompts):
-            return
+            return False
     for kind in kinds:   # counted once, while the rows are here (a pack without them keeps the counts)
         if kind != "raw" and kind not in st.setdefault("tokens_generated", {}):
             st["tokens_generated"][kind] = generated_tokens(a, kind)
@@ -174,21 +207,19 @@ def run_steps(r: Steps, a, kinds: list[str]) -> None:
     if not r.eyas("prep", "prepare", "--target", a.target, "--data", str(a.work / "union.jsonl"), "--out",
                   str(a.work / "prep"), "--max-length", str(a.max_length), "--draft-vocab-size", str(a.vocab),
                   "--workers", "0", "--overwrite", "--json"):
-        return
+        return False
     if "prep" not in st:
         st["prep"] = json.loads((a.work / "prep" / "manifest.json").read_text())["summary"]
         if not st["prep"].get("rows_out"):
             raise SystemExit(f"{a.work / 'prep'}: no usable rows in union.jsonl; see its .errors.jsonl")
         r.save()
-    if not r.eyas("train", *train_args(a, a.work / "run"), need=a.train_need):
-        return
-    run_evals(r, a)
+    return True
 
 
 def run_evals(r: Steps, a) -> bool:
-    """eval:t0 then eval:t1; with --eval-parallel (default on a GPU) both at once: an eager eval is bound by the
-    host's launches (the H200 ran eval:t0 at ~36 tok/s of baseline, its GPU nearly idle), and tau is not a time,
-    so two side by side cost the wall time of one."""
+    """eval:t0 then eval:t1; with --eval-parallel (default on a GPU) both at once: an eval leaves the GPU mostly
+    idle (eager: bound by the host's launches, ~36 tok/s of baseline on the H200; compiled: one sequence at a
+    time), and tau is not a time, so two side by side cost about the wall time of one."""
     for t in (0, 1):   # in order: a t0 cut by the budget leaves t1 to the next call
         if not S.spec_bench(r, "best", f"t{t}", temperature=t, name=f"eval:t{t}", draft=a.work / "run",
                             background=a.eval_parallel):
@@ -235,6 +266,7 @@ def result(r: Steps, a, kinds: list[str], done: bool) -> dict:
             spec[t] = {"chain_tau": p["spec_bench_chain_tau"], "tree_tau": p["spec_bench_tree_tau"],
                        "chain": p["spec_bench_chain"], "tree": p["spec_bench_tree"], "temperature": int(t[1]),
                        "questions": p["spec_bench_questions"], "max_new_tokens": p["spec_bench_max_new_tokens"],
+                       "compiled": p["spec_bench_compiled"],
                        "seconds": st["seconds"].get(f"eval:{t}"),
                        "settings": eval_details(a.work / f"eval-best-{t}.json")}
     prep, pts = st.get("prep"), curve(a, st.get("prep"))
@@ -247,19 +279,27 @@ def result(r: Steps, a, kinds: list[str], done: bool) -> dict:
     tokens = {"generated": st.get("tokens_generated", {}), "union_rows": st.get("union_rows"),
               **{k: prep and prep[f] for k, f in (("prepared", "tokens"), ("loss", "masked_tokens"),
                                                  ("packed_rows", "packed_rows"))},
-              "trained": pts[-1]["tokens"] if pts else None}
+              "trained": pts[-1]["tokens"] if pts else None, "rows_out": prep and prep.get("rows_out")}
     return {"bench": "best_draft", "complete": done, "kinds": kinds, "tokens": tokens,
             "recipe": {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()},
             "step_seconds": st.get("seconds", {}), "finished_at": st.get("finished_at", {}),
             "calls": st.get("calls", []), "gpu_seconds_total": round(gpu, 1), "gpu_minutes_total": round(gpu / 60, 2),
             "held_out_curve": pts, "held_out_tau_best": max((p["tau"] for p in pts), default=None),
+            "held_out_last": last_eval_of(a.work / "run"),
             "spec_bench": spec, "eval": S.eval_setting(a), "goals": goals,
+            "train_warm": st.get("train_warm"), "eval_warm": st.get("eval_warm"),
             "png": str(a.out.with_suffix(".png")) if pts else None}
+
+
+def last_eval_of(run: Path) -> dict | None:
+    """The run's last held-out eval (step, tau, acc): the draft bench/scaling.py merges as a point."""
+    ev = S.last_eval(run)
+    return ev and {"step": ev.get("step"), "tau": ev["tau"], "acc": ev.get("acc")}
 
 
 def eval_details(path: Path) -> dict:
     """Per setting of an `eyas eval` JSON what a reader of the tau asks next: acceptance by position, tau by
-    category, eager tok/s, and at T=0 the lossless check (identical and tie-aware identical rates, divergences
+    category, tok/s, and at T=0 the lossless check (identical and tie-aware identical rates, divergences
     not explained by a logit tie, and the recheck's verdicts on them)."""
     keys = ("tau", "accept_per_position", "tokens_per_s", "baseline_tokens_per_s", "speedup", "identical_rate",
             "tie_aware_identical_rate", "unexplained_divergences", "unexplained_numerics", "unexplained_decoder",
@@ -414,6 +454,9 @@ def main(argv: list[str] | None = None) -> int:
     add("--gen-batch", type=int, default=512)
     add("--gen-attention", choices=("sdpa", "flex"), default="flex",
         help="the generator's decode step (flex: 1.5x sdpa at batch 512 on the H200)")
+    add("--gen-graph", choices=("auto", "cudagraph", "compile", "eager"), default="auto",
+        help="the generator's step graph (compile: 72.6k tok/s with flex at batch 512 on the H200 against 51.5k, "
+             "after a ~36-s compile: for tens of millions of tokens)")
     add("--new-tokens", type=int, default=512, help="max new tokens per generated turn")
     add("--max-prompt", type=int, default=1536)
     add("--gen-temperature", type=float, default=0.0, help="answers' temperature (0 = greedy)")
@@ -436,10 +479,14 @@ def main(argv: list[str] | None = None) -> int:
     add("--eval-per-category", type=int, default=1)
     add("--eval-categories", default="", help="comma-separated (default: all 13)")
     add("--eval-max-new-tokens", type=int, default=256)
-    add("--eval-compile", action=argparse.BooleanOptionalAction, default=False)
+    add("--eval-compile", action=argparse.BooleanOptionalAction, default=None,
+        help="compiled eval at one KV bucket (default: on a GPU; an eager one ran at ~36 tok/s beside another)")
+    add("--eval-min-bucket", type=int, default=1_000_000, help="compiled eval's smallest KV bucket")
     add("--eval-est-s", type=float, default=180, help="an eval's seconds until one has been timed here")
     add("--eval-parallel", action=argparse.BooleanOptionalAction, default=None,
         help="run eval:t0 and eval:t1 side by side (default: on a GPU)")
+    add("--warm-background", action=argparse.BooleanOptionalAction, default=None,
+        help="training's compiles beside the data steps, the evals' beside training (default: on a GPU)")
     add("--tiny", action="store_true", help="CPU check: random 2-layer target, tiny sizes")
     add("--pack", type=Path, default=None, help="write WORK's state as parts + manifest.json here, then exit")
     add("--pack-data", action="store_true", help="--pack: add the generated rows")
@@ -460,6 +507,8 @@ def main(argv: list[str] | None = None) -> int:
         a.target = S.tiny_target(a.work, a.target)
     a.device = a.device or ("cuda" if __import__("torch").cuda.is_available() else "cpu")
     a.eval_parallel = a.device.startswith("cuda") if a.eval_parallel is None else a.eval_parallel
+    a.eval_compile = a.device.startswith("cuda") if a.eval_compile is None else a.eval_compile
+    a.warm_background = a.device.startswith("cuda") if a.warm_background is None else a.warm_background
     if a.unpack:
         unpack(a)
         return 0

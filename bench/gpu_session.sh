@@ -72,7 +72,7 @@ else
   REGEN512=(--rows 2048 --batch 512 --max-new 256 --hf-sample 0 --sweep graph=compile attn=flex attn=flex,graph=compile)
   COSTS=(); REGEN=(--rows 2048 --batch 256 --max-new 256 --hf-sample 64 --sweep batch=512 attn=flex); RR=(--max-samples 2000 --max-new-tokens 256 --batch-size 256)
   SELF=(--data self:2000 --max-new-tokens 256 --batch-size 256); MG=(); KILL_ROWS=300
-  SCALE=(--kinds ${SCALE_KINDS:-self,raw} --sizes ${SCALE_SIZES:-1e6,3e6} --budget-s ${SCALE_BUDGET_S:-450})
+  SCALE=(--kinds ${SCALE_KINDS:-self,raw} --sizes ${SCALE_SIZES:-1e6,3e6} --budget-s ${SCALE_BUDGET_S:-450} ${SCALE_ARGS:-})
   RFULL=(--max-new-tokens 512 --batch-size 256)
 fi
 
@@ -224,12 +224,15 @@ best_draft_loop() {  # LANE2=best_draft: issue 13's recipe (bench/best_draft.py)
       --out "$RES/best_draft.json" 2>&1 | tee "$W/best_draft.last"
     local rc=${PIPESTATUS[0]}
     grep -q "all steps done" "$W/best_draft.last" && return 0
+    # 3: no step fits the time left (calling again with less cannot help; once 48 such calls idled the GPU 335 s)
+    [ "$rc" = 3 ] && { echo "no step fits the time left: stopping (the same command resumes)"; return 0; }
     [ "$rc" = 0 ] || return "$rc"
   done
 }
 
-scaling_merge() {  # the committed points of earlier sessions (not in a TINY dry run: another recipe, refused)
-  [ -z "$TINY" ] && [ -s "$ROOT/bench/results/scaling.json" ] && merge=(--merge "$ROOT/bench/results/scaling.json")
+scaling_merge() {  # the committed points of earlier sessions (not in a TINY dry run: another recipe, refused);
+                 # SCALE_MERGE: more JSONs, e.g. a committed best_draft run of one kind (its point)
+  [ -z "$TINY" ] && [ -s "$ROOT/bench/results/scaling.json" ] && merge=(--merge "$ROOT/bench/results/scaling.json" ${SCALE_MERGE:-})
   return 0
 }
 scaling_loop() {  # LANE2=scaling_all: a session given to the scaling curve: bench/scaling.py call after call (each
@@ -244,6 +247,8 @@ scaling_loop() {  # LANE2=scaling_all: a session given to the scaling curve: ben
       --out "$RES/scaling.json" 2>&1 | tee "$W/scaling.last"
     local rc=${PIPESTATUS[0]}
     grep -q "all steps done" "$W/scaling.last" && return 0
+    # 3: no step fits the time left (calling again with less cannot help; once 48 such calls idled the GPU 335 s)
+    [ "$rc" = 3 ] && { echo "no step fits the time left: stopping (the same command resumes)"; return 0; }
     [ "$rc" = 0 ] || return "$rc"
   done
 }

@@ -13,23 +13,31 @@ train resumes from its last checkpoint):
   prep:KIND:S `eyas prepare` of the first rows holding ~S tokens (rows estimated from the kind's tokens/row).
   train:KIND:S online `eyas train` for --epochs over those tokens; held-out simulated chain-K tau is the
               last held-out eval in metrics.jsonl (K = --ttt).
-  eval:KIND:S measured Spec-Bench tau at T=0 of that draft (`eyas eval`; eager unless --eval-compile: only tau
-              is wanted, not minutes of compile warm-up): --eval-chain and --eval-tree over --eval-per-category
-              questions per category (--eval-categories: all 13), all their turns, --eval-max-new-tokens each.
+  eval:KIND:S measured Spec-Bench tau at T=0 of that draft (`eyas eval`; compiled at one KV bucket on a GPU,
+              --no-eval-compile for eager: an eager eval beside a training ran at ~36 tok/s on the H200, 320-380 s
+              a point, where a compiled one decodes at ~400 tok/s and its warm-up comes from inductor's cache after
+              the first point): --eval-chain and --eval-tree over --eval-per-category questions per category
+              (--eval-categories: all 13), all their turns, --eval-max-new-tokens each.
               Not resumable inside, so it starts only when the budget still holds 1.5x the longest eval seen
-              in WORK (--eval-est-s before the first). On a GPU it runs in the background beside the next
-              point's training (--eval-background; its output in WORK/eval-KIND-S.log), and every eval after
-              the first reuses the first one's AR baseline (--baseline-cache WORK/baseline-cache): about half
-              of an eager eval's time, and that half overlaps the next training.
+              in WORK (--eval-est-s before the first); one that does not fit waits for a later call while the
+              next points train (training resumes from checkpoints, an eval cannot). On a GPU it runs in the
+              background beside the next point's training (--eval-background; its output in
+              WORK/eval-KIND-S.log), and every eval after the first reuses the first one's AR baseline
+              (--baseline-cache WORK/baseline-cache).
 Each point: kind, size, tokens, rows, tau (simulated), acc, steps, train_seconds; after its eval also
 spec_bench_chain_tau, spec_bench_tree_tau, eval_seconds and the setting they were measured under
-(spec_bench_chain, _tree, _questions, _categories, _max_new_tokens; also the JSON's "eval").
+(spec_bench_chain, _tree, _questions, _categories, _max_new_tokens; also the JSON's "eval"; spec_bench_compiled
+says how it decoded, which moves tau only through bf16 ties).
+A call that can start no step in its budget (and is not done) exits 3 ("no step fits"), so a loop of calls stops
+instead of calling again with less time (bench/gpu_session.sh's loops: a GPU idled ~335 s in 48 such calls once).
 After each call the JSON (points so far) and a PNG (left: held-out simulated tau, right: Spec-Bench tree tau
 (solid) and chain tau (dashed); tokens on a log x, one colour per kind) are rewritten. Held-out rows are each
 kind's own 5% split; Spec-Bench is the same questions for every kind.
 Over several GPU sessions (a machine's /tmp is gone between them): each session computes a few points
-(`--kinds raw --sizes 1e6,3e6`, ...) with `--merge` the previous session's JSON, whose points are kept (those
-from before the eval step have no Spec-Bench tau: they plot on the left only; another eval setting is refused).
+(`--kinds raw --sizes 1e6,3e6`, ...) with `--merge` the previous session's JSON, whose points are kept (one without
+Spec-Bench tau is computed again when this call evaluates, and this call's point replaces it; another eval setting
+is refused). A bench/best_draft.py JSON of one kind and the same recipe merges as that kind's point at its
+prepared tokens (its T=0 Spec-Bench tau; `size` is its token count): the largest self point is that run.
 """
 
 from __future__ import annotations
@@ -86,6 +94,7 @@ class Runner:
         self.state = json.loads(self.state_path.read_text()) if self.state_path.is_file() else {"done": {}}
         self.t0 = time.perf_counter()
         self.bg: dict[str, tuple] = {}   # name -> (process, start, log file) of stages running in the background
+        self.ran: list[str] = []         # steps this call started: none (and not done) means no step fits the budget
 
     def left(self) -> float:
         return self.a.budget_s - (time.perf_counter() - self.t0)
@@ -99,6 +108,7 @@ class Runner:
             return None
         cmd = [sys.executable, "-m", "eyas.cli", *args]
         print(f"== {name} ({self.left():.0f} s left): {' '.join(cmd[3:])}", flush=True)
+        self.ran.append(name)
         return cmd
 
     @staticmethod
@@ -191,7 +201,7 @@ def source(r: Runner, kind: str, rows: int, stage: str = "") -> str | None:
     ok = r.eyas(f"gen:{kind}{stage}", "regenerate", "--target", a.target, "--data", data, "--max-samples", str(rows),
                 "--out", str(out), "--backend", "native", "--batch-size", str(a.gen_batch), "--max-new-tokens",
                 str(a.new_tokens), "--max-prompt-tokens", str(a.max_prompt), "--device", a.device, "--temperature", str(a.gen_temperature),
-                "--attention", a.gen_attention, "--json")
+                "--attention", a.gen_attention, "--graph", a.gen_graph, "--json")
     return str(out) if ok else None
 
 
@@ -234,15 +244,23 @@ def spec_bench(r: Runner, kind: str, size, temperature: float = 0, name: str | N
     names its own."""
     a = r.a
     seen = [t for k, t in r.state["done"].items() if k.startswith("eval:")]
-    cats = ["--categories", *a.eval_categories.split(",")] if a.eval_categories else []
-    return (r.background if background else r.eyas)(name or f"eval:{kind}:{size}", "eval", "--target", a.target,
-                  "--draft", str(draft or r.work / f"run-{kind}-{size}"),
-                  "--per-category", str(a.eval_per_category), *cats, "--max-new-tokens", str(a.eval_max_new_tokens),
-                  "--chain", str(a.eval_chain), "--tree", a.eval_tree, "--temperature", f"{temperature:g}", "--device", a.device,
-                  "--compile" if a.eval_compile else "--no-compile", "--out", str(r.work / f"eval-{kind}-{size}.json"),
+    return (r.background if background else r.eyas)(name or f"eval:{kind}:{size}", "eval",
+                  "--draft", str(draft or r.work / f"run-{kind}-{size}"), *eval_flags(a),
+                  "--temperature", f"{temperature:g}", "--out", str(r.work / f"eval-{kind}-{size}.json"),
                   # every draft of the curve against one AR baseline: half of an eager eval's time
                   "--baseline-cache", str(r.work / "baseline-cache"),
-                  need=1.5 * max(seen) if seen else a.eval_est_s)
+                  # capped at a call's budget: 1.5x an eval of 377 s never fit a 540-s call, and the loop spun
+                  need=min(1.5 * max(seen), a.budget_s) if seen else a.eval_est_s)
+
+
+def eval_flags(a) -> list[str]:
+    """The `eyas eval` flags that decide what is compiled (questions, so the KV capacity; settings; bucket): the
+    eval's and its warm-up's (bench/best_draft.py's beside training), from one place so the two agree."""
+    cats = ["--categories", *a.eval_categories.split(",")] if a.eval_categories else []
+    return ["--target", a.target, "--per-category", str(a.eval_per_category), *cats,
+            "--max-new-tokens", str(a.eval_max_new_tokens), "--chain", str(a.eval_chain), "--tree", a.eval_tree,
+            "--device", a.device,
+            *(["--compile", "--min-bucket", str(a.eval_min_bucket)] if a.eval_compile else ["--no-compile"])]
 
 
 # What makes two points' Spec-Bench tau comparable. Kept per point, not in `recipe`: the recipe decides whether
@@ -273,7 +291,8 @@ def spec_bench_point(path: Path) -> dict:
     return {"spec_bench_chain_tau": by["chain"]["tau"], "spec_bench_tree_tau": by["tree"]["tau"],
             "spec_bench_chain": by["chain"]["setting"], "spec_bench_tree": by["tree"]["setting"],
             "spec_bench_questions": out["questions"], "spec_bench_categories": sorted(by["tree"]["per_category"]),
-            "spec_bench_max_new_tokens": by["tree"]["decode"]["max_new_tokens"]}
+            "spec_bench_max_new_tokens": by["tree"]["decode"]["max_new_tokens"],
+            "spec_bench_compiled": by["tree"]["decode"].get("compiled")}
 
 
 def check_eval_settings(points: list[dict], ours: dict | None, where: str) -> None:
@@ -332,20 +351,43 @@ def plot(points: list[dict], png: Path, ttt: int) -> None:
     plt.close(fig)
 
 
+RECIPE_KEYS = ("ttt", "epochs", "lr", "batch", "vocab", "max_length")
+
+
+def best_draft_point(path: Path, prev: dict) -> list[dict]:
+    """A bench/best_draft.py run of one kind as that kind's scaling point (its recipe is checked by the caller):
+    tokens = its prepared tokens, tau / acc / steps = its last held-out eval, Spec-Bench = its T=0 eval."""
+    if len(prev.get("kinds", [])) != 1:
+        raise SystemExit(f"--merge {path}: a best_draft run of kinds {prev.get('kinds')} is not one kind's point")
+    last, tok = prev.get("held_out_last"), prev.get("tokens") or {}
+    if not prev.get("complete") or not last or "t0" not in prev.get("spec_bench", {}):
+        raise SystemExit(f"--merge {path}: best_draft run not complete (no held-out eval or no T=0 Spec-Bench tau)")
+    t0 = prev["spec_bench"]["t0"]
+    return [{"kind": prev["kinds"][0], "size": tok["prepared"], "tokens": tok["prepared"], "rows": tok.get("rows_out"),
+             "tau": last["tau"], "acc": last.get("acc"), "steps": last["step"],
+             "train_seconds": prev.get("step_seconds", {}).get("train"), "from": f"best_draft {path.name}",
+             "spec_bench_chain_tau": t0["chain_tau"], "spec_bench_tree_tau": t0["tree_tau"],
+             "spec_bench_chain": t0["chain"], "spec_bench_tree": t0["tree"], "spec_bench_questions": t0["questions"],
+             "spec_bench_categories": (prev.get("eval") or {}).get("spec_bench_categories"),
+             "spec_bench_max_new_tokens": t0["max_new_tokens"], "spec_bench_compiled": t0.get("compiled"),
+             "eval_seconds": t0.get("seconds")}]
+
+
 def merged_points(paths: list[Path], a) -> list[dict]:
     """Points of earlier runs made with the same recipe (target, ttt, epochs, lr, batch, vocab, max length) and,
     where they have Spec-Bench tau, the same eval setting; a difference is an error, not a silent mix.
-    A (kind, size) in several files: the first one wins."""
-    recipe = {k: getattr(a, k) for k in ("ttt", "epochs", "lr", "batch", "vocab", "max_length")}
+    A (kind, size) in several files: the first one wins. A best_draft JSON gives one point (best_draft_point)."""
+    recipe = {k: getattr(a, k) for k in RECIPE_KEYS}
     out: dict[tuple, dict] = {}
     for path in paths:
         prev = json.loads(path.read_text())
         theirs = prev.get("recipe") or {}
         diff = {k: (theirs.get(k), v) for k, v in recipe.items() if theirs.get(k) != v}
-        if diff or prev.get("target") != a.target:
-            raise SystemExit(f"--merge {path}: another recipe ({diff or 'target ' + str(prev.get('target'))}); "
+        target = prev.get("target", theirs.get("target"))   # best_draft keeps it in its recipe
+        if diff or target != a.target:
+            raise SystemExit(f"--merge {path}: another recipe ({diff or 'target ' + str(target)}); "
                              f"its points would not be comparable")
-        for p in prev.get("points", []):
+        for p in best_draft_point(path, prev) if prev.get("bench") == "best_draft" else prev.get("points", []):
             out.setdefault((p["kind"], p["size"]), p)
     check_eval_settings(list(out.values()), eval_setting(a), f"--merge {' '.join(map(str, paths))}")
     return list(out.values())
@@ -363,6 +405,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gen-batch", type=int, default=512)   # 35.1k tok/s vs 27.7k at 256, the same answers (H200)
     # the generator's flex decode step: 51.5k tok/s at batch 512 on the H200 against SDPA's 34.4k (BENCHMARKS.md)
     ap.add_argument("--gen-attention", choices=("sdpa", "flex"), default="flex")
+    # compile: 72.6k tok/s with flex at batch 512 on the H200 against 51.5k for the CUDA graph, after a ~36-s compile
+    # (BENCHMARKS.md): worth it from ~5M generated tokens
+    ap.add_argument("--gen-graph", choices=("auto", "cudagraph", "compile", "eager"), default="auto",
+                    help="the generator's decode step (`eyas regenerate --graph`)")
     ap.add_argument("--new-tokens", type=int, default=512)
     ap.add_argument("--max-prompt", type=int, default=1536)
     ap.add_argument("--gen-temperature", type=float, default=0.0, help="answers' sampling temperature (0 = greedy)")
@@ -382,8 +428,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-per-category", type=int, default=1, help="Spec-Bench questions per category")
     ap.add_argument("--eval-categories", default="", help="comma-separated Spec-Bench categories (default: all 13)")
     ap.add_argument("--eval-max-new-tokens", type=int, default=256, help="new tokens per Spec-Bench turn")
-    ap.add_argument("--eval-compile", action=argparse.BooleanOptionalAction, default=False,
-                    help="torch.compile + CUDA graphs in eval (faster rounds, minutes of warm-up; tau is the same)")
+    ap.add_argument("--eval-compile", action=argparse.BooleanOptionalAction, default=None,
+                    help="torch.compile + CUDA graphs in eval (default: on a GPU; a fresh warm-up ~2 min, later "
+                         "points' from inductor's cache; tau moves only through bf16 ties)")
+    ap.add_argument("--eval-min-bucket", type=int, default=1_000_000,
+                    help="compiled eval's smallest KV bucket (`eyas eval --min-bucket`; the default: one bucket, "
+                         "so each step width compiles once)")
     ap.add_argument("--eval-est-s", type=float, default=180, help="an eval's seconds until one has been timed here")
     ap.add_argument("--eval-background", action=argparse.BooleanOptionalAction, default=None,
                     help="run each point's eval beside the next point's training (default: on a GPU)")
@@ -406,9 +456,11 @@ def main(argv: list[str] | None = None) -> int:
         a.target = tiny_target(a.work, a.target)
     a.device = a.device or ("cuda" if __import__("torch").cuda.is_available() else "cpu")
     a.eval_background = a.device.startswith("cuda") if a.eval_background is None else a.eval_background
+    a.eval_compile = a.device.startswith("cuda") if a.eval_compile is None else a.eval_compile
     sizes = [int(float(s)) for s in a.sizes.split(",")]
     earlier = merged_points(a.merge, a)
-    have = {(p["kind"], p["size"]) for p in earlier}
+    # a merged point without Spec-Bench tau is computed again when this call evaluates (the new one replaces it)
+    have = {(p["kind"], p["size"]) for p in earlier if a.skip_eval or "spec_bench_tree_tau" in p}
     r = Runner(a)
     for kind in a.kinds.split(","):
         todo = [s for s in sizes if (kind, s) not in have]
@@ -436,10 +488,10 @@ def main(argv: list[str] | None = None) -> int:
                           str(a.batch), "--lr", str(a.lr), "--eval-every", "1000000", "--save-every", "200",
                           *(["--resume"] if (run / "checkpoints").is_dir() else []), "--seed", "0", "--device", a.device, "--no-progress", *a.train_args.split()):
                 break
-            if not a.skip_eval and not spec_bench(r, kind, size, background=a.eval_background):
-                break
+            if not a.skip_eval:   # one that does not fit waits for a later call; the next points train meanwhile
+                spec_bench(r, kind, size, background=a.eval_background)
     r.reap(wait=True)
-    points = list(earlier)   # every merged point, also of kinds this call does not compute
+    points = []              # this work dir's, then every merged point it has not made again
     unmeasured = []          # trained here, Spec-Bench tau still to come
     for key in r.state["done"]:
         if key.startswith("train:"):
@@ -455,22 +507,27 @@ def main(argv: list[str] | None = None) -> int:
                                       eval_seconds=r.seconds(f"eval:{kind}:{size}"))
                 else:
                     unmeasured.append((kind, int(size)))
+    ours_keys = {(p["kind"], p["size"]) for p in points}
+    points += [p for p in earlier if (p["kind"], p["size"]) not in ours_keys]
     ours = eval_setting(a)
     check_eval_settings(points, ours, str(a.work))   # evals of an earlier call with other --eval-* flags
     wanted = {(k, s) for k in a.kinds.split(",") for s in sizes}
     png = a.png or a.out.with_suffix(".png")
     if points:
         plot(points, png, a.ttt)
-    done = wanted <= {(p["kind"], p["size"]) for p in points} and (a.skip_eval or not wanted & set(unmeasured))
+    done = wanted <= {(p["kind"], p["size"]) for p in points if a.skip_eval or "spec_bench_tree_tau" in p}
     print("all steps done" if done else
           f"{len(points)}/{len(wanted)} points, {len(unmeasured)} without Spec-Bench tau; run the same command "
           f"again to continue", flush=True)
-    recipe = {k: getattr(a, k) for k in ("ttt", "epochs", "lr", "batch", "vocab", "max_length")}
+    stuck = not done and not r.ran
+    if stuck:   # calling again with less time cannot help: say so and let the caller's loop stop
+        print(f"no step fits: --budget-s {a.budget_s:g} starts none of what is left", flush=True)
+    recipe = {k: getattr(a, k) for k in RECIPE_KEYS}
     emit({"bench": "scaling", "target": a.target, "data": a.data, "kinds": a.kinds.split(","), "sizes": sizes,
           "ttt": a.ttt, "epochs": a.epochs, "complete": done, "merged_from": [str(m) for m in a.merge],
           "recipe": recipe, "eval": ours, "png": str(png) if points else None,
           "stage_seconds": {k: r.seconds(k) for k in r.state["done"]}, "points": points}, a.out)
-    return 0
+    return 3 if stuck else 0
 
 
 if __name__ == "__main__":

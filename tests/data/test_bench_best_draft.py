@@ -193,6 +193,62 @@ def test_the_two_evals_run_side_by_side_on_request(tmp_path, tok_dir, monkeypatc
         assert ("a background stage's table" in capsys.readouterr().out) == overlap
 
 
+def test_warm_ups_run_beside_the_data_steps_and_beside_training(tmp_path, tok_dir, monkeypatch):
+    """--warm-background (the GPU default): `eyas train --warm-only` starts before the first data step with the
+    training's own graph-deciding flags and is waited for before training starts; `eyas eval --warm-only` starts on
+    the first draft the training writes, with the evals' own flags, and is waited for before the evals."""
+    import eyas.decode.prewarm as prewarm
+
+    mod = load()
+    events = []
+
+    class Stages(FakeStages):
+        def __call__(self, cmd, env=None, timeout=None):
+            events.append(("run", cmd[3]))
+            done = super().__call__(cmd, env, timeout)
+            if cmd[3] == "train":   # a draft, then time for Prewarm's watcher (it polls every 2 s) to see it
+                out = Path(arg(cmd[4:], "--out"))
+                (out / "model.safetensors").write_bytes(b"w")
+                (out / "config.json").write_text("{}")
+                time.sleep(2.5)
+            return done
+
+    class Proc:   # a niced background `python -m eyas.cli ...`
+        def __init__(self, cmd, stdout=None, stderr=None):
+            self.cmd, self.stage = cmd, cmd[cmd.index("eyas.cli") + 1]
+            events.append(("start", self.stage, cmd))
+
+        def wait(self, timeout=None):
+            events.append(("end", self.stage))
+            return 0
+
+        def kill(self):
+            pass
+
+    fake = Stages()
+    monkeypatch.setattr(mod.S.subprocess, "run", fake)
+    monkeypatch.setattr(prewarm.subprocess, "Popen", Proc)
+    rc, doc = run(mod, tmp_path, tok_dir, "--warm-background", "--eval-compile", "--no-eval-parallel")
+    assert rc == 0 and doc["complete"]
+    seq = [e[:2] for e in events]
+    assert seq.index(("start", "train")) < seq.index(("run", "regenerate"))
+    assert seq.index(("run", "prepare")) < seq.index(("end", "train")) < seq.index(("run", "train")) \
+        < seq.index(("start", "eval")) < seq.index(("end", "eval")) < seq.index(("run", "eval"))
+    train_warm = next(e[2] for e in events if e[:2] == ("start", "train"))
+    eval_warm = next(e[2] for e in events if e[:2] == ("start", "eval"))
+    train = next(c for st, c in fake.cmds if st == "train")
+    ev = next(c for st, c in fake.cmds if st == "eval")
+    a = type("A", (), dict(target=str(tok_dir), ttt=7, batch=8, lr=1e-3, device="cpu", train_args=""))
+    flags = mod.train_flags(a)
+    assert " ".join(flags) in " ".join(train_warm) and " ".join(flags) in " ".join(train)
+    assert "--warm-only" in train_warm and arg(train_warm, "--max-length") == "2048"
+    assert arg(train_warm, "--draft-vocab-size") == "32000"
+    assert "--warm-only" in eval_warm and "--compile --min-bucket 1000000" in " ".join(eval_warm)
+    for f in ("--per-category", "--max-new-tokens", "--chain", "--tree", "--target"):
+        assert arg(eval_warm, f) == arg(ev, f)
+    assert doc["train_warm"]["rc"] == 0 and doc["eval_warm"]["started"] and doc["eval_warm"]["rc"] == 0
+
+
 def test_a_call_that_can_start_nothing_fails(tmp_path, tok_dir, monkeypatch):
     mod = load()
     monkeypatch.setattr(mod.S.subprocess, "run", FakeStages())
@@ -333,6 +389,11 @@ def test_tiny_end_to_end_over_two_calls(tmp_path, monkeypatch):
     assert len(doc["held_out_curve"]) >= 2 and all(p["tau"] >= 1 for p in doc["held_out_curve"])
     assert doc["tokens"]["generated"]["regen"] > 0 and doc["tokens"]["generated"]["self"] > 0
     assert doc["tokens"]["trained"] > doc["tokens"]["prepared"] > 0   # 3 epochs
+    # what bench/scaling.py --merge reads of a one-kind run (the point: prepared tokens, last held-out eval, T=0)
+    (pt,) = mod.S.best_draft_point(out, {**doc, "kinds": ["self"]})
+    assert pt["tokens"] == doc["tokens"]["prepared"] and pt["rows"] == doc["tokens"]["rows_out"] > 0
+    assert pt["tau"] == doc["held_out_curve"][-1]["tau"] and pt["steps"] == doc["held_out_curve"][-1]["step"]
+    assert pt["spec_bench_tree_tau"] == doc["spec_bench"]["t0"]["tree_tau"] and pt["spec_bench_compiled"] is False
 
     assert mod.main(argv + ["--pack", str(tmp_path / "pk")]) == 0
     man = json.loads((tmp_path / "pk" / "manifest.json").read_text())

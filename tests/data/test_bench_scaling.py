@@ -43,8 +43,9 @@ def test_merged_points_are_kept_and_not_recomputed(tmp_path, monkeypatch):
     ran = []
     monkeypatch.setattr(mod.Runner, "eyas", lambda self, name, *a: ran.append(name) or False)
     out = tmp_path / "scaling.json"
+    # train-only calls (merged points without Spec-Bench tau are computed again by a call that evaluates: below)
     mod.main(["--target", "T", "--kinds", "raw", "--sizes", "1000", "--work", str(tmp_path / "w"), "--device", "cpu",
-              "--merge", str(earlier(tmp_path)), "--out", str(out)])
+              "--merge", str(earlier(tmp_path)), "--out", str(out), "--skip-eval"])
     doc = json.loads(out.read_text())
     assert ran == []                                   # nothing left to compute
     assert doc["complete"] and sorted(p["kind"] for p in doc["points"]) == ["raw", "regen"]  # all merged points
@@ -52,7 +53,7 @@ def test_merged_points_are_kept_and_not_recomputed(tmp_path, monkeypatch):
 
     ran.clear()   # a size the earlier run lacks is computed (here: its first stage is attempted)
     mod.main(["--target", "T", "--kinds", "raw", "--sizes", "1000,2000", "--work", str(tmp_path / "w"),
-              "--device", "cpu", "--merge", str(earlier(tmp_path)), "--out", str(out)])
+              "--device", "cpu", "--merge", str(earlier(tmp_path)), "--out", str(out), "--skip-eval"])
     assert ran and not json.loads(out.read_text())["complete"]
 
 
@@ -117,6 +118,12 @@ def test_each_trained_point_gets_an_eager_spec_bench_eval(tmp_path, monkeypatch)
     assert doc["eval"]["spec_bench_questions"] == 13 and doc["eval"]["spec_bench_chain"] == "chain-3"
 
 
+def test_a_gpu_eval_is_compiled_at_one_kv_bucket(tmp_path, monkeypatch):
+    ran, doc = stages(tmp_path, monkeypatch, "--eval-compile")   # the default where --device is cuda
+    cmd = " ".join(ran["eval"])
+    assert "--compile --min-bucket 1000000" in cmd and "--no-compile" not in cmd
+
+
 def test_skip_eval_trains_only(tmp_path, monkeypatch):
     ran, doc = stages(tmp_path, monkeypatch, "--skip-eval")
     assert list(ran) == ["prepare", "train"] and doc["eval"] is None
@@ -131,6 +138,95 @@ def test_an_eval_that_cannot_fit_the_budget_waits_for_the_next_call(tmp_path, mo
     assert "eval" not in ran
     ran, _ = stages(tmp_path, monkeypatch, "--budget-s", "300", "--eval-est-s", "1000")
     assert "eval" in ran
+
+
+def test_an_eval_that_cannot_fit_does_not_hold_back_the_next_point_s_training(tmp_path, monkeypatch, capsys):
+    """An eval waits for a call with time for it; the next point's training (resumable) goes on meanwhile. Then a
+    call that can start nothing at all exits 3 and says so, so a loop of calls stops (it once called 48 times)."""
+    mod = load()
+    ran = []
+
+    def fake(cmd, env=None, timeout=None):
+        ran.append((cmd[3], cmd[cmd.index("--out") + 1].rsplit("/", 1)[-1]))
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(mod.subprocess, "run", fake)
+    monkeypatch.setattr(mod, "tokens_per_row", lambda *a: 600.0)
+    argv = ["--target", "T", "--kinds", "raw", "--sizes", "1000,2000", "--work", str(tmp_path / "w"),
+            "--device", "cpu", "--out", str(tmp_path / "o.json"), "--budget-s", "300", "--eval-est-s", "400"]
+    assert mod.main(argv) == 0
+    assert [r for r in ran if r[0] == "train"] == [("train", "run-raw-1000"), ("train", "run-raw-2000")]
+    assert not [r for r in ran if r[0] == "eval"]
+    ran.clear()
+    assert mod.main(argv) == 3 and ran == []          # only the two evals are left, and neither fits
+    assert "no step fits" in capsys.readouterr().out
+    assert mod.main(argv[:-2] + ["--eval-est-s", "100"]) == 0   # time for them: both run
+    assert [r[1] for r in ran] == ["eval-raw-1000.json", "eval-raw-2000.json"]
+    assert {"eval:raw:1000", "eval:raw:2000"} <= set(json.loads((tmp_path / "w" / "state.json").read_text())["done"])
+
+
+def test_an_eval_longer_than_the_budget_still_gets_a_full_call(tmp_path, monkeypatch):
+    """need = 1.5x the longest eval seen, capped at --budget-s: an eval of 377 s once needed 566 s in 540-s calls
+    and never started."""
+    mod = load()
+    r = SimpleNamespace(state={"done": {"eval:raw:10": 377.0}}, work=tmp_path,
+                        a=SimpleNamespace(target="T", eval_categories="", eval_per_category=1, eval_max_new_tokens=256,
+                                          eval_chain=3, eval_tree="total=6,depth=3,topk=2", device="cuda",
+                                          eval_compile=True, eval_min_bucket=10 ** 6, budget_s=540, eval_est_s=180))
+    needs = []
+    r.eyas = lambda name, *args, need: needs.append(need) or True
+    mod.spec_bench(r, "raw", 20)
+    assert needs == [540]
+
+
+def test_a_merged_point_without_spec_bench_tau_is_computed_again_and_replaced(tmp_path, monkeypatch):
+    mod = load()
+    ran, doc = stages(tmp_path, monkeypatch, "--merge", str(earlier(tmp_path)))   # raw 1000: tau 1.5, no eval
+    assert list(ran) == ["prepare", "train", "eval"]
+    # the fakes leave no metrics, so this call has no point of its own: the merged one stays, still unmeasured
+    assert [p["tau"] for p in doc["points"] if p["kind"] == "raw"] == [1.5] and not doc["complete"]
+    run = tmp_path / "w" / "run-raw-1000"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text(json.dumps({"split": "eval", "step": 4, "tau": 2.25, "acc": [0.5]}) + "\n")
+    (tmp_path / "w" / "prep-raw-1000").mkdir(exist_ok=True)
+    (tmp_path / "w" / "prep-raw-1000" / "manifest.json").write_text(json.dumps({"summary": {"tokens": 999}}))
+    cats = {c: {} for c in doc["eval"]["spec_bench_categories"]}   # all 13: the setting this call evaluates in
+    ev = {"questions": 13, "results": [
+        {"setting": s, "tau": t, "per_category": cats, "decode": {"max_new_tokens": 256, "compiled": False}}
+        for s, t in (("chain-3", 1.7), ("tree(total=60,depth=7,topk=10)", 2.4))]}
+    (tmp_path / "w" / "eval-raw-1000.json").write_text(json.dumps(ev))
+    ran, doc = stages(tmp_path, monkeypatch, "--merge", str(earlier(tmp_path)))
+    raw = [p for p in doc["points"] if p["kind"] == "raw"]
+    assert ran == {} and len(raw) == 1 and raw[0]["tau"] == 2.25 and raw[0]["spec_bench_tree_tau"] == 2.4
+    assert raw[0]["spec_bench_compiled"] is False and doc["complete"]
+
+
+def best_draft_json(tmp_path, **over):
+    doc = {"bench": "best_draft", "complete": True, "kinds": ["self"],
+           "recipe": {"target": "T", **RECIPE}, "tokens": {"prepared": 30_123_456, "rows_out": 74_000},
+           "held_out_last": {"step": 3676, "tau": 5.1, "acc": [0.9, 0.8]}, "step_seconds": {"train": 700.0},
+           "eval": {"spec_bench_categories": ["coding", "writing"]},
+           "spec_bench": {"t0": {"chain_tau": 2.7, "tree_tau": 5.0, "chain": "chain-3",
+                                 "tree": "tree(total=60,depth=7,topk=10)", "questions": 13, "max_new_tokens": 256,
+                                 "compiled": True, "seconds": 120.0}}}
+    doc.update(over)
+    path = tmp_path / "bd.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_a_best_draft_run_of_one_kind_merges_as_that_kind_s_point(tmp_path):
+    mod = load()
+    args = SimpleNamespace(target="T", skip_eval=True, **RECIPE)
+    (pt,) = mod.merged_points([best_draft_json(tmp_path)], args)
+    assert (pt["kind"], pt["size"], pt["tokens"], pt["tau"], pt["steps"]) == ("self", 30_123_456, 30_123_456, 5.1, 3676)
+    assert (pt["spec_bench_chain_tau"], pt["spec_bench_tree_tau"], pt["spec_bench_questions"]) == (2.7, 5.0, 13)
+    assert pt["from"] == "best_draft bd.json" and pt["spec_bench_compiled"] is True
+    for over, msg in (({"kinds": ["regen", "self"]}, "not one kind's point"), ({"complete": False}, "not complete"),
+                      ({"recipe": {"target": "T", **RECIPE, "epochs": 3.0}}, "another recipe"),
+                      ({"recipe": {"target": "U", **RECIPE}}, "another recipe")):
+        with pytest.raises(SystemExit, match=msg):
+            mod.merged_points([best_draft_json(tmp_path, **over)], args)
 
 
 def test_tiny_end_to_end_with_spec_bench_tau(tmp_path, monkeypatch):

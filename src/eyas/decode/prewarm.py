@@ -74,8 +74,10 @@ class Prewarm:
 
     `finish` stops watching and waits for the warm-up (a bounded time: a partly warm cache still helps)."""
 
-    def __init__(self, run_dir: Path, work: Path, eval_kw: dict[str, Any], *, poll_s: float = 2.0):
-        self.run_dir, self.work, self.eval_kw, self.poll_s = Path(run_dir), Path(work), eval_kw, poll_s
+    def __init__(self, run_dir: Path, work: Path, eval_kw: dict[str, Any] | list[str], *, poll_s: float = 2.0):
+        # eval_kw: EvalConfig fields, or the eval's flags as given on a command line
+        self.run_dir, self.work, self.poll_s = Path(run_dir), Path(work), poll_s
+        self.flags = list(eval_kw) if isinstance(eval_kw, list) else cli_flags(eval_kw)
         self.proc: subprocess.Popen | None = None
         self.job: Background | None = None
         self._t0, self._since = time.perf_counter(), time.time()
@@ -107,7 +109,7 @@ class Prewarm:
                     self._stop.wait(self.poll_s)
                     continue
                 self.job = Background(["eval", "--draft", str(draft), "--warm-only", "--json", "--out",
-                                       str(self.work / "warm.json"), *cli_flags(self.eval_kw)],
+                                       str(self.work / "warm.json"), *self.flags],
                                       self.work / "eval-warm.log", self.work / "warm.json")
                 self.proc = self.job.proc
                 self.started_at = time.perf_counter() - self._t0
