@@ -211,23 +211,29 @@ lane2_one() {  # issue 13's scaling curve, a few points per session beside the u
   flag lane2_done
 }
 
+until_done() {  # until_done NAME MAX_BUDGET CMD...: `CMD --budget-s B` call after call (B: at most MAX_BUDGET and
+               # the time left before the deadline) until it prints "all steps done", exits 3 (no step fits the time
+               # left: calling again with less cannot help, and once 48 such calls idled the GPU 335 s) or the
+               # deadline is near; its output also in $W/NAME.last
+  local name=$1 max=$2; shift 2
+  for _ in $(seq 50); do
+    local left=$(( DEADLINE_S - $(date +%s) + $(cat "$W/t0") - 60 )) budget=$max
+    [ "$left" -lt 120 ] && { echo "deadline near: stopping (the same command resumes)"; return 0; }
+    [ "$left" -lt "$budget" ] && budget=$left
+    "$@" --budget-s "$budget" 2>&1 | tee "$W/$name.last"
+    local rc=${PIPESTATUS[0]}
+    grep -q "all steps done" "$W/$name.last" && return 0
+    [ "$rc" = 3 ] && { echo "no step fits the time left: stopping (the same command resumes)"; return 0; }
+    [ "$rc" = 0 ] || return "$rc"
+  done
+}
 best_draft_loop() {  # LANE2=best_draft: issue 13's recipe (bench/best_draft.py) call after call until it is done or
                    # the session's deadline is near; lane 0's timed jobs do not wait for it (they share the GPU:
                    # use it in a session given to issue 13, with the timed jobs in SKIP)
   local tiny=(); [ -n "$TINY" ] && tiny=(--tiny)
-  for _ in $(seq 50); do
-    local left=$(( DEADLINE_S - $(date +%s) + $(cat "$W/t0") - 60 )) budget=${BD_BUDGET_S:-540}
-    [ "$left" -lt 120 ] && { echo "deadline near: stopping (the same command resumes)"; return 0; }
-    [ "$left" -lt "$budget" ] && budget=$left
-    # BD_ARGS: the recipe's own flags, e.g. "--self-prompts 40000 --epochs 2 --eval-per-category 2"
-    python3 bench/best_draft.py --work $W/best_draft --target $T --data $SG "${tiny[@]}" ${BD_ARGS:-} --budget-s "$budget" \
-      --out "$RES/best_draft.json" 2>&1 | tee "$W/best_draft.last"
-    local rc=${PIPESTATUS[0]}
-    grep -q "all steps done" "$W/best_draft.last" && return 0
-    # 3: no step fits the time left (calling again with less cannot help; once 48 such calls idled the GPU 335 s)
-    [ "$rc" = 3 ] && { echo "no step fits the time left: stopping (the same command resumes)"; return 0; }
-    [ "$rc" = 0 ] || return "$rc"
-  done
+  # BD_ARGS: the recipe's own flags, e.g. "--self-prompts 40000 --epochs 2 --eval-per-category 2"
+  until_done best_draft "${BD_BUDGET_S:-540}" python3 bench/best_draft.py --work $W/best_draft --target $T --data $SG \
+    "${tiny[@]}" ${BD_ARGS:-} --out "$RES/best_draft.json"
 }
 
 scaling_merge() {  # the committed points of earlier sessions (not in a TINY dry run: another recipe, refused);
@@ -239,18 +245,8 @@ scaling_loop() {  # LANE2=scaling_all: a session given to the scaling curve: ben
                 # SCALE_BUDGET_S) until every point of SCALE_KINDS x SCALE_SIZES has its Spec-Bench tau or the
                 # deadline is near; earlier sessions' points merged from bench/results/scaling.json
   local merge=(); scaling_merge
-  for _ in $(seq 50); do
-    local left=$(( DEADLINE_S - $(date +%s) + $(cat "$W/t0") - 60 )) budget=${SCALE_BUDGET_S:-540}
-    [ "$left" -lt 120 ] && { echo "deadline near: stopping (the same command resumes)"; return 0; }
-    [ "$left" -lt "$budget" ] && budget=$left
-    python3 bench/scaling.py --target $T --data $SG --work $W/scaling "${SCALE[@]}" "${merge[@]}" --budget-s "$budget" \
-      --out "$RES/scaling.json" 2>&1 | tee "$W/scaling.last"
-    local rc=${PIPESTATUS[0]}
-    grep -q "all steps done" "$W/scaling.last" && return 0
-    # 3: no step fits the time left (calling again with less cannot help; once 48 such calls idled the GPU 335 s)
-    [ "$rc" = 3 ] && { echo "no step fits the time left: stopping (the same command resumes)"; return 0; }
-    [ "$rc" = 0 ] || return "$rc"
-  done
+  until_done scaling "${SCALE_BUDGET_S:-540}" python3 bench/scaling.py --target $T --data $SG --work $W/scaling \
+    "${SCALE[@]}" "${merge[@]}" --out "$RES/scaling.json"
 }
 
 draft() {  # the SmolLM2 draft: gpu_vllm.sh's run9k recipe (held-out tau 1.759 in 298 s on an H200), or the one an
