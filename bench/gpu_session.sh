@@ -396,7 +396,15 @@ case "${1:-}" in
     # carried parts: vLLM and its wheels (gpu_carry.sh), the previous decoder's source (.carry/old)
     ls -d "$ROOT"/.carry/p* > /dev/null 2>&1 && (cd "$ROOT" && bash bench/gpu_carry.sh recv | tail -3)
     take_carried
-    end=$(( $(date +%s) + ${2:-60} ))
+    # a device call ends at CALL_S (600): a watch that outlives its call never packs, and its results are lost
+    # (`recv && start && watch 540` ran 606 s once). The call's shell ($PPID) started with the call, so its age is
+    # what the call has used; an age above CALL_S is not a call's shell (a long-lived wrapper) and caps nothing.
+    wait_s=${2:-60}; age=$(ps -o etimes= -p $PPID 2>/dev/null | tr -d ' '); call_s=${CALL_S:-600}
+    if [ -n "$age" ] && [ "$age" -lt "$call_s" ] && [ $(( call_s - 30 - age )) -lt "$wait_s" ]; then
+      wait_s=$(( call_s - 30 - age )); [ "$wait_s" -lt 0 ] && wait_s=0
+      echo "watch: $wait_s s (the call has used ${age} s of its ${call_s})"
+    fi
+    end=$(( $(date +%s) + wait_s ))
     all_done() { for n in $(cat "$W/lanes" 2>/dev/null || echo 0 1); do [ -e "$FL/lane${n}_done" ] || return 1; done; }
     while [ "$(date +%s)" -lt $end ] && ! all_done; do sleep 5; done
     tail -n 40 "$RES/lanes.log"; nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader 2>/dev/null
