@@ -305,8 +305,22 @@ def eval_details(path: Path) -> dict:
             "tie_aware_identical_rate", "unexplained_divergences", "unexplained_numerics", "unexplained_decoder",
             "unexplained_unchecked")
     return {x["setting"]: {**{k: x[k] for k in keys if k in x},
-                           "tau_by_category": {c: round(v["tau"], 3) for c, v in sorted(x["per_category"].items())}}
+                           "tau_by_category": {c: round(v["tau"], 3) for c, v in sorted(x["per_category"].items())},
+                           **first_per_category(x.get("turns") or [])}
             for x in json.loads(path.read_text())["results"]}
+
+
+def first_per_category(turns: list[dict]) -> dict:
+    """With --eval-per-category > 1: tau over each category's first question alone (its turns), which is the
+    question set a one-per-category eval takes (load_bench keeps file order), so the earlier runs' tau compares."""
+    first: dict[str, int] = {}
+    for t in turns:
+        first.setdefault(t["category"], t["question_id"])
+    sel = [t for t in turns if first[t["category"]] == t["question_id"]]
+    if len(sel) == len(turns) or not sum(t["steps"] for t in sel):
+        return {}
+    return {"first_per_category": {"tau": sum(t["emitted"] for t in sel) / sum(t["steps"] for t in sel),
+                                   "questions": len(first), "turns": len(sel)}}
 
 
 # ---------------------------------------------------------------- pack / unpack

@@ -405,3 +405,18 @@ def test_tiny_end_to_end_over_two_calls(tmp_path, monkeypatch):
     monkeypatch.setattr(mod.S.subprocess, "run", lambda *a, **k: pytest.fail(f"rerun started {a}"))
     assert mod.main(argv) == 0
     assert json.loads(out.read_text())["spec_bench"] == doc["spec_bench"]
+
+
+def test_first_per_category_tau_is_the_one_per_category_question_set():
+    """Two questions per category: tau over each category's first question alone (what a one-per-category eval
+    measures); with one question per category nothing is added."""
+    turns = [{"question_id": 1, "category": "a", "steps": 10, "emitted": 30},
+             {"question_id": 1, "category": "a", "steps": 10, "emitted": 20},
+             {"question_id": 2, "category": "a", "steps": 10, "emitted": 10},
+             {"question_id": 7, "category": "b", "steps": 20, "emitted": 40},
+             {"question_id": 8, "category": "b", "steps": 20, "emitted": 20}]
+    bd = load()
+    got = bd.first_per_category(turns)["first_per_category"]
+    assert got == {"tau": (30 + 20 + 40) / (10 + 10 + 20), "questions": 2, "turns": 3}
+    assert bd.first_per_category([t for t in turns if t["question_id"] in (1, 7)]) == {}
+    assert bd.first_per_category([]) == {}

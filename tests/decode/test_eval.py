@@ -44,6 +44,10 @@ def test_eval_cli_writes_json_and_plots(tiny_dirs, capsys):
         assert set(r["per_category"]) == {"a", "b"}
         assert r["tau"] == pytest.approx(1 + sum(r["accept_per_position"]))
         assert r["time_s"]["draft"] > 0 and r["time_s"]["verify"] > 0
+        # one record per turn, adding up to the setting's tau (a subset's tau is read from them)
+        assert len(r["turns"]) == 4 and all(t["identical"] for t in r["turns"])
+        assert sum(t["emitted"] for t in r["turns"]) / sum(t["steps"] for t in r["turns"]) == pytest.approx(r["tau"])
+        assert {t["category"] for t in r["turns"]} == {"a", "b"}
     assert doc["hardware"]["device"] == "cpu" and "commit" in doc
     pvm = doc["cost_model"]["predicted_vs_measured"]
     # Each setting replayed from its own rounds predicts exactly its measured tau; the tree (depth 3, topk 2)

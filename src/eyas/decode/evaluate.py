@@ -258,7 +258,7 @@ class Session:
         seconds = {"warm": lap()}
         base_all, spec_all, same_all = GenStats(), GenStats(), []
         cats: dict[str, tuple[GenStats, GenStats, list[bool]]] = {}
-        divergences, diverged = [], {}
+        divergences, diverged, turns = [], {}, []
         todo = list(self.prompts())
         seconds["baseline"] = lap()
         bar = Progress(f"eval: {spec.label()}", len(todo), "turns")
@@ -269,6 +269,10 @@ class Session:
             bar.update(1)
             bar.note(f"τ {spec_all.tau:.2f}")
             same = out == ref
+            # per turn, so any subset's tau (sum emitted / sum steps) and the worst prompts can be read back
+            turns.append({"question_id": key[0], "turn": key[1], "category": cat, "steps": st.steps,
+                          "emitted": st.emitted, "new_tokens": st.new_tokens,
+                          **({"identical": same} if self.temperature <= 0 else {})})
             if not same and self.temperature <= 0:
                 divergences.append({"question_id": key[0], "turn": key[1], "category": cat,
                                     **logit_gap(self.runner, prompt, ref, out)})
@@ -288,7 +292,7 @@ class Session:
                              "kv_buckets": list(self.runner.buckets)},
                   **_summary(spec_all, base_all, same_all if greedy else []),
                   "per_category": {k: _summary(s, b, i if greedy else []) for k, (s, b, i) in cats.items()},
-                  "divergences": divergences}
+                  "divergences": divergences, "turns": turns}
         if greedy and same_all:  # identity up to logit ties (must be 1.0; exactly identical in fp32)
             ties = sum(bool(d.get("tie")) for d in divergences)
             result["tie_aware_identical_rate"] = (sum(same_all) + ties) / len(same_all)
