@@ -378,7 +378,9 @@ def test_tiny_end_to_end_over_two_calls(tmp_path, monkeypatch):
     assert not set(st["calls"][1]["ran"]) & set(first["calls"][0]["finished"])
     assert all(st["finished_at"][s] == first["finished_at"][s] for s in first["calls"][0]["finished"])
     assert doc["gpu_seconds_total"] == pytest.approx(sum(c["seconds"] for c in st["calls"]), abs=0.11)
-    assert doc["gpu_seconds_total"] >= sum(doc["step_seconds"].values()) > 0
+    # each step's seconds and each call's are rounded to 0.1 s apart: their sums may differ by 0.05 a step
+    steps = doc["step_seconds"]
+    assert doc["gpu_seconds_total"] + 0.05 * len(steps) >= sum(steps.values()) > 0
     for t in ("t0", "t1"):
         sb = doc["spec_bench"][t]
         assert sb["chain_tau"] >= 1 and sb["tree_tau"] >= 1 and sb["seconds"] > 0
