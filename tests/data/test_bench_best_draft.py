@@ -1,6 +1,7 @@
 """bench/best_draft.py: issue 13's one-script recipe (data, training, Spec-Bench tau at T=0 and T=1), spread over
 calls of at most --budget-s, resumed from WORK/state.json, and carried between GPU sessions by --pack / --unpack."""
 
+import importlib
 import importlib.util
 import io
 import json
@@ -307,14 +308,14 @@ def half_trained(tmp_path, tok_dir, twin):
 
 
 @pytest.mark.parametrize("twin", [True, False])
-def test_pack_unpack_round_trip_and_a_bad_part_is_named(tmp_path, tok_dir, twin):
+def test_pack_unpack_round_trip_and_a_bad_part_is_named(tmp_path, tok_dir, twin, monkeypatch):
     mod = load()
     w, args = half_trained(tmp_path, tok_dir, twin)
     assert mod.main(args + ["--budget-s", "0"]) == 3   # stores the recipe, starts nothing
     st = json.loads((w / "state.json").read_text())
     st.update(done={"gen:regen": 10.0, "prep": 2.0}, prep={"tokens": 1}, gpu_seconds_total=12.0)
     (w / "state.json").write_text(json.dumps(st))
-    mod.PART_BYTES = 1000   # several parts from a small run
+    monkeypatch.setattr(mod.P, "PART_BYTES", 1000)   # several parts from a small run (the module is shared)
     pk = tmp_path / "pk"
     assert mod.main(args + ["--pack", str(pk), "--pack-data"]) == 0
     man = json.loads((pk / "manifest.json").read_text())
@@ -392,7 +393,7 @@ def test_tiny_end_to_end_over_two_calls(tmp_path, monkeypatch):
     assert doc["tokens"]["generated"]["regen"] > 0 and doc["tokens"]["generated"]["self"] > 0
     assert doc["tokens"]["trained"] > doc["tokens"]["prepared"] > 0   # 3 epochs
     # what bench/scaling.py --merge reads of a one-kind run (the point: prepared tokens, last held-out eval, T=0)
-    (pt,) = mod.S.best_draft_point(out, {**doc, "kinds": ["self"]})
+    (pt,) = importlib.import_module("_scaling_points").best_draft_point(out, {**doc, "kinds": ["self"]})
     assert pt["tokens"] == doc["tokens"]["prepared"] and pt["rows"] == doc["tokens"]["rows_out"] > 0
     assert pt["tau"] == doc["held_out_curve"][-1]["tau"] and pt["steps"] == doc["held_out_curve"][-1]["step"]
     assert pt["spec_bench_tree_tau"] == doc["spec_bench"]["t0"]["tree_tau"] and pt["spec_bench_compiled"] is False
