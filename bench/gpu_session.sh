@@ -227,10 +227,18 @@ until_done() {  # until_done NAME MAX_BUDGET CMD...: `CMD --budget-s B` call aft
     [ "$rc" = 0 ] || return "$rc"
   done
 }
+seed_regen() {  # seed_regen DIR: rows of ShareGPT re-answered in an earlier session (.carry/regen: regen.gz.NN, made
+               # with scaling's and best_draft's generation flags) as DIR/regen.jsonl, so gen:regen resumes after them
+               # (`eyas regenerate` skips rows already written); not in a TINY dry run (another target)
+  [ -z "$TINY" ] && [ -d /tmp/regen-parts ] && [ ! -e "$1/regen.jsonl" ] || return 0
+  mkdir -p "$1"; cat /tmp/regen-parts/regen.gz.* | gunzip > "$1/regen.jsonl.tmp" && mv "$1/regen.jsonl.tmp" "$1/regen.jsonl"
+  log "seeded $1/regen.jsonl with $(wc -l < "$1/regen.jsonl") carried rows"
+}
 best_draft_loop() {  # LANE2=best_draft: issue 13's recipe (bench/best_draft.py) call after call until it is done or
                    # the session's deadline is near; lane 0's timed jobs do not wait for it (they share the GPU:
                    # use it in a session given to issue 13, with the timed jobs in SKIP)
   local tiny=(); [ -n "$TINY" ] && tiny=(--tiny)
+  seed_regen $W/best_draft
   # BD_ARGS: the recipe's own flags, e.g. "--self-prompts 40000 --epochs 2 --eval-per-category 2"
   until_done best_draft "${BD_BUDGET_S:-540}" python3 bench/best_draft.py --work $W/best_draft --target $T --data $SG \
     "${tiny[@]}" ${BD_ARGS:-} --out "$RES/best_draft.json"
@@ -245,6 +253,7 @@ scaling_loop() {  # LANE2=scaling_all: a session given to the scaling curve: ben
                 # SCALE_BUDGET_S) until every point of SCALE_KINDS x SCALE_SIZES has its Spec-Bench tau or the
                 # deadline is near; earlier sessions' points merged from bench/results/scaling.json
   local merge=(); scaling_merge
+  seed_regen $W/scaling
   until_done scaling "${SCALE_BUDGET_S:-540}" python3 bench/scaling.py --target $T --data $SG --work $W/scaling \
     "${SCALE[@]}" "${merge[@]}" --out "$RES/scaling.json"
 }
