@@ -9,7 +9,9 @@ Steps, each recorded done in WORK/state.json; one cut by --budget-s continues on
 the rows it wrote, train resumes from its last checkpoint, written every --save-every steps):
   gen:regen  ShareGPT (--data, first --rows rows) re-answered by the target, greedy (`eyas regenerate --backend
              native`). gen:self  --self-prompts prompts the target writes (self:N), answered the same way. raw: the
-             ShareGPT rows as they are (no generation). --kinds picks any of regen,self,raw.
+             ShareGPT rows as they are (no generation). gen:task  up to --task-prompts long-input tasks (summarize,
+             key points, translate, QA over the passage, simplify) over the self-written answers (`tasks:PATH`),
+             answered the same way; needs self before it. --kinds picks any of regen,self,task,raw.
   prep       one `eyas prepare` of the union of the kinds' rows (WORK/union.jsonl: prepare reads one file).
   train      online `eyas train`, TTT --ttt, --batch rows x --max-length tokens, --epochs, --lr (cosine), held-out
              simulated tau every --eval-every steps (train's 5% split of the packed rows).
@@ -54,9 +56,9 @@ import scaling as S  # noqa: E402
 from _emit import emit  # noqa: E402
 
 GOALS = {"tree_tau_goal": 4.0, "chain_tau_goal": 2.6}
-KINDS = ("regen", "self", "raw")
+KINDS = ("regen", "self", "task", "raw")
 # What decides the data, the draft or the measured tau: a WORK made with other values is refused, not mixed.
-RECIPE = ("target", "data", "kinds", "rows", "self_prompts", "new_tokens", "max_prompt", "gen_temperature", "gen_attention",
+RECIPE = ("target", "data", "kinds", "rows", "self_prompts", "task_prompts", "task_min_words", "new_tokens", "max_prompt", "gen_temperature", "gen_attention",
           "gen_graph",
           "max_length", "vocab", "ttt", "epochs", "lr", "batch", "train_args", "eval_chain", "eval_tree",
           "eval_per_category", "eval_categories", "eval_max_new_tokens")
@@ -190,7 +192,8 @@ def data_steps(r: Steps, a, kinds: list[str]) -> bool:
     """gen (per kind), the generated-token counts, union.jsonl and prep; True when prep is done."""
     st = r.state
     for kind in kinds:
-        if kind != "raw" and not S.source(r, kind, a.rows if kind == "regen" else a.self_prompts):
+        rows = {"regen": a.rows, "self": a.self_prompts, "task": a.task_prompts}.get(kind)
+        if kind != "raw" and not S.source(r, kind, rows):
             return False
     for kind in kinds:   # counted once, while the rows are here (a pack without them keeps the counts)
         if kind != "raw" and kind not in st.setdefault("tokens_generated", {}):
@@ -329,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     add("--kinds", default="regen,self", help=f"any of {','.join(KINDS)}")
     add("--rows", type=int, default=9000, help="ShareGPT rows (regen, raw)")
     add("--self-prompts", type=int, default=20000, help="target-written prompts (self)")
+    add("--task-prompts", type=int, default=20000, help="long-input task prompts over the self-written answers (task)")
+    add("--task-min-words", type=int, default=40, help="shorter self-written answers make no task (task)")
     add("--budget-s", type=float, default=540, help="start no step after this many seconds")
     add("--device", default=None)
     add("--gen-batch", type=int, default=512)
@@ -373,7 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     add("--unpack", type=Path, default=None, help="restore WORK from a --pack dir, then exit")
     a = ap.parse_args(argv)
     if a.tiny:
-        ap.set_defaults(rows=40, self_prompts=12, gen_batch=8, new_tokens=24, max_prompt=256, gen_temperature=1.0,
+        ap.set_defaults(rows=40, self_prompts=12, task_prompts=12, task_min_words=1, gen_batch=8, new_tokens=24,
+                        max_prompt=256, gen_temperature=1.0,
                         max_length=256, vocab=512, ttt=2, epochs=3.0, batch=2, device="cpu", save_every=2, eval_every=4,
                         eval_batches=2, train_need=20, eval_chain=2, eval_tree="total=6,depth=3,topk=2",
                         eval_max_new_tokens=16, eval_est_s=60, eval_categories="writing,coding")  # as scaling's --tiny
@@ -382,6 +388,8 @@ def main(argv: list[str] | None = None) -> int:
     kinds = a.kinds.split(",")
     if not kinds or set(kinds) - set(KINDS) or len(set(kinds)) < len(kinds):
         raise SystemExit(f"--kinds {a.kinds}: give distinct kinds among {', '.join(KINDS)}")
+    if "task" in kinds and ("self" not in kinds or kinds.index("self") > kinds.index("task")):
+        raise SystemExit(f"--kinds {a.kinds}: task is made from the self-written answers: put self before it")
     a.work.mkdir(parents=True, exist_ok=True)
     if a.tiny:
         a.target = S.tiny_target(a.work, a.target)

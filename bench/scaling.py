@@ -199,11 +199,13 @@ def source(r: Runner, kind: str, rows: int, stage: str = "") -> str | None:
     if kind == "raw":
         return a.data
     out = r.work / f"{kind}.jsonl"
-    data = a.data if kind == "regen" else f"self:{rows}"
+    # task: long-input tasks over the self-written answers of this WORK (bench/best_draft.py's kind task)
+    data = a.data if kind == "regen" else f"tasks:{r.work / 'self.jsonl'}" if kind == "task" else f"self:{rows}"
     ok = r.eyas(f"gen:{kind}{stage}", "regenerate", "--target", a.target, "--data", data, "--max-samples", str(rows),
                 "--out", str(out), "--backend", "native", "--batch-size", str(a.gen_batch), "--max-new-tokens",
                 str(a.new_tokens), "--max-prompt-tokens", str(a.max_prompt), "--device", a.device, "--temperature", str(a.gen_temperature),
-                "--attention", a.gen_attention, "--graph", a.gen_graph, "--json")
+                "--attention", a.gen_attention, "--graph", a.gen_graph, "--json",
+                *(["--task-min-words", str(getattr(a, "task_min_words", 40))] if kind == "task" else []))
     return str(out) if ok else None
 
 

@@ -273,6 +273,9 @@ def test_bad_inputs(tmp_path, tok_dir):
         mod.main(["--target", str(tok_dir), "--data", "/nope.json", "--work", str(tmp_path / "w"), "--device", "cpu"])
     with pytest.raises(SystemExit, match="--kinds regen,bogus"):
         mod.main(["--kinds", "regen,bogus", "--work", str(tmp_path / "w"), "--device", "cpu"])
+    for kinds in ("regen,task", "task,self"):   # tasks are made from the self-written answers
+        with pytest.raises(SystemExit, match="put self before it"):
+            mod.main(["--kinds", kinds, "--work", str(tmp_path / "w"), "--device", "cpu"])
 
 
 def half_trained(tmp_path, tok_dir, twin):
@@ -367,7 +370,7 @@ def test_tiny_end_to_end_over_two_calls(tmp_path, monkeypatch):
     make_tokenizer("smollm2").save_pretrained(tmp_path / "tok")
     work, out = tmp_path / "w", tmp_path / "o.json"
     argv = ["--tiny", "--target", str(tmp_path / "tok"), "--data", str(sharegpt(tmp_path / "sg.json")),
-            "--work", str(work), "--out", str(out)]
+            "--work", str(work), "--out", str(out), "--kinds", "regen,self,task"]
     assert mod.main(argv + ["--budget-s", "40"]) == 0
     first = json.loads((work / "state.json").read_text())
     assert first["calls"][0]["finished"] and "eval:t0" not in first["done"]
@@ -391,6 +394,7 @@ def test_tiny_end_to_end_over_two_calls(tmp_path, monkeypatch):
     assert doc["goals"]["tree_tau_met"] is False and doc["goals"]["chain_tau_met"] is False
     assert len(doc["held_out_curve"]) >= 2 and all(p["tau"] >= 1 for p in doc["held_out_curve"])
     assert doc["tokens"]["generated"]["regen"] > 0 and doc["tokens"]["generated"]["self"] > 0
+    assert doc["tokens"]["generated"]["task"] > 0 and doc["tokens"]["union_rows"]["task"] > 0   # over self's answers
     assert doc["tokens"]["trained"] > doc["tokens"]["prepared"] > 0   # 3 epochs
     # what bench/scaling.py --merge reads of a one-kind run (the point: prepared tokens, last held-out eval, T=0)
     (pt,) = importlib.import_module("_scaling_points").best_draft_point(out, {**doc, "kinds": ["self"]})

@@ -24,13 +24,14 @@ from eyas.config import StageConfig
 from eyas.data.backends import GenerationError, HFBackend, OpenAIBackend
 from eyas.data.selfgen import done_rows, self_prompts
 from eyas.data.sources import Record, iter_conversations, self_source_size
+from eyas.data.tasks import task_source_path, write_task_prompts
 from eyas.devices import DEVICE_HELP, DTYPE_HELP, TORCH_NAMES, Dtype
 from eyas.progress import Progress
 
 
 class RegenerateConfig(StageConfig):
     target: str = Field(description="the target: HF dir, hub id, .gguf or built-in name (hf backend), or served model name")
-    data: str = Field(description="conversations: ShareGPT JSON/JSONL, messages JSONL, built-in 'sharegpt', or self:N (N prompts the target writes itself, Magpie-style; hf/native)")
+    data: str = Field(description="conversations: ShareGPT JSON/JSONL, messages JSONL, built-in 'sharegpt', self:N (N prompts the target writes itself, Magpie-style; hf/native), or tasks:PATH (long-input tasks over PATH's answers: summarize, key points, translate, QA over the passage, simplify)")
     out: Path = Field(description="output JSONL (OpenAI messages; an existing directory gets regenerated.jsonl); errors go to OUT.errors.jsonl")
     backend: Literal["hf", "native", "openai", "vllm"] = Field("hf", description="hf: HF generate on the target; native: eyas's continuous-batching generator (static KV cache, CUDA graphs; fast with no engine); openai: an OpenAI-compatible server; vllm: vLLM's offline engine in its own env (--python)")
     max_samples: int | None = Field(None, ge=1, description="read at most this many source rows")
@@ -44,6 +45,7 @@ class RegenerateConfig(StageConfig):
     attention: Literal["sdpa", "flex"] = Field("sdpa", description="native decode step's attention: sdpa, or flex (FlexAttention over each row's own KV blocks: 1.5x the SmolLM2 rate on an H200 at batch 512; greedy-identical in fp32, bf16 ties may flip)")
     self_max_new_tokens: int = Field(128, ge=8, description="max tokens of a self-written user prompt (data self:N)")
     self_temperature: float = Field(1.0, gt=0.0, description="sampling temperature of self-written prompts (data self:N)")
+    task_min_words: int = Field(40, ge=1, description="answers shorter than this make no task prompt (data tasks:PATH)")
     device: str = Field("auto", description="hf / native: " + DEVICE_HELP)
     dtype: Dtype = Field("auto", description="hf / native weights: " + DTYPE_HELP)
     static_cache: bool | None = Field(None, description="static KV cache in generate (default: on for cuda)")
@@ -138,6 +140,11 @@ def regenerate(cfg: RegenerateConfig, backend=None) -> dict:
         self_prompts(backend, n, data, max_new_tokens=cfg.self_max_new_tokens, temperature=cfg.self_temperature,
                      seed=cfg.seed)
         limit = min(n, limit or n)
+    tasks = None
+    if (src := task_source_path(cfg.data)) is not None:  # long-input tasks over PATH's answers (rewritten: deterministic)
+        data = out.with_name(out.name + ".task-prompts.jsonl")
+        tasks = write_task_prompts(src, data, limit, min_words=cfg.task_min_words)
+        limit = tasks["written"]
     counts = {"input": 0, "written": 0, "failed": 0, "skipped": 0, "turns": 0}
     bar = Progress(f"regenerate ({cfg.backend})", limit, "rows")
     with open(out, "a", encoding="utf-8") as fout, open(errors_path, "a", encoding="utf-8") as ferr:
@@ -184,6 +191,7 @@ def regenerate(cfg: RegenerateConfig, backend=None) -> dict:
             "backend_startup_s": getattr(backend, "startup_s", None),
             "generated_tokens": getattr(backend, "generated_tokens", None),
             **({"backend_stats": backend.stats()} if callable(getattr(backend, "stats", None)) else {}),
+            **({"task_prompts": tasks} if tasks else {}),
             "seconds": round(seconds, 2), "rows_per_s": round(counts["input"] / seconds, 2) if seconds else 0.0}
 
 

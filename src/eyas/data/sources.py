@@ -77,6 +77,8 @@ def resolve_data(spec: str | os.PathLike, cache: str | os.PathLike | None = None
     if self_source_size(s) is not None:
         raise ValueError(f"data {s!r}: self-written prompts are made by `eyas regenerate --data {s}`; "
                          "prepare its output file")
+    if s.startswith("tasks:"):
+        raise ValueError(f"data {s!r}: task prompts are answered by `eyas regenerate --data {s}`; prepare its output file")
     if s in BUILTIN_DATASETS:
         package, version, rel = BUILTIN_DATASETS[s]
         path = fetch_package(package, version, cache) / rel
