@@ -58,8 +58,8 @@ from _emit import emit  # noqa: E402
 GOALS = {"tree_tau_goal": 4.0, "chain_tau_goal": 2.6}
 KINDS = ("regen", "self", "task", "raw")
 # What decides the data, the draft or the measured tau: a WORK made with other values is refused, not mixed.
-RECIPE = ("target", "data", "kinds", "rows", "self_prompts", "task_prompts", "task_min_words", "new_tokens", "max_prompt", "gen_temperature", "gen_attention",
-          "gen_graph",
+RECIPE = ("target", "data", "kinds", "rows", "self_prompts", "task_prompts", "task_min_words", "new_tokens",
+          "max_prompt", "gen_temperature", "gen_attention", "gen_graph",
           "max_length", "vocab", "ttt", "epochs", "lr", "batch", "train_args", "eval_chain", "eval_tree",
           "eval_per_category", "eval_categories", "eval_max_new_tokens")
 

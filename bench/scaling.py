@@ -205,7 +205,8 @@ def source(r: Runner, kind: str, rows: int, stage: str = "") -> str | None:
                 "--out", str(out), "--backend", "native", "--batch-size", str(a.gen_batch), "--max-new-tokens",
                 str(a.new_tokens), "--max-prompt-tokens", str(a.max_prompt), "--device", a.device, "--temperature", str(a.gen_temperature),
                 "--attention", a.gen_attention, "--graph", a.gen_graph, "--json",
-                *(["--task-min-words", str(getattr(a, "task_min_words", 40))] if kind == "task" else []))
+                *(["--task-min-words", str(a.task_min_words)]
+                  if kind == "task" and hasattr(a, "task_min_words") else []))
     return str(out) if ok else None
 
 
