@@ -155,22 +155,19 @@ def run_steps(r: Steps, a, kinds: list[str]) -> None:
     """The steps in order; with --warm-background, training's compiles run beside the data steps (`eyas train
     --warm-only` on stand-in rows) and the evals' beside training (`eyas eval --warm-only` on its first draft), as
     the GPU demo does: inductor's on-disk cache then holds both when they start (~1 min and ~2 min on the H200)."""
-    from eyas.decode.prewarm import Background, Prewarm
+    from eyas.decode.prewarm import Prewarm, train_warm
 
     st = r.state
     warm = a.warm_background and "train" not in st["done"]
     # (only while data steps are left to overlap with: otherwise the training compiles its own graphs)
-    tw = Background(["train", "--warm-only", "--out", str(a.work / "train-warm"), "--max-length", str(a.max_length),
-                     "--draft-vocab-size", str(a.vocab), *train_flags(a)], a.work / "train-warm.log") \
+    tw = train_warm(a.work / "train-warm", a.max_length, a.vocab, train_flags(a)) \
         if warm and "prep" not in st["done"] else None
     ready = False
     try:
         ready = data_steps(r, a, kinds)
     finally:
         if tw is not None:   # the training waits for it (bounded): never two compiles of the same graphs at once
-            t = time.perf_counter()
-            info = tw.finish(timeout=min(240.0, max(0.0, r.left() - a.train_need)) if ready else 0)
-            st["train_warm"] = {**info, "waited_s": round(time.perf_counter() - t, 1)}
+            st["train_warm"] = tw.finish_waited(timeout=min(240.0, max(0.0, r.left() - a.train_need)) if ready else 0)
             r.save()
     if not ready:
         return

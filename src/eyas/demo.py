@@ -24,7 +24,7 @@ from eyas.data.sources import BUILTIN_DATASETS, iter_conversations, resolve_data
 from eyas.decode.bench import load_bench
 from eyas.decode.divergence import COUNTS
 from eyas.decode.evaluate import EvalConfig, run as evaluate
-from eyas.decode.prewarm import Background, Prewarm, cli_flags
+from eyas.decode.prewarm import Prewarm, cli_flags, train_warm as start_train_warm
 from eyas.devices import DEVICE_HELP, fast_bf16, resolve_device
 from eyas.doctor import DoctorConfig, diagnose, render_table
 from eyas.export.commands import ExportConfig, run_export
@@ -181,9 +181,7 @@ def run(cfg: DemoConfig) -> int | dict:
                     init_head=False)
     train_warm = None
     if cfg.train_warm_background and cfg.online:   # the step's compiles beside the data stages (train/warm.py)
-        train_warm = Background(["train", "--warm-only", "--out", str(out / "train-warm"), "--max-length",
-                                 str(cfg.max_length), "--draft-vocab-size", str(cfg.draft_vocab_size),
-                                 *cli_flags(train_kw)], out / "train-warm.log")
+        train_warm = start_train_warm(out / "train-warm", cfg.max_length, cfg.draft_vocab_size, cli_flags(train_kw))
     try:
         regen, regen_self, prep = _data_stages(cfg, device, data, paths, times, cache)
     except BaseException:
@@ -192,8 +190,7 @@ def run(cfg: DemoConfig) -> int | dict:
         raise
     train_warm_info = None
     if train_warm is not None:   # never two compiles of the same graphs at once: wait for it (bounded)
-        t = time.perf_counter()
-        train_warm_info = {**train_warm.finish(timeout=240), "waited_s": round(time.perf_counter() - t, 1)}
+        train_warm_info = train_warm.finish_waited(timeout=240)
 
     ext = None
     if not cfg.online:

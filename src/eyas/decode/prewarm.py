@@ -50,6 +50,11 @@ class Background:
         self.proc = subprocess.Popen([nice, "-n", "10", *cmd] if nice else cmd, stdout=self._log,
                                      stderr=subprocess.STDOUT)
 
+    def finish_waited(self, timeout: float) -> dict[str, Any]:
+        """`finish`, plus how long the caller waited for it (waited_s)."""
+        t = time.perf_counter()
+        return {**self.finish(timeout), "waited_s": round(time.perf_counter() - t, 1)}
+
     def finish(self, timeout: float) -> dict[str, Any]:
         """Wait up to `timeout` s (then stop it): rc, killed, its seconds, its log and (when written) its JSON."""
         killed = False
@@ -67,6 +72,14 @@ class Background:
             except (OSError, ValueError):
                 pass
         return info
+
+
+def train_warm(out: Path, max_length: int, draft_vocab_size: int, train_flags: list[str]) -> Background:
+    """`eyas train --warm-only` (train/warm.py) started beside the data stages: the training's compiles on stand-in
+    rows of the real length and vocabulary, with the real run's flags; its log is OUT.log."""
+    out = Path(out)
+    return Background(["train", "--warm-only", "--out", str(out), "--max-length", str(max_length),
+                       "--draft-vocab-size", str(draft_vocab_size), *train_flags], out.with_name(out.name + ".log"))
 
 
 class Prewarm:
