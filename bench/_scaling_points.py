@@ -1,5 +1,5 @@
 """bench/scaling.py's points once measured: read from eval JSONs, merged across sessions (one recipe, one Spec-Bench
-setting, else refused), a bench/best_draft.py run of one kind taken as that kind's point, and the curve's plot."""
+setting, else refused), a bench/best_draft.py run taken as a point (one kind's: that kind's), and the curve's plot."""
 
 from __future__ import annotations
 
@@ -56,7 +56,10 @@ def plot(points: list[dict], png: Path, ttt: int) -> None:
 
     fig, (sim, sb) = plt.subplots(1, 2, figsize=(11, 4), sharex=True)
     measured = [p for p in points if "spec_bench_tree_tau" in p]   # points older than the eval step have none
-    for i, kind in enumerate(sorted({p["kind"] for p in points})):
+    order = ["raw", "regen", "self"]   # one colour per kind in every session's plot; mixes after them
+    kinds = sorted({p["kind"] for p in points}, key=lambda k: (order.index(k) if k in order else len(order), k))
+    for kind in kinds:
+        i = order.index(kind) if kind in order else len(order) + kinds.index(kind)
         ps = sorted((p for p in points if p["kind"] == kind), key=lambda p: p["tokens"])
         sim.plot([p["tokens"] for p in ps], [p["tau"] for p in ps], marker="o", color=f"C{i}", label=kind)
         ms = [p for p in ps if p in measured]
@@ -91,20 +94,29 @@ RECIPE_KEYS = ("ttt", "epochs", "lr", "batch", "vocab", "max_length")
 
 
 def best_draft_point(path: Path, prev: dict) -> list[dict]:
-    """A bench/best_draft.py run of one kind as that kind's scaling point (its recipe is checked by the caller):
-    tokens = its prepared tokens, tau / acc / steps = its last held-out eval, Spec-Bench = its T=0 eval."""
-    if len(prev.get("kinds", [])) != 1:
-        raise SystemExit(f"--merge {path}: a best_draft run of kinds {prev.get('kinds')} is not one kind's point")
+    """A bench/best_draft.py run as a scaling point (its recipe is checked by the caller): one kind's run is that
+    kind's point, a run of several kinds a point of its own kind ("regen+self": a series of one point beside the
+    curves). tokens = its prepared tokens, tau / acc / steps = its last held-out eval, Spec-Bench = its T=0 eval; a
+    run evaluated on 2 questions a category gives the first question of each category alone (its per-turn records,
+    `first_per_category`), the 13 questions the curve's points are measured on."""
     last, tok = prev.get("held_out_last"), prev.get("tokens") or {}
     if not prev.get("complete") or not last or "t0" not in prev.get("spec_bench", {}):
         raise SystemExit(f"--merge {path}: best_draft run not complete (no held-out eval or no T=0 Spec-Bench tau)")
     t0 = prev["spec_bench"]["t0"]
-    return [{"kind": prev["kinds"][0], "size": tok["prepared"], "tokens": tok["prepared"], "rows": tok.get("rows_out"),
-             "tau": last["tau"], "acc": last.get("acc"), "steps": last["step"],
+    cats = (prev.get("eval") or {}).get("spec_bench_categories")
+    chain, tree, questions = t0["chain_tau"], t0["tree_tau"], t0["questions"]
+    if cats and questions > len(cats):   # --eval-per-category 2 or more
+        first = {s: (t0.get("settings", {}).get(t0[s]) or {}).get("first_per_category") for s in ("chain", "tree")}
+        if not all(first.values()):
+            raise SystemExit(f"--merge {path}: {questions} questions and no first_per_category τ "
+                             f"(a run older than the per-turn records): not comparable with one question a category")
+        chain, tree, questions = first["chain"]["tau"], first["tree"]["tau"], first["tree"]["questions"]
+    return [{"kind": "+".join(prev.get("kinds", [])), "size": tok["prepared"], "tokens": tok["prepared"],
+             "rows": tok.get("rows_out"), "tau": last["tau"], "acc": last.get("acc"), "steps": last["step"],
              "train_seconds": prev.get("step_seconds", {}).get("train"), "from": f"best_draft {path.name}",
-             "spec_bench_chain_tau": t0["chain_tau"], "spec_bench_tree_tau": t0["tree_tau"],
-             "spec_bench_chain": t0["chain"], "spec_bench_tree": t0["tree"], "spec_bench_questions": t0["questions"],
-             "spec_bench_categories": (prev.get("eval") or {}).get("spec_bench_categories"),
+             "spec_bench_chain_tau": chain, "spec_bench_tree_tau": tree,
+             "spec_bench_chain": t0["chain"], "spec_bench_tree": t0["tree"], "spec_bench_questions": questions,
+             "spec_bench_categories": cats,
              "spec_bench_max_new_tokens": t0["max_new_tokens"], "spec_bench_compiled": t0.get("compiled"),
              "eval_seconds": t0.get("seconds")}]
 

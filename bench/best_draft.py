@@ -19,7 +19,8 @@ the rows it wrote, train resumes from its last checkpoint, written every --save-
              turn; compiled at one KV bucket on a GPU, --no-eval-compile for eager) with chain --eval-chain and
              tree --eval-tree, at T=0 then T=1.
 A run of one kind with bench/scaling.py's recipe (--epochs 2) is also that kind's scaling point: scaling.py
---merge takes this JSON (e.g. --kinds self --self-prompts 75000 --epochs 2: the self curve's ~30M-token end).
+--merge takes this JSON (e.g. --kinds self --self-prompts 75000 --epochs 2: the self curve's ~30M-token end); a
+run of several kinds is a point of its own kind ("regen+self").
 The JSON (--out, rewritten every call) holds the recipe, tokens generated / prepared / trained, per-step seconds,
 the held-out tau curve, Spec-Bench tau at T=0 and T=1 and whether the goals are met; gpu_seconds_total sums the wall
 seconds of every call that ran a step (the machine's start and the transfers are not in it).
@@ -99,13 +100,25 @@ def jsonl(path: Path):
         yield from (json.loads(line) for line in f if line.strip())
 
 
+def asked_rows(a, kind: str) -> int | None:
+    """Input rows a generated kind is made of (its --rows / --self-prompts / --task-prompts)."""
+    return {"regen": a.rows, "self": a.self_prompts, "task": a.task_prompts}.get(kind)
+
+
+def kind_rows(a, kind: str):
+    """WORK/KIND.jsonl's rows from the first asked_rows inputs: a WORK seeded with an earlier session's rows
+    (gpu_session.sh's seed_carried) may hold more than this run asks for, and the run must not train on them."""
+    limit = asked_rows(a, kind)
+    return (row for row in jsonl(a.work / f"{kind}.jsonl") if limit is None or row.get("row", 0) < limit)
+
+
 def generated_tokens(a, kind: str) -> int:
     """Target-written tokens of a kind's rows (answers; for self also the prompts), by the target's tokenizer."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(a.target)
     roles = ("user", "assistant") if kind == "self" else ("assistant",)
-    texts = [m["content"] for row in jsonl(a.work / f"{kind}.jsonl") for m in row["messages"] if m["role"] in roles]
+    texts = [m["content"] for row in kind_rows(a, kind) for m in row["messages"] if m["role"] in roles]
     return sum(len(ids) for i in range(0, len(texts), 2048)
                for ids in tok(texts[i:i + 2048], add_special_tokens=False)["input_ids"])
 
@@ -125,10 +138,9 @@ def write_union(a, kinds: list[str]) -> dict:
                         out.write(json.dumps({"messages": rec.messages}, ensure_ascii=False) + "\n")
                         n += 1
             else:
-                with open(a.work / f"{kind}.jsonl", encoding="utf-8") as f:
-                    for line in filter(str.strip, f):
-                        out.write(line.rstrip("\n") + "\n")
-                        n += 1
+                for row in kind_rows(a, kind):
+                    out.write(json.dumps(row, ensure_ascii=False) + "\n")
+                    n += 1
             counts[kind] = n
     tmp.replace(a.work / "union.jsonl")
     return counts
@@ -189,8 +201,7 @@ def data_steps(r: Steps, a, kinds: list[str]) -> bool:
     """gen (per kind), the generated-token counts, union.jsonl and prep; True when prep is done."""
     st = r.state
     for kind in kinds:
-        rows = {"regen": a.rows, "self": a.self_prompts, "task": a.task_prompts}.get(kind)
-        if kind != "raw" and not S.source(r, kind, rows):
+        if kind != "raw" and not S.source(r, kind, asked_rows(a, kind)):
             return False
     for kind in kinds:   # counted once, while the rows are here (a pack without them keeps the counts)
         if kind != "raw" and kind not in st.setdefault("tokens_generated", {}):

@@ -17,7 +17,9 @@
 # DEADLINE_S (default 1500): jobs marked optional are skipped once the session is older than this.
 # LANE2=best_draft: lane 2 (one GPU) runs issue 13's bench/best_draft.py until done or the deadline (BD_BUDGET_S per call)
 #   instead of the scaling points (SCALE_KINDS, SCALE_SIZES, SCALE_BUDGET_S: one call of bench/scaling.py);
-#   LANE2=scaling_all: the scaling points call after call until all are done or the deadline (a session of its own).
+#   LANE2=scaling_all: the scaling points call after call until all are done or the deadline (a session of its own);
+#   SCALE_PARALLEL=1: one bench/scaling.py per kind side by side, merged at the end. LANE2="scaling_all best_draft":
+#   one after the other. Rows generated in an earlier session (.carry/regen, .carry/self) seed both.
 #   LANE2_AFTER=FLAG: lane 2 waits for lane 0's FLAG (LANE0=demo_vllm LANES="0 2" LANE2_AFTER=demo_done: the scaling
 #   points after the timed demo).
 # LANE0=demo_vllm (one GPU): the GPU demo alone first (issue 13), then vLLM with the demo's draft: the speedup sweep
@@ -32,7 +34,7 @@ W=${W:-/tmp/w}; RES="${RES:-$W/results}"; FL="$W/flags"; mkdir -p "$W" "$RES" "$
 T=${T:-/tmp/smol-hf}; SG=${SG:-/tmp/sharegpt.json}; DRAFT="$W/run9k"   # LANE0=demo_vllm: the demo's draft
 # one GPU only (nvidia-h200): the *_one lanes (no 2-GPU stage, no vLLM)
 if [ -z "${G1:-}" ]; then G1=1; [ "$(nvidia-smi -L 2>/dev/null | wc -l)" = 1 ] && G1=0; fi
-DEADLINE_S=${DEADLINE_S:-1500}; TINY=${TINY:-}; OLD=${OLD:-/tmp/old}
+DEADLINE_S=${DEADLINE_S:-1500}; TINY=${TINY:-}; OLD=${OLD:-/tmp/old}; SCALE_KINDS=${SCALE_KINDS:-self,raw}
 
 log() { echo "[$(date +%H:%M:%S) +$(( $(date +%s) - $(cat "$W/t0" 2>/dev/null || date +%s) ))s] $*" | tee -a "$RES/lanes.log"; }
 late() { [ $(( $(date +%s) - $(cat "$W/t0") + ${1:-0} )) -gt "$DEADLINE_S" ]; }
@@ -63,7 +65,7 @@ if [ -n "$TINY" ]; then
         --draft-vocab-size 512 --eval-per-category 1 --eval-max-new-tokens 16 --tree total=6,depth=3,topk=2 --online
         --regen-backend native --regen-attention flex --self-prompts 2 --eval-min-bucket 1000000 --eval-warm-background --train-warm-background)
   REGEN512=(--rows 6 --batch 4 --max-new 8 --hf-sample 0 --sweep graph=eager)
-  SELF=(--data self:12 --max-new-tokens 8 --batch-size 4); MG=(TINY=1 STEPS=2 TOKENS=2048); KILL_ROWS=4; SCALE=(--tiny --kinds ${SCALE_KINDS:-self,raw} --budget-s 200); RFULL=(--max-samples 16 --max-new-tokens 8 --batch-size 4); LONG_SEQ=${LONG_SEQ:-256}
+  SELF=(--data self:12 --max-new-tokens 8 --batch-size 4); MG=(TINY=1 STEPS=2 TOKENS=2048); KILL_ROWS=4; SCALE=(--tiny --tiny-target $W/tiny-target --budget-s 200); RFULL=(--max-samples 16 --max-new-tokens 8 --batch-size 4); LONG_SEQ=${LONG_SEQ:-256}
 else
   TRAIN_ARGS=(--steps 1000 --eval-every 200 --eval-batches 16 --batch-size 8); PREP_ROWS=()
   DEC=(--per-category 2 --max-new-tokens 512); DEC1=(--per-category 1 --max-new-tokens 512)
@@ -72,7 +74,7 @@ else
   REGEN512=(--rows 2048 --batch 512 --max-new 256 --hf-sample 0 --sweep graph=compile attn=flex attn=flex,graph=compile)
   COSTS=(); REGEN=(--rows 2048 --batch 256 --max-new 256 --hf-sample 64 --sweep batch=512 attn=flex); RR=(--max-samples 2000 --max-new-tokens 256 --batch-size 256)
   SELF=(--data self:2000 --max-new-tokens 256 --batch-size 256); MG=(); KILL_ROWS=300
-  SCALE=(--kinds ${SCALE_KINDS:-self,raw} --sizes ${SCALE_SIZES:-1e6,3e6} --budget-s ${SCALE_BUDGET_S:-450} ${SCALE_ARGS:-})
+  SCALE=(--sizes ${SCALE_SIZES:-1e6,3e6} --budget-s ${SCALE_BUDGET_S:-450} ${SCALE_ARGS:-})
   RFULL=(--max-new-tokens 512 --batch-size 256)
 fi
 
@@ -110,7 +112,7 @@ lane0_one() {
   gpu_tests                                                                                              # 2 min
   job -o 100 regen_resume regen_resume                                                                   # 1.5 min
   [ -x /tmp/vpy ] && job -o 150 vllm_regen_hf env GPU=0 RES="$RES" REGEN_ROWS=${REGEN_ROWS:-48} bash bench/gpu_vllm.sh regen_hf
-  case "${LANE2:-scaling}" in best_draft|scaling_all) await lane1_done ;; *) await lane1_done lane2_done ;; esac
+  case " ${LANE2:-scaling} " in *" best_draft "*|*" scaling_all "*) await lane1_done ;; *) await lane1_done lane2_done ;; esac
   log "untimed work over: timed jobs alone from here"
   # SmolLM2 at T=0 and T=1 with the in-place draft attention (its speedups were measured before it landed); every
   # non-tie divergence is re-decoded alone in fp32 and bf16 (the recheck's verdict: numerics or decoder)
@@ -203,11 +205,17 @@ lane2_one() {  # issue 13's scaling curve, a few points per session beside the u
   export CUDA_VISIBLE_DEVICES=0
   # LANE2_AFTER=FLAG: start only once lane 0 has set FLAG (e.g. demo_done: never beside the timed demo)
   [ -n "${LANE2_AFTER:-}" ] && { await "$LANE2_AFTER"; log "lane 2 starts after $LANE2_AFTER"; }
-  if [ "${LANE2:-scaling}" = best_draft ]; then job best_draft best_draft_loop; flag lane2_done; return; fi
-  if [ "${LANE2:-scaling}" = scaling_all ]; then job scaling scaling_loop; flag lane2_done; return; fi
-  local merge=(); scaling_merge
-  job scaling python3 bench/scaling.py --target $T --data $SG --work $W/scaling "${SCALE[@]}" "${merge[@]}" \
-    --out "$RES/scaling.json"
+  # LANE2="scaling_all best_draft": one after the other (best_draft starts only if a step of it fits the time left)
+  for prog in ${LANE2:-scaling}; do
+    case $prog in
+      best_draft) job best_draft best_draft_loop ;;
+      scaling_all) job scaling scaling_loop ;;
+      scaling) local merge=(); scaling_merge
+        job scaling python3 bench/scaling.py --target $T --data $SG --work $W/scaling --kinds $SCALE_KINDS "${SCALE[@]}" \
+          "${merge[@]}" --out "$RES/scaling.json" ;;
+      *) log "LANE2: no program $prog (best_draft, scaling_all, scaling)" ;;
+    esac
+  done
   flag lane2_done
 }
 
@@ -227,35 +235,59 @@ until_done() {  # until_done NAME MAX_BUDGET CMD...: `CMD --budget-s B` call aft
     [ "$rc" = 0 ] || return "$rc"
   done
 }
-seed_regen() {  # seed_regen DIR: rows of ShareGPT re-answered in an earlier session (.carry/regen: regen.gz.NN, made
-               # with scaling's and best_draft's generation flags) as DIR/regen.jsonl, so gen:regen resumes after them
-               # (`eyas regenerate` skips rows already written); not in a TINY dry run (another target)
-  [ -z "$TINY" ] && [ -d /tmp/regen-parts ] && [ ! -e "$1/regen.jsonl" ] || return 0
-  mkdir -p "$1"; cat /tmp/regen-parts/regen.gz.* | gunzip > "$1/regen.jsonl.tmp" && mv "$1/regen.jsonl.tmp" "$1/regen.jsonl"
-  log "seeded $1/regen.jsonl with $(wc -l < "$1/regen.jsonl") carried rows"
+seed_carried() {  # seed_carried DIR: rows an earlier session generated with scaling's and best_draft's generation
+                 # flags, so gen:regen / gen:self resume after them (`eyas regenerate` skips rows already written):
+                 # .carry/regen (regen.gz.NN: ShareGPT re-answered) as DIR/regen.jsonl, .carry/self (self.tgz.NN:
+                 # self.jsonl + its self-prompts file) into DIR; not in a TINY dry run (another target)
+  [ -z "$TINY" ] || return 0
+  mkdir -p "$1"
+  if [ -d /tmp/regen-parts ] && [ ! -e "$1/regen.jsonl" ]; then
+    cat /tmp/regen-parts/regen.gz.* | gunzip > "$1/regen.jsonl.tmp" && mv "$1/regen.jsonl.tmp" "$1/regen.jsonl"
+    log "seeded $1/regen.jsonl with $(wc -l < "$1/regen.jsonl") carried rows"
+  fi
+  if [ -d /tmp/self-parts ] && [ ! -e "$1/self.jsonl" ]; then
+    cat /tmp/self-parts/self.tgz.* | tar xzf - -C "$1" self.jsonl self.jsonl.self-prompts.jsonl
+    log "seeded $1/self.jsonl with $(wc -l < "$1/self.jsonl") carried rows"
+  fi
 }
 best_draft_loop() {  # LANE2=best_draft: issue 13's recipe (bench/best_draft.py) call after call until it is done or
                    # the session's deadline is near; lane 0's timed jobs do not wait for it (they share the GPU:
                    # use it in a session given to issue 13, with the timed jobs in SKIP)
   local tiny=(); [ -n "$TINY" ] && tiny=(--tiny)
-  seed_regen $W/best_draft
+  seed_carried $W/best_draft
   # BD_ARGS: the recipe's own flags, e.g. "--self-prompts 40000 --epochs 2 --eval-per-category 2"
   until_done best_draft "${BD_BUDGET_S:-540}" python3 bench/best_draft.py --work $W/best_draft --target $T --data $SG \
     "${tiny[@]}" ${BD_ARGS:-} --out "$RES/best_draft.json"
 }
 
 scaling_merge() {  # the committed points of earlier sessions (not in a TINY dry run: another recipe, refused);
-                 # SCALE_MERGE: more JSONs, e.g. a committed best_draft run of one kind (its point)
+                 # SCALE_MERGE: more JSONs, e.g. a committed best_draft run (its point)
   [ -z "$TINY" ] && [ -s "$ROOT/bench/results/scaling.json" ] && merge=(--merge "$ROOT/bench/results/scaling.json" ${SCALE_MERGE:-})
   return 0
 }
 scaling_loop() {  # LANE2=scaling_all: a session given to the scaling curve: bench/scaling.py call after call (each
                 # SCALE_BUDGET_S) until every point of SCALE_KINDS x SCALE_SIZES has its Spec-Bench tau or the
                 # deadline is near; earlier sessions' points merged from bench/results/scaling.json
+  # SCALE_PARALLEL=1: one process per kind side by side (the SmolLM2 draft's training leaves an H200 half idle),
+  # each with its own work dir and JSON, merged into one at the end
   local merge=(); scaling_merge
-  seed_regen $W/scaling
-  until_done scaling "${SCALE_BUDGET_S:-540}" python3 bench/scaling.py --target $T --data $SG --work $W/scaling \
-    "${SCALE[@]}" "${merge[@]}" --out "$RES/scaling.json"
+  if [ -z "${SCALE_PARALLEL:-}" ]; then
+    seed_carried $W/scaling
+    until_done scaling "${SCALE_BUDGET_S:-540}" python3 bench/scaling.py --target $T --data $SG --work $W/scaling \
+      --kinds $SCALE_KINDS "${SCALE[@]}" "${merge[@]}" --out "$RES/scaling.json"
+    return
+  fi
+  local kind outs=()
+  for kind in ${SCALE_KINDS//,/ }; do
+    seed_carried $W/scaling-$kind; outs+=("$RES/scaling-$kind.json")
+    until_done scaling-$kind "${SCALE_BUDGET_S:-540}" python3 bench/scaling.py --target $T --data $SG \
+      --work $W/scaling-$kind --kinds $kind "${SCALE[@]}" "${merge[@]}" --out "$RES/scaling-$kind.json" \
+      > "$RES/scaling-$kind.log" 2>&1 &
+  done
+  wait
+  # merge only: every asked point is in one of the JSONs, so --skip-eval trains and evaluates nothing
+  python3 bench/scaling.py --target $T --data $SG --work $W/scaling-merge --kinds $SCALE_KINDS "${SCALE[@]}" \
+    --skip-eval --merge "${merge[@]:1}" "${outs[@]}" --out "$RES/scaling.json"
 }
 
 draft() {  # the SmolLM2 draft: gpu_vllm.sh's run9k recipe (held-out tau 1.759 in 298 s on an H200), or the one an
@@ -377,6 +409,7 @@ take_carried() {  # what calls carry besides the parts: the previous decoder's s
   [ -d "$ROOT/.carry/old/src" ] && [ ! -d $OLD/src ] && cp -r "$ROOT/.carry/old" $OLD && echo "old decoder at $OLD"
   [ -d "$ROOT/.carry/draft" ] && [ ! -d /tmp/draft-parts ] && cp -r "$ROOT/.carry/draft" /tmp/draft-parts && echo "draft parts at /tmp/draft-parts"
   [ -d "$ROOT/.carry/regen" ] && [ ! -d /tmp/regen-parts ] && cp -r "$ROOT/.carry/regen" /tmp/regen-parts && echo "regenerated rows at /tmp/regen-parts"
+  [ -d "$ROOT/.carry/self" ] && [ ! -d /tmp/self-parts ] && cp -r "$ROOT/.carry/self" /tmp/self-parts && echo "self-written rows at /tmp/self-parts"
   return 0
 }
 

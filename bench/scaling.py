@@ -37,7 +37,9 @@ Over several GPU sessions (a machine's /tmp is gone between them): each session 
 (`--kinds raw --sizes 1e6,3e6`, ...) with `--merge` the previous session's JSON, whose points are kept (one without
 Spec-Bench tau is computed again when this call evaluates, and this call's point replaces it; another eval setting
 is refused). A bench/best_draft.py JSON of one kind and the same recipe merges as that kind's point at its
-prepared tokens (its T=0 Spec-Bench tau; `size` is its token count): the largest self point is that run.
+prepared tokens (its T=0 Spec-Bench tau; `size` is its token count): the largest self point is that run. A run of
+several kinds is a point of its own ("regen+self"), and a run evaluated on 2 questions a category gives the tau of
+the first question of each (its per-turn records), the curve's 13 questions.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -60,9 +63,9 @@ ROOT = Path(__file__).resolve().parent.parent
 END_TILT = 2.5
 
 
-def tiny_target(work: Path, like: str) -> str:
-    """A random 2-layer Llama with a real target's tokenizer and template: the CPU mode's stand-in target."""
-    path = work / "tiny-target"
+def tiny_target(path: Path, like: str) -> str:
+    """A random 2-layer Llama with a real target's tokenizer and template at PATH: the CPU mode's stand-in target
+    (seeded, so the same for every process; written aside and renamed, as processes side by side may share it)."""
     if not (path / "config.json").is_file():
         import torch
         from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
@@ -84,8 +87,13 @@ def tiny_target(work: Path, like: str) -> str:
             model.model.embed_tokens.weight[:, 0] = ends.float() * 2 - 1
             model.lm_head.weight[tok.eos_token_id] = 0.0
             model.lm_head.weight[tok.eos_token_id, 0] = END_TILT
-        model.save_pretrained(path)
-        tok.save_pretrained(path)
+        tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        try:
+            tmp.rename(path)
+        except OSError:   # another process wrote the same target first
+            shutil.rmtree(tmp)
     return str(path)
 
 
@@ -321,6 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-background", action=argparse.BooleanOptionalAction, default=None,
                     help="run each point's eval beside the next point's training (default: on a GPU)")
     ap.add_argument("--tiny", action="store_true", help="CPU check: random 2-layer target, sizes of a few k tokens")
+    ap.add_argument("--tiny-target", type=Path, default=None,
+                    help="--tiny: where the random target lives (default WORK/tiny-target; one path for processes "
+                         "whose JSONs are merged: --merge checks the target)")
     ap.add_argument("--png", type=Path, default=None, help="default: next to --out")
     ap.add_argument("--merge", type=Path, nargs="*", default=[],
                     help="earlier runs' --out JSONs (other GPU sessions', or a parallel process's): their points are "
@@ -336,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         a = ap.parse_args(argv)
     a.work.mkdir(parents=True, exist_ok=True)
     if a.tiny:
-        a.target = tiny_target(a.work, a.target)
+        a.target = tiny_target(a.tiny_target or a.work / "tiny-target", a.target)
     a.device = a.device or ("cuda" if __import__("torch").cuda.is_available() else "cpu")
     a.eval_background = a.device.startswith("cuda") if a.eval_background is None else a.eval_background
     a.eval_compile = a.device.startswith("cuda") if a.eval_compile is None else a.eval_compile

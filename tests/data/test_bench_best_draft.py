@@ -9,6 +9,7 @@ import subprocess
 import tarfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import matplotlib
 import pytest
@@ -427,3 +428,28 @@ def test_first_per_category_tau_is_the_one_per_category_question_set():
     assert got == {"tau": (30 + 20 + 40) / (10 + 10 + 20), "questions": 2, "turns": 3}
     assert bd.first_per_category([t for t in turns if t["question_id"] in (1, 7)]) == {}
     assert bd.first_per_category([]) == {}
+
+
+def test_a_work_seeded_with_more_rows_than_asked_trains_only_on_the_asked_ones(tmp_path):
+    """gpu_session.sh seeds WORK with an earlier session's rows (50,000 self-written ones): a run asking for fewer
+    takes the rows of its first --self-prompts / --rows inputs, in the union and in the generated-token count."""
+    mod = load()
+    work = tmp_path / "w"
+    work.mkdir()
+    tok = tmp_path / "tok"
+    make_tokenizer("smollm2").save_pretrained(tok)
+
+    def rows(kind, n):
+        with open(work / f"{kind}.jsonl", "w") as f:
+            for i in range(n):
+                f.write(json.dumps({"row": i, "messages": [{"role": "user", "content": f"{kind} q{i}"},
+                                                           {"role": "assistant", "content": ANSWER}]}) + "\n")
+
+    rows("self", 5)
+    rows("regen", 4)
+    a = SimpleNamespace(work=work, rows=2, self_prompts=3, task_prompts=9, target=str(tok))
+    assert mod.write_union(a, ["regen", "self"]) == {"regen": 2, "self": 3}
+    union = [json.loads(x) for x in (work / "union.jsonl").read_text().splitlines()]
+    assert [r["messages"][0]["content"] for r in union] == ["regen q0", "regen q1", "self q0", "self q1", "self q2"]
+    one = mod.generated_tokens(SimpleNamespace(**{**vars(a), "self_prompts": 1}), "self")
+    assert mod.generated_tokens(a, "self") == 3 * one > 0

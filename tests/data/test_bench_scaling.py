@@ -206,7 +206,7 @@ def best_draft_json(tmp_path, **over):
     doc = {"bench": "best_draft", "complete": True, "kinds": ["self"],
            "recipe": {"target": "T", **RECIPE}, "tokens": {"prepared": 30_123_456, "rows_out": 74_000},
            "held_out_last": {"step": 3676, "tau": 5.1, "acc": [0.9, 0.8]}, "step_seconds": {"train": 700.0},
-           "eval": {"spec_bench_categories": ["coding", "writing"]},
+           "eval": {"spec_bench_categories": [f"category{i}" for i in range(13)]},   # one question each
            "spec_bench": {"t0": {"chain_tau": 2.7, "tree_tau": 5.0, "chain": "chain-3",
                                  "tree": "tree(total=60,depth=7,topk=10)", "questions": 13, "max_new_tokens": 256,
                                  "compiled": True, "seconds": 120.0}}}
@@ -223,11 +223,31 @@ def test_a_best_draft_run_of_one_kind_merges_as_that_kind_s_point(tmp_path):
     assert (pt["kind"], pt["size"], pt["tokens"], pt["tau"], pt["steps"]) == ("self", 30_123_456, 30_123_456, 5.1, 3676)
     assert (pt["spec_bench_chain_tau"], pt["spec_bench_tree_tau"], pt["spec_bench_questions"]) == (2.7, 5.0, 13)
     assert pt["from"] == "best_draft bd.json" and pt["spec_bench_compiled"] is True
-    for over, msg in (({"kinds": ["regen", "self"]}, "not one kind's point"), ({"complete": False}, "not complete"),
+    for over, msg in (({"complete": False}, "not complete"),
                       ({"recipe": {"target": "T", **RECIPE, "epochs": 3.0}}, "another recipe"),
                       ({"recipe": {"target": "U", **RECIPE}}, "another recipe")):
         with pytest.raises(SystemExit, match=msg):
             mod.merged_points([best_draft_json(tmp_path, **over)], args)
+
+
+def test_a_mixed_best_draft_run_is_a_point_of_its_own_on_the_first_question_of_each_category(tmp_path):
+    """A run of kinds regen,self evaluated on 2 questions a category: kind "regen+self", and the tau of the first
+    question of each category (the curve's 13-question setting), not the 26-question mean; without those records
+    it is refused (a 26-question tau is not comparable)."""
+    mod = load()
+    args = SimpleNamespace(target="T", skip_eval=True, **RECIPE)
+    first = {"chain-3": 2.63, "tree(total=60,depth=7,topk=10)": 4.72}
+    t0 = {"chain_tau": 2.67, "tree_tau": 4.79, "chain": "chain-3", "tree": "tree(total=60,depth=7,topk=10)",
+          "questions": 4, "max_new_tokens": 256, "compiled": True, "seconds": 136.0,
+          "settings": {s: {"tau": 0.0, "first_per_category": {"tau": t, "questions": 2, "turns": 3}}
+                       for s, t in first.items()}}
+    two = {"eval": {"spec_bench_categories": ["coding", "writing"]}, "kinds": ["regen", "self"]}
+    (pt,) = mod.merged_points([best_draft_json(tmp_path, spec_bench={"t0": t0}, **two)], args)
+    assert (pt["kind"], pt["spec_bench_chain_tau"], pt["spec_bench_tree_tau"], pt["spec_bench_questions"]) == \
+        ("regen+self", 2.63, 4.72, 2)
+    old = {**t0, "settings": {}}
+    with pytest.raises(SystemExit, match="no first_per_category"):
+        mod.merged_points([best_draft_json(tmp_path, spec_bench={"t0": old}, **two)], args)
 
 
 def test_tiny_end_to_end_with_spec_bench_tau(tmp_path, monkeypatch):
