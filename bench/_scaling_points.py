@@ -57,10 +57,11 @@ def plot(points: list[dict], png: Path, ttt: int) -> None:
     fig, (sim, sb) = plt.subplots(1, 2, figsize=(11, 4), sharex=True)
     measured = [p for p in points if "spec_bench_tree_tau" in p]   # points older than the eval step have none
     order = ["raw", "regen", "self"]   # one colour per kind in every session's plot; mixes after them
-    kinds = sorted({p["kind"] for p in points}, key=lambda k: (order.index(k) if k in order else len(order), k))
-    for kind in kinds:
-        i = order.index(kind) if kind in order else len(order) + kinds.index(kind)
+    kinds = order + sorted({p["kind"] for p in points} - set(order))
+    for i, kind in enumerate(kinds):
         ps = sorted((p for p in points if p["kind"] == kind), key=lambda p: p["tokens"])
+        if not ps:
+            continue
         sim.plot([p["tokens"] for p in ps], [p["tau"] for p in ps], marker="o", color=f"C{i}", label=kind)
         ms = [p for p in ps if p in measured]
         if ms:
@@ -105,7 +106,7 @@ def best_draft_point(path: Path, prev: dict) -> list[dict]:
     t0 = prev["spec_bench"]["t0"]
     cats = (prev.get("eval") or {}).get("spec_bench_categories")
     chain, tree, questions = t0["chain_tau"], t0["tree_tau"], t0["questions"]
-    if cats and questions > len(cats):   # --eval-per-category 2 or more
+    if (prev.get("recipe") or {}).get("eval_per_category", 1) > 1:
         first = {s: (t0.get("settings", {}).get(t0[s]) or {}).get("first_per_category") for s in ("chain", "tree")}
         if not all(first.values()):
             raise SystemExit(f"--merge {path}: {questions} questions and no first_per_category τ "

@@ -210,9 +210,7 @@ lane2_one() {  # issue 13's scaling curve, a few points per session beside the u
     case $prog in
       best_draft) job best_draft best_draft_loop ;;
       scaling_all) job scaling scaling_loop ;;
-      scaling) local merge=(); scaling_merge
-        job scaling python3 bench/scaling.py --target $T --data $SG --work $W/scaling --kinds $SCALE_KINDS "${SCALE[@]}" \
-          "${merge[@]}" --out "$RES/scaling.json" ;;
+      scaling) local merge=(); scaling_merge; job scaling scaling_py $W/scaling $SCALE_KINDS "$RES/scaling.json" ;;
       *) log "LANE2: no program $prog (best_draft, scaling_all, scaling)" ;;
     esac
   done
@@ -265,6 +263,10 @@ scaling_merge() {  # the committed points of earlier sessions (not in a TINY dry
   [ -z "$TINY" ] && [ -s "$ROOT/bench/results/scaling.json" ] && merge=(--merge "$ROOT/bench/results/scaling.json" ${SCALE_MERGE:-})
   return 0
 }
+scaling_py() {  # scaling_py WORK KINDS OUT [FLAG...]: bench/scaling.py with the session's SCALE flags and the
+               # caller's merge=(...)
+  python3 bench/scaling.py --target $T --data $SG --work "$1" --kinds "$2" "${SCALE[@]}" "${merge[@]}" --out "$3" "${@:4}"
+}
 scaling_loop() {  # LANE2=scaling_all: a session given to the scaling curve: bench/scaling.py call after call (each
                 # SCALE_BUDGET_S) until every point of SCALE_KINDS x SCALE_SIZES has its Spec-Bench tau or the
                 # deadline is near; earlier sessions' points merged from bench/results/scaling.json
@@ -273,21 +275,19 @@ scaling_loop() {  # LANE2=scaling_all: a session given to the scaling curve: ben
   local merge=(); scaling_merge
   if [ -z "${SCALE_PARALLEL:-}" ]; then
     seed_carried $W/scaling
-    until_done scaling "${SCALE_BUDGET_S:-540}" python3 bench/scaling.py --target $T --data $SG --work $W/scaling \
-      --kinds $SCALE_KINDS "${SCALE[@]}" "${merge[@]}" --out "$RES/scaling.json"
+    until_done scaling "${SCALE_BUDGET_S:-540}" scaling_py $W/scaling $SCALE_KINDS "$RES/scaling.json"
     return
   fi
   local kind outs=()
   for kind in ${SCALE_KINDS//,/ }; do
     seed_carried $W/scaling-$kind; outs+=("$RES/scaling-$kind.json")
-    until_done scaling-$kind "${SCALE_BUDGET_S:-540}" python3 bench/scaling.py --target $T --data $SG \
-      --work $W/scaling-$kind --kinds $kind "${SCALE[@]}" "${merge[@]}" --out "$RES/scaling-$kind.json" \
+    until_done scaling-$kind "${SCALE_BUDGET_S:-540}" scaling_py $W/scaling-$kind $kind "$RES/scaling-$kind.json" \
       > "$RES/scaling-$kind.log" 2>&1 &
   done
   wait
   # merge only: every asked point is in one of the JSONs, so --skip-eval trains and evaluates nothing
-  python3 bench/scaling.py --target $T --data $SG --work $W/scaling-merge --kinds $SCALE_KINDS "${SCALE[@]}" \
-    --skip-eval --merge "${merge[@]:1}" "${outs[@]}" --out "$RES/scaling.json"
+  merge=(--merge "${merge[@]:1}" "${outs[@]}")
+  scaling_py $W/scaling-merge $SCALE_KINDS "$RES/scaling.json" --skip-eval
 }
 
 draft() {  # the SmolLM2 draft: gpu_vllm.sh's run9k recipe (held-out tau 1.759 in 298 s on an H200), or the one an

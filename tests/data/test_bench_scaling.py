@@ -241,7 +241,7 @@ def test_a_mixed_best_draft_run_is_a_point_of_its_own_on_the_first_question_of_e
           "questions": 4, "max_new_tokens": 256, "compiled": True, "seconds": 136.0,
           "settings": {s: {"tau": 0.0, "first_per_category": {"tau": t, "questions": 2, "turns": 3}}
                        for s, t in first.items()}}
-    two = {"eval": {"spec_bench_categories": ["coding", "writing"]}, "kinds": ["regen", "self"]}
+    two = {"recipe": {"target": "T", **RECIPE, "eval_per_category": 2}, "kinds": ["regen", "self"]}
     (pt,) = mod.merged_points([best_draft_json(tmp_path, spec_bench={"t0": t0}, **two)], args)
     assert (pt["kind"], pt["spec_bench_chain_tau"], pt["spec_bench_tree_tau"], pt["spec_bench_questions"]) == \
         ("regen+self", 2.63, 4.72, 2)
