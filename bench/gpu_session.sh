@@ -278,11 +278,15 @@ scaling_loop() {  # LANE2=scaling_all: a session given to the scaling curve: ben
     until_done scaling "${SCALE_BUDGET_S:-540}" scaling_py $W/scaling $SCALE_KINDS "$RES/scaling.json"
     return
   fi
+  # SCALE_SIZES_<kind> (e.g. SCALE_SIZES_raw=1e6,3e6,1e7,2e7): that kind's sizes, beyond SCALE_SIZES (which they
+  # should contain: the final merge asks for SCALE_SIZES of every kind)
   local kind outs=()
   for kind in ${SCALE_KINDS//,/ }; do
     seed_carried $W/scaling-$kind; outs+=("$RES/scaling-$kind.json")
+    local own="SCALE_SIZES_$kind" sizes=()
+    [ -n "${!own:-}" ] && sizes=(--sizes "${!own}")
     until_done scaling-$kind "${SCALE_BUDGET_S:-540}" scaling_py $W/scaling-$kind $kind "$RES/scaling-$kind.json" \
-      > "$RES/scaling-$kind.log" 2>&1 &
+      "${sizes[@]}" > "$RES/scaling-$kind.log" 2>&1 &
   done
   wait
   # merge only: every asked point is in one of the JSONs, so --skip-eval trains and evaluates nothing

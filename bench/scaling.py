@@ -250,6 +250,33 @@ def prep_to_size(r: Runner, kind: str, src: str, size: int, tpr: float, prep: Pa
     return True
 
 
+def prep_tokens(prep: Path) -> int:
+    man = prep / "manifest.json"
+    return (json.loads(man.read_text()).get("summary", {}).get("tokens") or 0) if man.is_file() else 0
+
+
+def covered_by(r: Runner, kind: str, size: int, prep: Path) -> bool:
+    """KIND:SIZE's source ran out (its prep holds < 95% of SIZE) and a point this work dir trained holds >= 90% of
+    those tokens: training it would repeat that point (re-answered ShareGPT holds ~11M tokens, so its "20M" is its
+    "10M" again). Recorded in state["exhausted"], reported in the JSON, and counted as done."""
+    key, got = f"{kind}:{size}", prep_tokens(prep)
+    if key in r.state.get("exhausted", {}):
+        return True
+    if not got or got >= 0.95 * size or f"train:{key}" in r.state["done"]:   # (no manifest: nothing to measure)
+        return False
+    for done in r.state["done"]:
+        if done.startswith(f"train:{kind}:") and done != f"train:{key}":
+            other = int(done.split(":")[2])
+            have = prep_tokens(r.work / f"prep-{kind}-{other}")
+            if have >= 0.9 * got:
+                print(f"-- {key}: the source holds only {got:,} tokens, {have / got:.0%} of them already in "
+                      f"{kind}:{other}: not trained again", flush=True)
+                r.state.setdefault("exhausted", {})[key] = {"tokens": got, "same_as": f"{kind}:{other}"}
+                r.save()
+                return True
+    return False
+
+
 def spec_bench(r: Runner, kind: str, size, temperature: float = 0, name: str | None = None,
                draft: Path | None = None, background: bool = False) -> bool:
     """eval:KIND:S (or `name`), one `eyas eval` of run-KIND-S (or `draft`) for both settings (they share its
@@ -356,8 +383,10 @@ def main(argv: list[str] | None = None) -> int:
     # a merged point without Spec-Bench tau is computed again when this call evaluates (the new one replaces it)
     have = {(p["kind"], p["size"]) for p in earlier if a.skip_eval or "spec_bench_tree_tau" in p}
     r = Runner(a)
+    for m in a.merge:   # sizes an earlier call found its source too small for stay skipped
+        r.state.setdefault("exhausted", {}).update(json.loads(Path(m).read_text()).get("exhausted", {}))
     for kind in a.kinds.split(","):
-        todo = [s for s in sizes if (kind, s) not in have]
+        todo = [s for s in sizes if (kind, s) not in have and f"{kind}:{s}" not in r.state.get("exhausted", {})]
         if not todo:
             continue
         rows = math.ceil(max(todo) * 1.1 / a.est_tokens_per_row)  # 10% spare for the held-out split
@@ -377,6 +406,8 @@ def main(argv: list[str] | None = None) -> int:
             prep, run = r.work / f"prep-{kind}-{size}", r.work / f"run-{kind}-{size}"
             if not prep_to_size(r, kind, src, size, tpr, prep):
                 break
+            if covered_by(r, kind, size, prep):
+                continue
             if not r.eyas(f"train:{kind}:{size}", "train", "--online", "--target", a.target, "--data", str(prep),
                           "--out", str(run), "--ttt-steps", str(a.ttt), "--epochs", str(a.epochs), "--batch-size",
                           str(a.batch), "--lr", str(a.lr), "--eval-every", "1000000", "--save-every", "200",
@@ -405,7 +436,8 @@ def main(argv: list[str] | None = None) -> int:
     points += [p for p in earlier if (p["kind"], p["size"]) not in ours_keys]
     ours = eval_setting(a)
     check_eval_settings(points, ours, str(a.work))   # evals of an earlier call with other --eval-* flags
-    wanted = {(k, s) for k in a.kinds.split(",") for s in sizes}
+    exhausted = r.state.get("exhausted", {})
+    wanted = {(k, s) for k in a.kinds.split(",") for s in sizes if f"{k}:{s}" not in exhausted}
     png = a.png or a.out.with_suffix(".png")
     if points:
         plot(points, png, a.ttt)
@@ -420,7 +452,8 @@ def main(argv: list[str] | None = None) -> int:
     emit({"bench": "scaling", "target": a.target, "data": a.data, "kinds": a.kinds.split(","), "sizes": sizes,
           "ttt": a.ttt, "epochs": a.epochs, "complete": done, "merged_from": [str(m) for m in a.merge],
           "recipe": recipe, "eval": ours, "png": str(png) if points else None,
-          "stage_seconds": {k: r.seconds(k) for k in r.state["done"]}, "points": points}, a.out)
+          "stage_seconds": {k: r.seconds(k) for k in r.state["done"]}, "exhausted": exhausted, "points": points},
+         a.out)
     return 3 if stuck else 0
 
 

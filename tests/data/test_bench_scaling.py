@@ -416,3 +416,33 @@ def test_a_stage_stopped_at_the_budget_counts_the_seconds_of_every_call(tmp_path
     assert calls["train"] == 2
     assert state["done"]["train:raw:1000"] < 0.3 <= state["seconds"]["train:raw:1000"]
     assert json.loads((tmp_path / "o.json").read_text())["stage_seconds"]["train:raw:1000"] >= 0.4
+
+
+def test_a_size_beyond_what_the_source_holds_is_not_trained_twice(tmp_path, monkeypatch):
+    """Re-answered ShareGPT holds ~11M tokens: its "20M" point would train the "10M" point's data again. It is
+    recorded as exhausted (the JSON says so, and a merging call does not try it again), and the run completes."""
+    mod = load()
+    ran = []
+
+    def fake(cmd, env=None, timeout=None):
+        out = Path(cmd[cmd.index("--out") + 1])
+        ran.append((cmd[3], out.name))
+        out.mkdir(parents=True, exist_ok=True)
+        if cmd[3] == "prepare":   # the source holds 1,500 tokens, however many rows are asked for
+            (out / "manifest.json").write_text(json.dumps({"summary": {"tokens": 1500, "rows_out": 3}}))
+        if cmd[3] == "train":
+            (out / "metrics.jsonl").write_text(json.dumps({"split": "eval", "step": 4, "tau": 2.0}) + "\n")
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(mod.subprocess, "run", fake)
+    monkeypatch.setattr(mod, "tokens_per_row", lambda *a: 500.0)
+    out = tmp_path / "o.json"
+    argv = ["--target", "T", "--kinds", "raw", "--sizes", "1000,4000", "--device", "cpu", "--skip-eval"]
+    assert mod.main(argv + ["--work", str(tmp_path / "w"), "--out", str(out)]) == 0
+    assert [r for r in ran if r[0] == "train"] == [("train", "run-raw-1000")]
+    doc = json.loads(out.read_text())
+    assert doc["exhausted"] == {"raw:4000": {"tokens": 1500, "same_as": "raw:1000"}}
+    assert doc["complete"] and [p["size"] for p in doc["points"]] == [1000]
+    ran.clear()   # a later call merging this JSON (another work dir) leaves the size alone
+    assert mod.main(argv + ["--work", str(tmp_path / "w2"), "--out", str(tmp_path / "o2.json"), "--merge", str(out)]) == 0
+    assert ran == [] and json.loads((tmp_path / "o2.json").read_text())["complete"]
