@@ -243,9 +243,11 @@ def prep_to_size(r: Runner, kind: str, src: str, size: int, tpr: float, prep: Pa
         man = prep / "manifest.json"
         if not man.is_file():   # nothing to measure (a stand-in stage)
             return True
-        got = json.loads(man.read_text()).get("summary", {}).get("tokens") or 0
-        if got >= 0.95 * size or got <= got_before or f"train:{kind}:{size}" in r.state["done"]:
-            return True   # enough, the source is exhausted, or a run already trained on this prep
+        summary = json.loads(man.read_text()).get("summary", {})
+        got = summary.get("tokens") or 0
+        if (got >= 0.95 * size or got <= got_before or f"train:{kind}:{size}" in r.state["done"]
+                or summary.get("rows_in", n) < n):
+            return True   # enough, the source is exhausted (fewer rows than asked), or a run already trained on it
         got_before, n = got, math.ceil(n * size / max(got, 1) * 1.02)
     return True
 
@@ -284,13 +286,17 @@ def spec_bench(r: Runner, kind: str, size, temperature: float = 0, name: str | N
     names its own."""
     a = r.a
     seen = [t for k, t in r.state["done"].items() if k.startswith("eval:")]
+    # 1.5x the longest eval seen; when that exceeds what a call can give (0.9 of its budget: its first seconds are
+    # spent before the eval) but the eval itself fits, the whole call (an eval of 377 s once needed 566 s in 540-s
+    # calls and never started, and at exactly the budget a fresh 420-s call could not start one of 381 s)
+    full = 0.9 * a.budget_s
+    need = a.eval_est_s if not seen else 1.5 * max(seen) if 1.5 * max(seen) <= full or max(seen) > full else full
     return (r.background if background else r.eyas)(name or f"eval:{kind}:{size}", "eval",
                   "--draft", str(draft or r.work / f"run-{kind}-{size}"), *eval_flags(a),
                   "--temperature", f"{temperature:g}", "--out", str(r.work / f"eval-{kind}-{size}.json"),
                   # every draft of the curve against one AR baseline: half of an eager eval's time
                   "--baseline-cache", str(r.work / "baseline-cache"),
-                  # capped at a call's budget: 1.5x an eval of 377 s never fit a 540-s call, and the loop spun
-                  need=min(1.5 * max(seen), a.budget_s) if seen else a.eval_est_s)
+                  need=need)
 
 
 def eval_flags(a) -> list[str]:
