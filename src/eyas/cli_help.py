@@ -40,7 +40,9 @@ def _constant(module: str, name: str, depth: int = 0) -> Any:
     if depth > 4:
         raise _Unresolved(name)
     for node in _tree(module).body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if (
+            isinstance(node, ast.AnnAssign) and node.value is not None) else []
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets):   # `X = ...` or `X: T = ...`
             try:
                 return ast.literal_eval(node.value)
             except ValueError:

@@ -131,7 +131,7 @@ def _data_stages(cfg: DemoConfig, device: str, data, paths: dict[str, Path], tim
             gen = dict(target=cfg.target, backend=cfg.regen_backend, max_new_tokens=cfg.regen_max_new_tokens,
                        batch_size=cfg.regen_batch_size, device=device,
                        max_prompt_tokens=cfg.regen_max_prompt_tokens or cfg.max_length // 2,
-                       assistant_first="skip", cache_dir=cache, seed=cfg.seed, json=True,
+                       cache_dir=cache, seed=cfg.seed, json=True,
                        dtype="bf16" if fast_bf16(device) else "auto",
                        **({"attention": cfg.regen_attention} if cfg.regen_backend == "native" else {}))
             openings = _opening_turns(data, paths["regenerated"] / "openings.jsonl", cfg.max_samples, cache)
@@ -151,8 +151,7 @@ def _data_stages(cfg: DemoConfig, device: str, data, paths: dict[str, Path], tim
         prep = _call(prepare, PrepareConfig, target=cfg.target, data=data_for_prepare,
                      out=paths["prepared"], max_samples=cfg.max_samples + cfg.self_prompts,
                      max_length=cfg.max_length,
-                     draft_vocab_size=cfg.draft_vocab_size, overwrite=True, cache_dir=cache, json=True,
-                     assistant_first="skip")
+                     draft_vocab_size=cfg.draft_vocab_size, overwrite=True, cache_dir=cache, json=True)
 
     return regen, regen_self, prep
 

@@ -49,7 +49,7 @@ def run_prepare(target, data, out, **kw):
 
 
 def test_rows_are_valid_packed_documents(target, data, tmp_path):
-    s = run_prepare(target, data, tmp_path / "p", max_length=128, draft_vocab_size=64)
+    s = run_prepare(target, data, tmp_path / "p", max_length=128, draft_vocab_size=64, assistant_first="reject")
     ds = PreparedDataset(tmp_path / "p", verify=True)
     assert s["rows_in"] == 24 and s["rows_out"] + s["rows_rejected"] == 24
     tok = make_tokenizer("smollm2")
@@ -84,6 +84,28 @@ def test_rows_are_valid_packed_documents(target, data, tmp_path):
     rejects = ds.rejects()
     assert rejects == [{"row": 5, "id": "bad", "reason": rejects[0]["reason"]}]
     assert rejects[0]["reason"].startswith("assistant_first")
+
+
+def test_assistant_first_rows_lose_their_leading_turn_by_default_in_prepare_and_regenerate(target, tmp_path):
+    """One default for every stage (sources.ASSISTANT_FIRST_DEFAULT): prepare rejected rows opening with the
+    assistant where regenerate skipped those turns, and a raw ShareGPT curve lost 6,900 of 17,671 rows."""
+    from eyas.data.regenerate import RegenerateConfig
+
+    split = {"id": "part2", "conversations": [{"from": "gpt", "value": "...the end of an earlier answer."},
+                                              {"from": "human", "value": "And then?"},
+                                              {"from": "gpt", "value": "Then it rained."}]}
+    data = tmp_path / "d.json"
+    data.write_text(json.dumps([conv(0), split]))
+    s = run_prepare(target, data, tmp_path / "p", max_length=4096, pack=False)
+    assert s["rows_out"] == 2 and s["rows_rejected"] == 0
+    ds = PreparedDataset(tmp_path / "p")
+    kept = [{"role": "user", "content": "And then?"}, {"role": "assistant", "content": "Then it rained."}]
+    want = list(render_with_mask(make_tokenizer("smollm2"), kept)[0])
+    assert any(ds[i]["input_ids"].tolist() == want for i in range(len(ds)))   # from its user turn on
+    s = run_prepare(target, data, tmp_path / "r", max_length=4096, pack=False, assistant_first="reject")
+    assert s["rejected_by_reason"] == {"assistant_first": 1}
+    assert RegenerateConfig(target="t", data="d", out=tmp_path / "o").assistant_first == \
+        PrepareConfig(target="t", data="d", out=tmp_path / "o").assistant_first == "skip"
 
 
 def test_unpacked_rows_match_render_with_mask(target, data, tmp_path):
@@ -168,8 +190,7 @@ def test_reader_errors_name_the_problem(target, data, tmp_path):
 @pytest.mark.slow
 def test_real_sharegpt_with_smollm2(tmp_path):
     """The packaged ShareGPT file through the real SmolLM2 tokenizer: every kept row's masks validate."""
-    s = prepare(PrepareConfig(target="smollm2-135m", data="sharegpt", out=tmp_path / "p", max_samples=300,
-                              assistant_first="skip"))
+    s = prepare(PrepareConfig(target="smollm2-135m", data="sharegpt", out=tmp_path / "p", max_samples=300))
     assert s["rows_in"] == 300 and s["rows_out"] > 250
     assert set(s["rejected_by_reason"]) <= {"empty", "empty_turn", "no_assistant", "not_alternating", "overlong",
                                             "special_token_in_content", "misplaced_system"}

@@ -25,7 +25,8 @@ from eyas.config import StageConfig
 from eyas.data.dataset import (FORMAT, MANIFEST, REJECTS, VERSION, VOCAB, PreparedError, PreparedWriter,
                                read_manifest, write_manifest, write_vocab)
 from eyas.data.masks import ChatRenderer, MaskError, render_text, template_hash
-from eyas.data.sources import Record, iter_conversations, reason_category, resolve_data
+from eyas.data.sources import (ASSISTANT_FIRST_DEFAULT, AssistantFirst, Record, iter_conversations, reason_category,
+                               resolve_data)
 from eyas.target.load import load_config, load_tokenizer
 from eyas.vocab import build_draft_vocab
 
@@ -38,8 +39,9 @@ class PrepareConfig(StageConfig):
     max_length: int = Field(2048, ge=8, description="tokens per packed row (and per conversation)")
     draft_vocab_size: int = Field(32000, ge=1, description="draft vocabulary size (capped at the target vocabulary)")
     overlong: Literal["truncate", "drop"] = Field("truncate", description="conversations longer than max_length: truncate or drop (reject)")
-    assistant_first: Literal["reject", "skip"] = Field(
-        "reject", description="conversations opening with the assistant: reject, or skip the leading assistant turns")
+    assistant_first: AssistantFirst = Field(
+        ASSISTANT_FIRST_DEFAULT, description="conversations opening with the assistant: reject, or skip the leading "
+                                             "assistant turns")
     pack: bool = Field(True, description="pack several conversations per row (position ids restart per document)")
     chat_template: Path | None = Field(None, description="jinja file overriding the tokenizer's chat template")
     workers: int = Field(0, ge=0, description="worker processes for rendering/tokenising (0 = one per CPU core, at most 8)")

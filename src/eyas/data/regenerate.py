@@ -23,7 +23,7 @@ from pydantic import Field
 from eyas.config import StageConfig
 from eyas.data.backends import GenerationError, HFBackend, OpenAIBackend
 from eyas.data.selfgen import done_rows, self_prompts
-from eyas.data.sources import Record, iter_conversations, self_source_size
+from eyas.data.sources import ASSISTANT_FIRST_DEFAULT, AssistantFirst, Record, iter_conversations, self_source_size
 from eyas.data.tasks import task_source_path, write_task_prompts
 from eyas.devices import DEVICE_HELP, DTYPE_HELP, TORCH_NAMES, Dtype
 from eyas.progress import Progress
@@ -56,7 +56,7 @@ class RegenerateConfig(StageConfig):
     max_retries: int = Field(5, ge=0, description="retries per request on connection errors, 429 and 5xx (openai)")
     retry_backoff: float = Field(0.5, ge=0, description="first retry delay in seconds, doubling per attempt (openai)")
     request_timeout: float = Field(300.0, gt=0, description="seconds per request (openai)")
-    assistant_first: Literal["reject", "skip"] = Field("skip", description="rows opening with the assistant: reject, or skip those turns")
+    assistant_first: AssistantFirst = Field(ASSISTANT_FIRST_DEFAULT, description="rows opening with the assistant: reject, or skip those turns")
     python: str | None = Field(None, description="python of vLLM's environment (vllm; default: $EYAS_VLLM_PYTHON)")
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs per engine (vllm)")
     engine_max_seqs: int | None = Field(None, ge=1, description="requests the engine runs at once, vLLM's max_num_seqs "
