@@ -15,6 +15,7 @@ import os
 import platform
 import sys
 import tempfile
+import typing
 from pathlib import Path
 
 import torch
@@ -24,7 +25,7 @@ from _emit import emit  # noqa: E402
 
 from eyas.data import PreparedDataset, build_draft_vocab
 from eyas.data.prepare import PrepareConfig, prepare
-from eyas.data.sources import ASSISTANT_FIRST_DEFAULT
+from eyas.data.sources import ASSISTANT_FIRST_DEFAULT, AssistantFirst
 from eyas.decode.evaluate import commit
 
 
@@ -35,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-samples", type=int, default=None, help="default: the whole file")
     ap.add_argument("--max-length", type=int, default=2048)
     ap.add_argument("--draft-vocab-size", type=int, default=32000)
-    ap.add_argument("--assistant-first", choices=["reject", "skip"], default=ASSISTANT_FIRST_DEFAULT)
+    ap.add_argument("--assistant-first", choices=typing.get_args(AssistantFirst), default=ASSISTANT_FIRST_DEFAULT)
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--out", type=Path, default=None, help="write the result JSON here")

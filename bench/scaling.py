@@ -218,13 +218,19 @@ def source(r: Runner, kind: str, rows: int, stage: str = "") -> str | None:
     return str(out) if ok else None
 
 
+def prep_summary(prep: Path) -> dict | None:
+    """The summary `eyas prepare` wrote into PREP's manifest; None when there is no manifest (a stand-in stage)."""
+    man = prep / "manifest.json"
+    return json.loads(man.read_text()).get("summary", {}) if man.is_file() else None
+
+
 def tokens_per_row(r: Runner, kind: str, src: str, rows: int) -> float | None:
     prep = r.work / f"prep-{kind}-all"
     if not r.eyas(f"prep:{kind}:all", "prepare", "--target", r.a.target, "--data", src, "--max-samples", str(rows),
                   "--out", str(prep), "--max-length", str(r.a.max_length), "--draft-vocab-size", str(r.a.vocab),
                   "--workers", "0", "--overwrite", "--json"):
         return None
-    s = json.loads((prep / "manifest.json").read_text()).get("summary", {})
+    s = prep_summary(prep) or {}
     if not s.get("rows_out"):
         raise SystemExit(f"{prep}: no usable rows from {src}; see its .errors.jsonl")
     return s["tokens"] / s["rows_out"]
@@ -240,10 +246,9 @@ def prep_to_size(r: Runner, kind: str, src: str, size: int, tpr: float, prep: Pa
                       "--max-samples", str(n), "--out", str(prep), "--max-length", str(a.max_length),
                       "--draft-vocab-size", str(a.vocab), "--workers", "0", "--overwrite", "--json"):
             return False
-        man = prep / "manifest.json"
-        if not man.is_file():   # nothing to measure (a stand-in stage)
+        summary = prep_summary(prep)
+        if summary is None:   # nothing to measure (a stand-in stage)
             return True
-        summary = json.loads(man.read_text()).get("summary", {})
         got = summary.get("tokens") or 0
         if (got >= 0.95 * size or got <= got_before or f"train:{kind}:{size}" in r.state["done"]
                 or summary.get("rows_in", n) < n):
@@ -252,16 +257,11 @@ def prep_to_size(r: Runner, kind: str, src: str, size: int, tpr: float, prep: Pa
     return True
 
 
-def prep_tokens(prep: Path) -> int:
-    man = prep / "manifest.json"
-    return (json.loads(man.read_text()).get("summary", {}).get("tokens") or 0) if man.is_file() else 0
-
-
 def covered_by(r: Runner, kind: str, size: int, prep: Path) -> bool:
     """KIND:SIZE's source ran out (its prep holds < 95% of SIZE) and a point this work dir trained holds >= 90% of
     those tokens: training it would repeat that point (re-answered ShareGPT holds ~11M tokens, so its "20M" is its
     "10M" again). Recorded in state["exhausted"], reported in the JSON, and counted as done."""
-    key, got = f"{kind}:{size}", prep_tokens(prep)
+    key, got = f"{kind}:{size}", (prep_summary(prep) or {}).get("tokens") or 0
     if key in r.state.get("exhausted", {}):
         return True
     if not got or got >= 0.95 * size or f"train:{key}" in r.state["done"]:   # (no manifest: nothing to measure)
@@ -269,7 +269,7 @@ def covered_by(r: Runner, kind: str, size: int, prep: Path) -> bool:
     for done in r.state["done"]:
         if done.startswith(f"train:{kind}:") and done != f"train:{key}":
             other = int(done.split(":")[2])
-            have = prep_tokens(r.work / f"prep-{kind}-{other}")
+            have = (prep_summary(r.work / f"prep-{kind}-{other}") or {}).get("tokens") or 0
             if have >= 0.9 * got:
                 print(f"-- {key}: the source holds only {got:,} tokens, {have / got:.0%} of them already in "
                       f"{kind}:{other}: not trained again", flush=True)
@@ -286,11 +286,11 @@ def spec_bench(r: Runner, kind: str, size, temperature: float = 0, name: str | N
     names its own."""
     a = r.a
     seen = [t for k, t in r.state["done"].items() if k.startswith("eval:")]
-    # 1.5x the longest eval seen; when that exceeds what a call can give (0.9 of its budget: its first seconds are
-    # spent before the eval) but the eval itself fits, the whole call (an eval of 377 s once needed 566 s in 540-s
-    # calls and never started, and at exactly the budget a fresh 420-s call could not start one of 381 s)
-    full = 0.9 * a.budget_s
-    need = a.eval_est_s if not seen else 1.5 * max(seen) if 1.5 * max(seen) <= full or max(seen) > full else full
+    # 1.5x the longest eval seen, capped at what a call can give (0.9 of its budget: its first seconds are spent
+    # before the eval) when the eval itself fits that (an eval of 377 s once needed 566 s in 540-s calls and never
+    # started, and capped at exactly the budget a fresh 420-s call could not start one of 381 s)
+    full, longest = 0.9 * a.budget_s, max(seen, default=None)
+    need = a.eval_est_s if longest is None else min(1.5 * longest, full) if longest <= full else 1.5 * longest
     return (r.background if background else r.eyas)(name or f"eval:{kind}:{size}", "eval",
                   "--draft", str(draft or r.work / f"run-{kind}-{size}"), *eval_flags(a),
                   "--temperature", f"{temperature:g}", "--out", str(r.work / f"eval-{kind}-{size}.json"),
@@ -429,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
             _, kind, size = key.split(":")
             ev = last_eval(r.work / f"run-{kind}-{size}")
             if ev:
-                man = json.loads((r.work / f"prep-{kind}-{size}" / "manifest.json").read_text()).get("summary", {})
+                man = prep_summary(r.work / f"prep-{kind}-{size}") or {}
                 points.append({"kind": kind, "size": int(size), "tokens": man.get("tokens"), "rows": man.get("rows_out"),
                                "tau": ev["tau"], "acc": ev.get("acc"), "steps": ev.get("step"),
                                "train_seconds": r.seconds(key)})
