@@ -165,7 +165,7 @@ class Session:
         key = (id(target.model), id(draft), self.capacity, self.compile, _INNER, self.min_bucket)
         if self._reuse.get("key") != key:
             self._reuse.clear()
-            self._reuse.update(key=key, runner=None, proposers={}, ar_warm=False)
+            self._reuse.update(key=key, runner=None, proposers={}, ar_warm=set())
         if self._reuse["runner"] is None:
             runner = TargetRunner(target.model, target.layout, draft.config.aux_layer_ids, self.capacity,
                                   min_bucket=self.min_bucket)
@@ -203,7 +203,8 @@ class Session:
                 prompt = turn_prompt(self.target.tokenizer, q, answers)
                 if key not in self.baseline:
                     self.baseline[key] = ar_generate(self.runner, prompt, self.max_new, temperature=self.temperature,
-                                                     eos_ids=self.eos, generator=self._gen(key))
+                                                     eos_ids=self.eos, generator=self._gen(key),
+                                                     graphs=self.compile and _GRAPHS)
                     bar.update(1)
                 yield q["category"], key, prompt
                 answers.append(self.baseline[key][0])
@@ -217,12 +218,13 @@ class Session:
         q = self.questions[0]
         prompt = turn_prompt(self.target.tokenizer, q, [])
         for _ in range(2 if self.compile else 0):  # eager needs no warm-up
-            ar_generate(self.runner, prompt, min(16, self.max_new), eos_ids=())
+            ar_generate(self.runner, prompt, min(16, self.max_new), eos_ids=(), temperature=self.temperature,
+                        graphs=self.compile and _GRAPHS)
             if spec is not None:
                 self.decoder(spec).generate(prompt, min(3 * spec.depth + 4, self.max_new))
-        if self.compile and not self._reuse["ar_warm"]:
-            warm_ar(self.runner)
-            self._reuse["ar_warm"] = True
+        if self.compile and (self.temperature > 0) not in self._reuse["ar_warm"]:  # greedy and sampled steps
+            warm_ar(self.runner, graphs=_GRAPHS, temperature=self.temperature)
+            self._reuse["ar_warm"].add(self.temperature > 0)
         if self.compile and spec is not None and spec not in self._warm_specs:
             self.decoder(spec).warm(prompt)
             self._warm_specs.add(spec)

@@ -16,6 +16,7 @@ from functools import partial
 
 import torch
 
+from eyas.decode.autoregressive import GraphedAR, graphed_generate
 from eyas.decode.target_step import TargetRunner
 from eyas.decode.tree import Tree, accept_path, greedy_accept, sample_accept, sample_rows, tree_masks
 
@@ -93,9 +94,12 @@ def _ar_step(runner: TargetRunner, token: int, L: int, anc: torch.Tensor):
 
 
 @torch.no_grad()
-def warm_ar(runner: TargetRunner, calls: int = 3) -> None:
-    """Compile (and record, reduce-overhead) the baseline step at every KV bucket, outside timed runs.
+def warm_ar(runner: TargetRunner, calls: int = 3, *, graphs: bool = True, temperature: float = 0.0) -> None:
+    """Compile (and capture) the baseline step at every KV bucket, outside timed runs.
     Writes only slots that no generation has committed (between generations, none is)."""
+    if graphs and runner.device.type == "cuda":
+        GraphedAR.for_runner(runner).warm(temperature)
+        return
     anc = torch.ones(1, 1, dtype=torch.bool, device=runner.device)
     for b in runner.buckets:
         for _ in range(calls):
@@ -112,8 +116,9 @@ def _finish(seq: list[int], n_prompt: int, max_new: int, eos: set[int]) -> list[
 
 @torch.no_grad()
 def ar_generate(runner: TargetRunner, prompt: list[int], max_new_tokens: int, *, temperature: float = 0.0,
-                eos_ids=(), generator: torch.Generator | None = None) -> tuple[list[int], GenStats]:
-    """The baseline: one target step per token, same runner (static cache, same compilation)."""
+                eos_ids=(), generator: torch.Generator | None = None, graphs: bool = True) -> tuple[list[int], GenStats]:
+    """The baseline: one target step per token, same runner (static cache, same compilation). On the GPU
+    (graphs=True) the steps are captured CUDA graphs run one ahead of the host (decode/autoregressive.py)."""
     stats, eos, dev = GenStats(), set(eos_ids), runner.device
     _sync(dev)
     t0 = time.perf_counter()
@@ -121,11 +126,15 @@ def ar_generate(runner: TargetRunner, prompt: list[int], max_new_tokens: int, *,
     seq = list(prompt) + [_first_token(logits[-1], temperature, generator)]
     _sync(dev)
     stats.t_prefill = time.perf_counter() - t0
-    anc = torch.ones(1, 1, dtype=torch.bool, device=dev)
-    draw = _device_sampler(temperature, generator, dev)
-    while len(seq) - len(prompt) < max_new_tokens and seq[-1] not in eos:
-        logits, _ = _ar_step(runner, seq[-1], len(seq), anc)
-        seq.append(draw(logits[:1]))
+    if graphs and dev.type == "cuda":
+        seed = 0 if generator is None else int(torch.randint(0, 2 ** 62, (1,), generator=generator))
+        seq = graphed_generate(runner, prompt, seq[-1], max_new_tokens, eos, temperature, seed)
+    else:
+        anc = torch.ones(1, 1, dtype=torch.bool, device=dev)
+        draw = _device_sampler(temperature, generator, dev)
+        while len(seq) - len(prompt) < max_new_tokens and seq[-1] not in eos:
+            logits, _ = _ar_step(runner, seq[-1], len(seq), anc)
+            seq.append(draw(logits[:1]))
     _sync(dev)
     stats.t_total = time.perf_counter() - t0
     out = _finish(seq, len(prompt), max_new_tokens, eos)
