@@ -82,7 +82,7 @@ def _prefill(runner: TargetRunner, prompt: list[int]):
     ar = torch.arange(n, device=dev)
     anc = torch.ones(n, n, dtype=torch.bool, device=dev).tril()
     return runner.step(torch.tensor(prompt, device=dev), ar, ar, torch.tensor(0, device=dev), anc,
-                       kv_len=runner.bucket(n), eager=True)
+                       kv_len=runner.bucket(n), eager=True, last_only=True)
 
 
 def _ar_step(runner: TargetRunner, token: int, L: int, anc: torch.Tensor):

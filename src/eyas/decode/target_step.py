@@ -152,6 +152,7 @@ class TargetRunner:
         # transformers 5.17 calls it past_key_values, later 5.x releases `cache`.
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._takes_cache_position = "cache_position" in params
+        self._takes_logits_to_keep = "logits_to_keep" in params
         text = self.config.get_text_config(decoder=True) if hasattr(self.config, "get_text_config") else self.config
         types = list(getattr(text, "layer_types", None) or [])
         self._window = getattr(text, "sliding_window", None)
@@ -205,7 +206,7 @@ class TargetRunner:
         slid = torch.zeros_like(full[0, 0]).masked_fill(~(see & near), neg)[None, None]
         return {t: (slid if "sliding" in t else full) for t in self._mask_types}
 
-    def _step(self, tokens, positions, slots, ctx_len, anc, kv_len: int | None = None):
+    def _step(self, tokens, positions, slots, ctx_len, anc, kv_len: int | None = None, last_only: bool = False):
         kv_len = kv_len or self.capacity  # a static int: one specialization per bucket when compiled
         self.cache.slots, self.cache.kv_len = slots, kv_len
         kw = {"input_ids": tokens[None], "position_ids": positions[None],
@@ -213,18 +214,22 @@ class TargetRunner:
               self._cache_kw: self.cache, "use_cache": True}
         if self._takes_cache_position:
             kw["cache_position"] = slots
+        if last_only and self._takes_logits_to_keep:  # a prefill needs the last row's logits only
+            kw["logits_to_keep"] = 1
         logits = self.model(**kw).logits[0]
         return logits.float(), self._cap.aux[0]
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, ctx_len: torch.Tensor,
-             anc: torch.Tensor, *, kv_len: int | None = None, eager: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+             anc: torch.Tensor, *, kv_len: int | None = None, eager: bool = False,
+             last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens/positions/slots [T] long, ctx_len 0-d long, anc bool [T, T] (row i sees column j's slot);
         kv_len: attend over slots [0, kv_len) only (a `bucket`, above every slot used; default capacity).
-        Returns (logits [T, V] fp32, aux [T, k, H]). Outputs of a compiled call are graph-owned:
+        Returns (logits [T, V] fp32 — [1, V], the last row's, with last_only — aux [T, k, H]). Outputs of a
+        compiled call are graph-owned:
         consume (or clone) them before the next call."""
         if eager or self._compiled is None:  # prefills: a new length per prompt (see varying_shape_attention)
             with varying_shape_attention():
-                return self._step(tokens, positions, slots, ctx_len, anc, kv_len)
+                return self._step(tokens, positions, slots, ctx_len, anc, kv_len, last_only)
         torch.compiler.cudagraph_mark_step_begin()
         return self._compiled(tokens, positions, slots, ctx_len, anc, kv_len)
