@@ -68,6 +68,7 @@ def _top_parser() -> argparse.ArgumentParser:
         prog="eyas", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Train, evaluate and export EAGLE-3 drafts for any Hugging Face causal LM.",
         epilog="examples:\n  eyas demo                      # the whole flow on SmolLM2-135M, ~10 min on 2 cores\n"
+               "  eyas run                       # the recipes: resumable, time-budgeted pipelines of stages\n"
                "  eyas inspect --target smollm2-135m\n  eyas train --help\n\n"
                "Every command takes --config FILE.yaml whose keys are its flag names.\n"
                "CPU threads: --threads N or $EYAS_NUM_THREADS (default: the CPUs this process may use).")

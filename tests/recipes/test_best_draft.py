@@ -301,3 +301,37 @@ def test_an_out_seeded_with_more_rows_than_asked_trains_only_on_the_asked_ones(t
     assert [r["messages"][0]["content"] for r in union] == ["regen q0", "regen q1", "self q0", "self q1", "self q2"]
     one = B.generated_tokens(SimpleNamespace(**{**vars(p), "self_prompts": 1}), "self")
     assert B.generated_tokens(p, "self") == 3 * one > 0
+
+
+@pytest.mark.slow   # ~2 min on a busy 2-core box; the FakeStages tests above cover the same logic fast
+def test_tiny_end_to_end_over_two_calls(tmp_path, monkeypatch):
+    """CPU sizes for real: a first call too short for the evals (their first estimate is 60 s > what is left of a
+    40 s budget) makes progress and stops; the second finishes without redoing the first's steps; a third starts
+    nothing."""
+    from tests.recipes.tiny import FILES, tiny_target
+
+    make_tokenizer("smollm2").save_pretrained(tmp_path / "tok")
+    target = tiny_target(tmp_path / "tiny-target", tmp_path / "tok")
+    recipe = load_recipe(FILES / "best-draft-tiny.yaml", [f"target={target}", f"data={sharegpt(tmp_path / 'sg.json')}",
+                                                          "kinds=regen,self,task"])
+    out = tmp_path / "w"
+    code, _ = run_recipe(recipe, out, budget_s=40)
+    first = json.loads((out / "state.json").read_text())
+    assert code == LEFT and first["calls"][0]["finished"] and "eval:t0" not in first["done"]
+    code, doc = run_recipe(recipe, out, budget_s=600)
+    st = json.loads((out / "state.json").read_text())
+    assert code == DONE and doc["complete"] and len(st["calls"]) == 2
+    assert not set(st["calls"][1]["ran"]) & set(first["calls"][0]["finished"])
+    assert all(st["finished_at"][s] == first["finished_at"][s] for s in first["calls"][0]["finished"])
+    assert doc["seconds_total"] == pytest.approx(sum(c["seconds"] for c in st["calls"]), abs=0.11)
+    for t in ("t0", "t1"):
+        sb = doc["spec_bench"][t]
+        assert sb["chain_tau"] >= 1 and sb["tree_tau"] >= 1 and sb["seconds"] > 0
+        assert (sb["chain"], sb["tree"], sb["questions"]) == ("chain-2", "tree(total=6,depth=3,topk=2)", 2)
+    assert all(x.get("unexplained_divergences", 0) == 0 for x in doc["spec_bench"]["t0"]["settings"].values())
+    assert len(doc["held_out_curve"]) >= 2 and all(p["tau"] >= 1 for p in doc["held_out_curve"])
+    assert doc["tokens"]["generated"]["task"] > 0 and doc["tokens"]["union_rows"]["task"] > 0   # over self's answers
+    assert doc["tokens"]["trained"] > doc["tokens"]["prepared"] > 0   # 3 epochs
+    monkeypatch.setattr(R.subprocess, "run", lambda *a, **k: pytest.fail(f"rerun started {a}"))
+    code, again = run_recipe(recipe, out)
+    assert code == DONE and again["spec_bench"] == doc["spec_bench"]
