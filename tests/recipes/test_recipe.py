@@ -76,6 +76,9 @@ def test_a_file_extends_a_recipe_changing_values_never_adding_keys(tmp_path):
     (tmp_path / "odd.yaml").write_text("plan: best-draft\nparms: {}\n")
     with pytest.raises(ValueError, match=r"odd.yaml: unknown key 'parms'"):
         load_recipe(tmp_path / "odd.yaml")
+    (tmp_path / "replan.yaml").write_text("extends: best-draft\nplan: scaling\n")
+    with pytest.raises(ValueError, match="plan 'scaling', but it extends a recipe of plan 'best-draft'"):
+        load_recipe(tmp_path / "replan.yaml")
     (tmp_path / "noplan.yaml").write_text("plan: fastest\nparams: {}\n")
     with pytest.raises(ValueError, match="plan 'fastest' is not one of"):
         load_recipe(tmp_path / "noplan.yaml")
@@ -104,6 +107,8 @@ def test_the_command_lists_shows_and_refuses(tmp_path, capsys):
     assert main(["run"]) == 0
     listed = capsys.readouterr().out
     assert all(f"  {n} " in listed for n in builtin_recipes())
+    assert main(["run", "demo-cpu", "--show"]) == 0   # a plan with a config class: all of its fields
+    assert re.search(r"\n  epochs +4\.0 +# training epochs", capsys.readouterr().out)
     assert main(["run", "best-draft", "--show", "--set", "epochs=2", "kinds=self"]) == 0
     shown = capsys.readouterr().out
     assert "plan best-draft" in shown and re.search(r"\n  epochs +2\.0\n", shown)

@@ -110,4 +110,6 @@ def test_background_steps_are_reaped_and_in_process_results_kept(tmp_path):
     assert r.done("bg") and (tmp_path / "out" / "bg.log").is_file()
     assert r.finish([]) == DONE
     r2 = R.Runner(tmp_path / "out")   # the next call: the in-process step is not run again, its result is kept
+    with pytest.raises(ValueError, match="another `eyas run` is working in it"):
+        R.Runner(tmp_path / "out")    # while r2 holds OUT
     assert r2.call("inline", lambda: pytest.fail("ran twice")) == (True, {"path": str(tmp_path), "n": 2})

@@ -34,6 +34,9 @@ def run_recipe(recipe: Recipe, out: Path, budget_s: float | None = None, fresh: 
     if check is not None:
         check(recipe.params)
     runner = Runner(out, budget_s, fresh)
-    runner.check_recipe(json.loads(json.dumps(identity(recipe), default=str)))
-    result = recipe.module().run_plan(runner, recipe)
-    return runner.finish(result.get("left", [])), result
+    try:
+        runner.check_recipe(json.loads(json.dumps(identity(recipe), default=str)))
+        result = recipe.module().run_plan(runner, recipe)
+        return runner.finish(result.get("left", [])), result
+    finally:
+        runner.close()

@@ -13,6 +13,7 @@ from pydantic import Field
 
 from eyas.config import StageConfig
 from eyas.recipes import DONE, builtin_recipes, load_recipe, parse_duration, run_recipe
+from eyas.recipes.recipe import file_description
 
 
 class RunConfig(StageConfig):
@@ -32,8 +33,8 @@ class RunConfig(StageConfig):
 
 def describe() -> str:
     lines = ["built-in recipes (eyas run NAME --show for their parameters):"]
-    for name, path in builtin_recipes().items():
-        first = (load_recipe(path).description.strip().splitlines() or [""])[0]
+    for name in builtin_recipes():
+        first = (file_description(name).strip().splitlines() or [""])[0]
         lines.append(f"  {name:<12} {first}")
     return "\n".join(lines)
 
@@ -41,9 +42,15 @@ def describe() -> str:
 def show(recipe) -> str:
     lines = [f"recipe {recipe.name} (plan {recipe.plan}; {recipe.source})", "", recipe.description.strip(), "",
              "parameters (--set KEY=VALUE):"]
-    w = max((len(k) for k in recipe.params), default=0)
-    for k, v in recipe.params.items():
-        note = recipe.help.get(k, "")
+    params, notes = dict(recipe.params), dict(recipe.help)
+    config = getattr(recipe.module(), "CONFIG", None)
+    for k, f in (config.model_fields.items() if config is not None else ()):   # the plan's whole vocabulary
+        if k not in ("out", "json"):
+            params.setdefault(k, f.default)
+            notes.setdefault(k, f.description or "")
+    w = max((len(k) for k in params), default=0)
+    for k, v in params.items():
+        note = notes.get(k, "")
         lines.append(f"  {k:<{w}}  {json.dumps(v, default=str)}" + (f"    # {note}" if note else ""))
     for s in recipe.steps:
         lines.append(f"  step {s['name']}: eyas {s['run']}")

@@ -57,6 +57,11 @@ def file_params(name: str) -> dict[str, Any]:
     return dict(_read(name)[2].get("params") or {})
 
 
+def file_description(name: str) -> str:
+    """A built-in recipe's description as written, without importing its plan."""
+    return str(_read(name)[2].get("description") or "")
+
+
 def _read(spec: str | Path) -> tuple[str, Path, dict]:
     builtin = builtin_recipes()
     path = builtin.get(str(spec)) or Path(spec)
@@ -95,7 +100,11 @@ def load_recipe(spec: str | Path, sets: list[str] | dict[str, Any] = ()) -> Reci
         if spec is not None and str(spec) not in builtin_recipes() and not Path(spec).is_absolute():
             spec = path.parent / spec   # a file extending a file beside it
     chain.reverse()   # the base first, each extending file over it
-    plan = next((d["plan"] for _, d in reversed(chain) if "plan" in d), None)
+    plans = [(p, d["plan"]) for p, d in chain if "plan" in d]
+    plan = plans[0][1] if plans else None
+    for path, other in plans[1:]:
+        if other != plan:
+            raise RecipeError(f"{path}: plan {other!r}, but it extends a recipe of plan {plan!r}")
     if plan not in PLANS:
         raise RecipeError(f"{chain[-1][0]}: plan {plan!r} is not one of {', '.join(PLANS)}")
     recipe = Recipe(name=name, plan=plan, params={}, source=" < ".join(str(p) for p, _ in chain))

@@ -11,6 +11,7 @@ refused naming the first key that differs, unless the call starts over (`fresh`)
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
@@ -47,6 +48,13 @@ class Runner:
     def __init__(self, work: Path, budget_s: float | None = None, fresh: bool = False):
         self.work = Path(work)
         self.work.mkdir(parents=True, exist_ok=True)
+        self._lock = open(self.work / ".run.lock", "w")   # one call at a time in an OUT (released by close)
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock.close()
+            raise RecipeError(f"{self.work}: another `eyas run` is working in it; wait for it or use another --out") \
+                from None
         self.state_path = self.work / STATE
         self.state: dict[str, Any] = {"done": {}}
         if self.state_path.is_file():
@@ -188,7 +196,9 @@ class Runner:
             print(f"-- {name}: needs ~{need:.0f} s, {self.left():.0f} s left; the next call runs it", flush=True)
             return False, None
         self.ran.append(name)
-        self.state.setdefault("started", []).append(name)
+        started = self.state.setdefault("started", [])
+        if name not in started:
+            started.append(name)
         t = time.perf_counter()
         result = json.loads(json.dumps(fn(), default=str))
         self.state.setdefault("results", {})[name] = result
@@ -207,9 +217,15 @@ class Runner:
             self.save()
         self._recorded = True
 
+    def close(self) -> None:
+        """Let another call work in OUT."""
+        if not self._lock.closed:
+            self._lock.close()
+
     def finish(self, left: list[str]) -> int:
         """The call's end: record it, say what is `left` (the plan's steps not done); DONE when nothing is."""
         self.record_call()
+        self.close()
         if not left:
             print("all steps done", flush=True)
             return DONE
