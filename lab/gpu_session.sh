@@ -66,7 +66,7 @@ if [ -n "$TINY" ]; then
         --draft-vocab-size 512 --eval-per-category 1 --eval-max-new-tokens 16 --tree total=6,depth=3,topk=2 --online
         --regen-backend native --regen-attention flex --self-prompts 2 --eval-min-bucket 1000000 --eval-warm-background --train-warm-background)
   REGEN512=(--rows 6 --batch 4 --max-new 8 --hf-sample 0 --sweep graph=eager)
-  SELF=(--data self:12 --max-new-tokens 8 --batch-size 4); MG=(TINY=1 STEPS=2 TOKENS=2048); KILL_ROWS=4; SCALE=(tests/recipes/files/scaling-tiny.yaml --budget 200s); SCALE_PARAMS=(); RFULL=(--max-samples 16 --max-new-tokens 8 --batch-size 4); LONG_SEQ=${LONG_SEQ:-256}
+  SELF=(--data self:12 --max-new-tokens 8 --batch-size 4); MG=(TINY=1 STEPS=2 TOKENS=2048); KILL_ROWS=4; SCALE=(tests/recipes/files/scaling-tiny.yaml --budget 200s); SCALE_PARAMS=(${SCALE_SET:-}); RFULL=(--max-samples 16 --max-new-tokens 8 --batch-size 4); LONG_SEQ=${LONG_SEQ:-256}
 else
   TRAIN_ARGS=(--steps 1000 --eval-every 200 --eval-batches 16 --batch-size 8); PREP_ROWS=()
   DEC=(--per-category 2 --max-new-tokens 512); DEC1=(--per-category 1 --max-new-tokens 512)
