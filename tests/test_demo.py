@@ -17,6 +17,17 @@ def _tiny_target(path: Path) -> Path:
     return templates.make_model_dir(path)
 
 
+def _eight_conversations_one_question(tmp_path: Path) -> Path:
+    """tmp_path/data.json (8 short conversations) and the bench file of one writing question, returned."""
+    convs = [{"id": str(i), "conversations": [{"from": "human", "value": f"tell me about topic {i} please"},
+                                              {"from": "gpt", "value": f"topic {i} is a fine topic indeed"}]}
+             for i in range(8)]
+    (tmp_path / "data.json").write_text(json.dumps(convs))
+    bench = tmp_path / "bench.jsonl"
+    bench.write_text(json.dumps({"question_id": 0, "category": "writing", "turns": ["say something"]}) + "\n")
+    return bench
+
+
 def test_demo_runs_every_stage_and_writes_a_report(tmp_path, capsys):
     target = _tiny_target(tmp_path / "target")
     convs = [{"id": str(i), "conversations": [{"from": "human", "value": f"tell me about topic {i} please"},
@@ -64,12 +75,7 @@ def test_demo_online_skips_the_store(tmp_path, capsys, monkeypatch):
     the same report; doctor passes without a store), the native generator with the flex step, self-written prompts
     joining the regenerated openings, the eval at one KV bucket, and where the eval's seconds went."""
     target = _tiny_target(tmp_path / "target")
-    convs = [{"id": str(i), "conversations": [{"from": "human", "value": f"tell me about topic {i} please"},
-                                              {"from": "gpt", "value": f"topic {i} is a fine topic indeed"}]}
-             for i in range(8)]
-    (tmp_path / "data.json").write_text(json.dumps(convs))
-    bench = tmp_path / "bench.jsonl"
-    bench.write_text(json.dumps({"question_id": 0, "category": "writing", "turns": ["say something"]}) + "\n")
+    bench = _eight_conversations_one_question(tmp_path)
     out = tmp_path / "demo"
 
     def written_prompts(backend, n, path, **kw):  # a random target's own prompts are noise, too long to answer
@@ -175,3 +181,35 @@ def test_report_says_what_explains_each_divergence():
     assert _identity({"identical_rate": 1.0, "tie_aware_identical_rate": 1.0, "unexplained_divergences": 0}) \
         == "1.000 (tie-aware 1.000; 0 not ties)"
     assert _identity({"identical_rate": None}) == "-"   # T > 0: no identity to claim
+
+
+def test_the_demo_recipe_resumes_after_a_crash_without_redoing_finished_stages(tmp_path, monkeypatch):
+    """`eyas run demo-cpu --out DIR`: the demo's stages are steps of a recipe run; a crash in the eval leaves the
+    stages before it done (their results kept in DIR/state.json), and the same command finishes from there."""
+    from eyas.recipes import DONE, load_recipe, run_recipe
+
+    target = _tiny_target(tmp_path / "target")
+    bench = _eight_conversations_one_question(tmp_path)
+    recipe = load_recipe("demo-cpu", [f"target={target}", f"data={tmp_path / 'data.json'}", "max_samples=8",
+                                      "regen_max_new_tokens=8", "regen_batch_size=8", "max_length=128",
+                                      "draft_vocab_size=64", "epochs=1", "eval_max_new_tokens=8", f"bench={bench}"])
+    import eyas.demo as demo
+
+    calls, real_eval, real_regen = [], demo.evaluate, demo.regenerate
+
+    def crash(cfg):
+        raise RuntimeError("the machine went away")
+
+    monkeypatch.setattr(demo, "regenerate", lambda cfg: calls.append("regenerate") or real_regen(cfg))
+    monkeypatch.setattr(demo, "evaluate", crash)
+    out = tmp_path / "demo"
+    with pytest.raises(RuntimeError, match="went away"):
+        run_recipe(recipe, out)
+    st = json.loads((out / "state.json").read_text())
+    assert list(st["done"]) == ["fetch", "regenerate", "prepare", "extract", "train"] and calls == ["regenerate"]
+    monkeypatch.setattr(demo, "evaluate", real_eval)
+    code, summary = run_recipe(recipe, out)
+    assert code == DONE and calls == ["regenerate"]   # nothing finished ran again
+    assert set(summary["seconds"]) == {"fetch", "regenerate", "prepare", "extract", "train", "eval", "export", "doctor"}
+    assert summary["identical_rate"] == 1.0 and summary["doctor"]["ok"] and summary["rows"]["regenerated"] == 8
+    assert json.loads((out / "summary.json").read_text())["tau"] == summary["tau"]

@@ -78,11 +78,13 @@ def test_retired_spellings_are_gone_from_the_help(capsys):
 def test_every_help_example_parses_with_the_current_flags():
     import shlex
 
-    from eyas.cli import EXAMPLES
+    from eyas.cli import EXAMPLES, POSITIONAL
 
     for command, lines in EXAMPLES.items():
         parser = argparse.ArgumentParser(prog=f"eyas {command}", exit_on_error=False)
         add_config_args(parser, CONFIGS[command])
         for line in lines:
             argv = shlex.split(line.split(">")[0])[2:]      # drop `eyas COMMAND` and any shell redirection
+            if command in POSITIONAL and argv and not argv[0].startswith("-"):   # `eyas run RECIPE ...`
+                argv = [f"--{POSITIONAL[command]}", *argv]
             parser.parse_args(argv)                          # an unknown or renamed flag raises here

@@ -66,7 +66,7 @@ def test_no_import_circles():
 def test_no_private_names_across_packages():
     bad = []
     files = {m: p for m, p in MODULES.items()}
-    files.update({f"bench.{p.stem}": p for p in (ROOT / "bench").glob("*.py")})
+    files.update({f"{d}.{p.stem}": p for d in ("bench", "lab") for p in (ROOT / d).glob("*.py")})
     for m, path in files.items():
         for mod, names in _imports(path):
             if not mod.startswith("eyas"):
@@ -115,3 +115,14 @@ def test_test_files_have_unique_basenames():
     for f in tests.rglob("test_*.py"):
         seen.setdefault(f.name, []).append(str(f.relative_to(tests)))
     assert not {k: v for k, v in seen.items() if len(v) > 1}
+
+
+def test_the_package_and_the_user_docs_never_refer_to_the_lab():
+    """lab/ is the tooling of one remote GPU (carry parts, lanes, deadlines): nothing a user installs or reads
+    depends on it."""
+    import re
+
+    files = [p for p in SRC.rglob("*") if p.suffix in (".py", ".md", ".yaml", ".txt")]
+    files += [ROOT / "README.md", ROOT / "pyproject.toml"]
+    bad = [str(p.relative_to(ROOT)) for p in files if re.search(r"(?<![\w.])lab/", p.read_text())]
+    assert not bad, bad

@@ -30,7 +30,10 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
     "serve-check": ("eyas.engines.serve_check", "ServeCheckConfig", "run", "serve the export in a real engine, compare tau"),
     "doctor": ("eyas.doctor", "DoctorConfig", "run", "preflight every hand-over in seconds, before weights load"),
     "demo": ("eyas.demo", "DemoConfig", "run", "the end-to-end job on the default model and dataset"),
+    "run": ("eyas.recipes.command", "RunConfig", "run", "run a recipe: a resumable, time-budgeted pipeline of stages"),
 }
+# Commands whose first argument, when not a flag, is this field: `eyas run best-draft` = `eyas run --recipe best-draft`
+POSITIONAL = {"run": "recipe"}
 
 # Shown under each command's --help: the common invocations, copy-pasteable.
 EXAMPLES: dict[str, list[str]] = {
@@ -53,6 +56,10 @@ EXAMPLES: dict[str, list[str]] = {
     "doctor": ["eyas doctor --target smollm2-135m --data prepared --store store --draft export-vllm"],
     "demo": ["eyas demo", "eyas demo --out /tmp/demo --max-samples 40 --eval-max-new-tokens 32",
              "eyas demo --device cuda --max-samples 5000"],
+    "run": ["eyas run", "eyas run best-draft --show",
+            "eyas run best-draft --set target=./my-model device=cuda --budget 4h --out runs/my-draft",
+            "eyas run scaling --set kinds=self,raw sizes=1e6,3e6 --budget 540s",
+            "eyas run demo-gpu --out runs/demo", "eyas run my-recipe.yaml --set epochs=2 --fresh"],
 }
 
 
@@ -61,6 +68,7 @@ def _top_parser() -> argparse.ArgumentParser:
         prog="eyas", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Train, evaluate and export EAGLE-3 drafts for any Hugging Face causal LM.",
         epilog="examples:\n  eyas demo                      # the whole flow on SmolLM2-135M, ~10 min on 2 cores\n"
+               "  eyas run                       # the recipes: resumable, time-budgeted pipelines of stages\n"
                "  eyas inspect --target smollm2-135m\n  eyas train --help\n\n"
                "Every command takes --config FILE.yaml whose keys are its flag names.\n"
                "CPU threads: --threads N or $EYAS_NUM_THREADS (default: the CPUs this process may use).")
@@ -107,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"eyas {__version__}" if argv[0] != "version" else __version__)
         return 0
     cmd, rest = argv[0], argv[1:]
+    if cmd in POSITIONAL and rest and not rest[0].startswith("-"):
+        rest = [f"--{POSITIONAL[cmd]}", rest[0], *rest[1:]]
     if cmd not in COMMANDS:
         import difflib
 
@@ -126,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="examples:\n" + "\n".join(f"  {e}" for e in EXAMPLES.get(cmd, [])))
     add_config_args(parser, cls)
+    if cmd in POSITIONAL:
+        parser.usage = parser.usage.replace(f"eyas {cmd} ", f"eyas {cmd} [{POSITIONAL[cmd].upper()}] ", 1)
     args, unknown = parser.parse_known_args(rest)
     if unknown:
         parser.error(check_flags(unknown, cls))

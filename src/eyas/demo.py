@@ -4,13 +4,15 @@ fetch -> regenerate (target's own answers) -> prepare -> extract -> train -> eva
 then a summary table and a one-page Markdown report with the plots. Each stage is the same library call
 its own command makes, so the demo exercises exactly what users run. Defaults fit ~10 minutes on a
 2-core CPU; `--device cuda --max-samples 5000` scales the same flow up.
+
+The demo is a recipe (eyas.recipes): its two profiles are the recipe files demo-cpu and demo-gpu, its stages the
+steps of this module's plan. `eyas demo` runs one from the start; `eyas run demo-gpu --out DIR` resumes.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Literal
@@ -29,6 +31,8 @@ from eyas.devices import DEVICE_HELP, fast_bf16, resolve_device
 from eyas.doctor import DoctorConfig, diagnose, render_table
 from eyas.export.commands import ExportConfig, run_export
 from eyas.extract import ExtractConfig, run as extract
+from eyas.recipes import Runner, load_recipe, run_recipe
+from eyas.recipes.recipe import Recipe, file_params
 from eyas.target import BUILTIN_TARGETS, resolve
 from eyas.train.loop import TrainConfig, run as train
 
@@ -78,28 +82,10 @@ class DemoConfig(StageConfig):
                          "no extract stage and no store (gpu profile: on; its ~5M tokens would make a ~25 GB store)")
 
 
-# The gpu profile: sizes for about 10 minutes on one H200, aiming at tree tau >= 3 (BENCHMARKS.md, issue #13). Its
-# first run (9,000 ShareGPT openings only, 3 epochs) took 667 s for tree tau 2.51 on Spec-Bench, whose math, code
-# and translation ShareGPT's chat lacks; the best_draft recipe (ShareGPT + 20k self-written prompts) reached 4.68.
-# So: the 9,000 openings plus 6,000 self-written prompts, each answered in up to 512 tokens (~5M tokens; the flex
-# decode step, ~50k tok/s), 2 epochs (~12M token-passes, as before), trained online (a store of ~6M tokens would be
-# ~30 GB), and the eval's decoder compiled at one KV bucket (the first run spent ~270 of its 329 eval seconds on
-# compiles and rechecks, 57 decoding). Its second run (2026-12-03) took 567 s for tree tau 2.71: every category
-# ~60 % of best_draft's, summarization and RAG (long prompts, cut at 1,024 tokens) least, and a ~30 s recompile at
-# the first held-out eval (since fixed). So: prompts up to 1,536 tokens, 8,000 self-written prompts and 2.3 epochs,
-# in the time of that recompile and of the eval's compiles, now done beside training (eval_warm_background). Its
-# third run (2026-12-03, 531 s) reached tree tau 2.997, while the scaling curve's self-written-only draft of 7.4M
-# tokens reached 3.64 (13 questions): a self-written row costs ~7.8 ms of generation to ShareGPT's ~8.8 and the
-# curve had not flattened, so the mix moves to 6,000 ShareGPT openings + 13,000 self-written prompts (~8.1M tokens,
-# ~+17 s); training's ~1 min of compiles moves beside regenerate (train_warm_background: 48 -> 22 s to the end of a
-# tiny CPU run), which pays for 2.3 epochs over the larger set. Only fields the user did not set are replaced.
-GPU_PROFILE: dict[str, Any] = {
-    "max_samples": 6000, "regen_backend": "native", "regen_max_new_tokens": 512, "regen_batch_size": 512,
-    "regen_attention": "flex", "self_prompts": 13000, "regen_max_prompt_tokens": 1536,
-    "max_length": 2048, "draft_vocab_size": 32000, "ttt_steps": 7, "epochs": 2.3, "lr": 1e-3,
-    "train_batch_size": 8, "eval_per_category": 3, "eval_max_new_tokens": 128, "tree": "total=60,depth=7,topk=10",
-    "eval_min_bucket": 1_000_000, "online": True, "eval_warm_background": True, "train_warm_background": True,
-}
+# The gpu profile (recipes/files/demo-gpu.yaml, which says why each size): fields the user did not set take it.
+GPU_PROFILE: dict[str, Any] = {k: v for k, v in file_params("demo-gpu").items() if k not in ("profile", "device")}
+CONFIG = DemoConfig   # the demo recipes' parameters (eyas.recipes)
+IDENTITY = None
 
 
 def with_profile(cfg: DemoConfig, device: str) -> DemoConfig:
@@ -109,69 +95,48 @@ def with_profile(cfg: DemoConfig, device: str) -> DemoConfig:
     return cfg.model_copy(update={k: v for k, v in GPU_PROFILE.items() if k not in cfg.model_fields_set})
 
 
-@contextmanager
-def _stage(name: str, times: dict[str, float]):
-    print(f"\n=== {name} ===", flush=True)
-    t0 = time.perf_counter()
-    yield
-    times[name] = round(time.perf_counter() - t0, 1)
-    print(f"--- {name}: {times[name]} s", flush=True)
-
-
 def _call(fn, cls: type[StageConfig], **kw: Any):
     """One stage, exactly as its command runs it: the flags validated by its config class, then its run."""
     return fn(build_config(cls, {k: v for k, v in kw.items() if v is not None}))
 
 
-def _data_stages(cfg: DemoConfig, device: str, data, paths: dict[str, Path], times: dict[str, float], cache):
-    """regenerate (openings, then self-written prompts) and prepare: (regen, regen_self, prepare's summary)."""
-    data_for_prepare, regen, regen_self = str(data), None, None
-    if cfg.regenerate:
-        with _stage("regenerate", times):
-            gen = dict(target=cfg.target, backend=cfg.regen_backend, max_new_tokens=cfg.regen_max_new_tokens,
-                       batch_size=cfg.regen_batch_size, device=device,
-                       max_prompt_tokens=cfg.regen_max_prompt_tokens or cfg.max_length // 2,
-                       cache_dir=cache, seed=cfg.seed, json=True,
-                       dtype="bf16" if fast_bf16(device) else "auto",
-                       **({"attention": cfg.regen_attention} if cfg.regen_backend == "native" else {}))
-            openings = _opening_turns(data, paths["regenerated"] / "openings.jsonl", cfg.max_samples, cache)
-            regen = _call(regenerate, RegenerateConfig, data=str(openings), max_samples=cfg.max_samples,
-                          out=paths["regenerated"] / "conversations.jsonl", **gen)
-            parts = [paths["regenerated"] / "conversations.jsonl"]
-            print(json.dumps(regen, default=str)[:400])
-            if cfg.self_prompts:
-                regen_self = _call(regenerate, RegenerateConfig, data=f"self:{cfg.self_prompts}",
-                                   out=paths["regenerated"] / "self.jsonl", **gen)
-                parts.append(paths["regenerated"] / "self.jsonl")
-                print(json.dumps(regen_self, default=str)[:400])
-            data_for_prepare = str(_union(parts, paths["regenerated"] / "union.jsonl") if len(parts) > 1
-                                   else parts[0])
-
-    with _stage("prepare", times):
-        prep = _call(prepare, PrepareConfig, target=cfg.target, data=data_for_prepare,
-                     out=paths["prepared"], max_samples=cfg.max_samples + cfg.self_prompts,
-                     max_length=cfg.max_length,
-                     draft_vocab_size=cfg.draft_vocab_size, overwrite=True, cache_dir=cache, json=True)
-
-    return regen, regen_self, prep
-
-
 def run(cfg: DemoConfig) -> int | dict:
+    """`eyas demo`: the demo recipe of the device's profile (demo-cpu / demo-gpu) with the flags given, from the
+    start (a rerun redoes every stage; `eyas run demo-cpu --out DIR` resumes instead)."""
+    device = str(resolve_device(cfg.device))
+    profile = cfg.profile if cfg.profile != "auto" else ("gpu" if device.startswith("cuda") else "cpu")
+    given = {k: getattr(cfg, k) for k in cfg.model_fields_set if k not in ("out", "json", "profile")}
+    _, result = run_recipe(load_recipe(f"demo-{profile}", given), cfg.out, fresh=True)
+    summary = {k: v for k, v in result.items() if k not in ("left", "files")}
+    if cfg.json:
+        return summary
+    _print_table(summary)
+    return 0 if summary["doctor"]["ok"] else 1
+
+
+def run_plan(r: Runner, recipe: Recipe) -> dict:
+    """The demo's stages as steps of one recipe run, each result kept in OUT/state.json."""
+    cfg = build_config(DemoConfig, {**recipe.params, "out": r.work})
     device = str(resolve_device(cfg.device))
     cfg = with_profile(cfg, device)
     out = cfg.out.resolve()
-    out.mkdir(parents=True, exist_ok=True)
     paths = {k: out / k for k in ("regenerated", "prepared", *(() if cfg.online else ("store",)), "run", "eval",
                                   "export")}
     times: dict[str, float] = {}
     cache = str(cfg.cache_dir) if cfg.cache_dir else None
     preflight(cfg, out)
 
-    with _stage("fetch", times):
-        src = resolve(cfg.target, cache=cache)
-        data = resolve_data(cfg.data, cache=cache)
-        print(f"target: {src.path}\ndata:   {data}")
+    def step(name: str, fn):
+        done, result = r.call(name, lambda: _timed(name, fn))
+        times[name] = r.seconds(name)
+        return result
 
+    def fetch():
+        src, data = resolve(cfg.target, cache=cache), resolve_data(cfg.data, cache=cache)
+        print(f"target: {src.path}\ndata:   {data}")
+        return str(data)
+
+    data = Path(step("fetch", fetch))
     # Every training flag but its data and length, shared by the warm-up and the run: the warm-up's graphs are the
     # run's only if their shapes and dtypes agree.
     train_kw = dict(target=cfg.target, online=cfg.online, ttt_steps=cfg.ttt_steps, tau_chain=cfg.chain, lr=cfg.lr,
@@ -179,65 +144,99 @@ def run(cfg: DemoConfig) -> int | dict:
                     target_dtype="bf16" if fast_bf16(device) else "auto", batch_size=cfg.train_batch_size,
                     init_head=False)
     train_warm = None
-    if cfg.train_warm_background and cfg.online:   # the step's compiles beside the data stages (train/warm.py)
+    if cfg.train_warm_background and cfg.online and not r.done("prepare"):   # the step's compiles beside the data
         train_warm = start_train_warm(out / "train-warm", cfg.max_length, cfg.draft_vocab_size, cli_flags(train_kw))
     try:
-        regen, regen_self, prep = _data_stages(cfg, device, data, paths, times, cache)
+        regen = step("regenerate", lambda: _regenerate(cfg, device, data, paths, cache)) if cfg.regenerate else None
+        prep = step("prepare", lambda: _call(
+            prepare, PrepareConfig, target=cfg.target, data=(regen or {}).get("data") or str(data),
+            out=paths["prepared"], max_samples=cfg.max_samples + cfg.self_prompts, max_length=cfg.max_length,
+            draft_vocab_size=cfg.draft_vocab_size, overwrite=True, cache_dir=cache, json=True))
     except BaseException:
         if train_warm is not None:   # nothing left running after a failed data stage
             train_warm.finish(timeout=0)
         raise
-    train_warm_info = None
     if train_warm is not None:   # never two compiles of the same graphs at once: wait for it (bounded)
-        train_warm_info = train_warm.finish_waited(timeout=240)
+        r.state["train_warm"] = train_warm.finish_waited(timeout=240)
+        r.save()
 
     ext = None
     if not cfg.online:
-        with _stage("extract", times):
-            ext = _call(extract, ExtractConfig, target=cfg.target, data=paths["prepared"],
-                        out=paths["store"], store_dtype="bf16", device=device, overwrite=True, cache_dir=cache)
+        ext = step("extract", lambda: _call(extract, ExtractConfig, target=cfg.target, data=paths["prepared"],
+                                            out=paths["store"], store_dtype="bf16", device=device, overwrite=True,
+                                            cache_dir=cache))
 
     eval_kw = dict(target=cfg.target, bench=cfg.bench, per_category=cfg.eval_per_category,
                    max_new_tokens=cfg.eval_max_new_tokens, chain=cfg.chain, tree=cfg.tree, min_bucket=cfg.eval_min_bucket,
                    device=device, cache_dir=cache)
-    prewarm = Prewarm(paths["run"], out / "eval-warm", eval_kw) if cfg.eval_warm_background else None
+    prewarm = Prewarm(paths["run"], out / "eval-warm", eval_kw) \
+        if cfg.eval_warm_background and not r.done("train") else None
     try:
-        with _stage("train", times):
-            tr = _call(train, TrainConfig, store=paths.get("store"), data=paths["prepared"], out=paths["run"],
-                       epochs=cfg.epochs, overwrite=True, **train_kw)
+        tr = step("train", lambda: _call(train, TrainConfig, store=paths.get("store"), data=paths["prepared"],
+                                         out=paths["run"], epochs=cfg.epochs, overwrite=True, **train_kw))
     except BaseException:
         if prewarm is not None:   # no warm-up left running after a failed (or interrupted) training
             prewarm.finish(timeout=0)
         raise
 
-    with _stage("eval", times):
+    def evaluate_draft():
         # the background warm-up must not share the GPU with the timed eval: waited for (bounded), then stopped
         warm = prewarm.finish(timeout=300) if prewarm is not None else None
         ev = _call(evaluate, EvalConfig, draft=paths["run"], **eval_kw, out=paths["eval"] / "eval.json", json=True,
                    plots=paths["eval"])
         if warm is not None:
             ev["warm_background"] = warm
+        return ev
 
-    with _stage("export", times):
-        exp = _call(run_export, ExportConfig, draft=paths["run"], format="vllm",
-                    out=paths["export"], chain=cfg.chain)
+    ev = step("eval", evaluate_draft)
+    exp = step("export", lambda: _call(run_export, ExportConfig, draft=paths["run"], format="vllm",
+                                       out=paths["export"], chain=cfg.chain))
 
-    with _stage("doctor", times):
+    def doctor():
         checks = diagnose(build_config(DoctorConfig, dict(target=cfg.target, data=str(paths["prepared"]),
                                                          draft=paths["export"], store=paths.get("store"),
                                                          cache_dir=cfg.cache_dir)))
         print(render_table(checks))
-        doc = {"ok": not any(c.status == "fail" for c in checks), "checks": [asdict(c) for c in checks]}
+        return {"ok": not any(c.status == "fail" for c in checks), "checks": [asdict(c) for c in checks]}
 
-    summary = _summary(cfg, device, paths, times, regen, regen_self, prep, ext, tr, ev, exp, doc)
-    summary["train_warm_background"] = train_warm_info
+    doc = step("doctor", doctor)
+    summary = _summary(cfg, device, paths, times, regen and regen["openings"], regen and regen["self"], prep, ext,
+                       tr, ev, exp, doc)
+    summary["train_warm_background"] = r.state.get("train_warm")
     report = write_report(out, summary, paths)
     summary["report"] = str(report)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    if cfg.json:
-        return summary
-    _print_table(summary)
-    return 0 if summary["doctor"]["ok"] else 1
+    return {**summary, "left": [], "files": {"summary": str(out / "summary.json"), "report": str(report)}}
+
+
+def _timed(name: str, fn):
+    print(f"\n=== {name} ===", flush=True)
+    t0 = time.perf_counter()
+    result = fn()
+    print(f"--- {name}: {round(time.perf_counter() - t0, 1)} s", flush=True)
+    return result
+
+
+def _regenerate(cfg: DemoConfig, device: str, data: Path, paths: dict[str, Path], cache) -> dict:
+    """The openings, then the self-written prompts, answered by the target: {openings, self, data (their union)}."""
+    gen = dict(target=cfg.target, backend=cfg.regen_backend, max_new_tokens=cfg.regen_max_new_tokens,
+               batch_size=cfg.regen_batch_size, device=device,
+               max_prompt_tokens=cfg.regen_max_prompt_tokens or cfg.max_length // 2,
+               cache_dir=cache, seed=cfg.seed, json=True, dtype="bf16" if fast_bf16(device) else "auto",
+               **({"attention": cfg.regen_attention} if cfg.regen_backend == "native" else {}))
+    openings = _opening_turns(data, paths["regenerated"] / "openings.jsonl", cfg.max_samples, cache)
+    regen = _call(regenerate, RegenerateConfig, data=str(openings), max_samples=cfg.max_samples,
+                  out=paths["regenerated"] / "conversations.jsonl", **gen)
+    parts = [paths["regenerated"] / "conversations.jsonl"]
+    print(json.dumps(regen, default=str)[:400])
+    regen_self = None
+    if cfg.self_prompts:
+        regen_self = _call(regenerate, RegenerateConfig, data=f"self:{cfg.self_prompts}",
+                           out=paths["regenerated"] / "self.jsonl", **gen)
+        parts.append(paths["regenerated"] / "self.jsonl")
+        print(json.dumps(regen_self, default=str)[:400])
+    union = _union(parts, paths["regenerated"] / "union.jsonl") if len(parts) > 1 else parts[0]
+    return {"openings": regen, "self": regen_self, "data": str(union)}
 
 
 def _opening_turns(data: Path, out: Path, n: int, cache) -> Path:

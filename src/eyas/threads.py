@@ -1,8 +1,8 @@
 """CPU threading policy for eyas processes, set before torch is imported.
 
 On a shared CPU box, OpenMP's default (threads spin for ~300k iterations at every barrier, one thread
-per physical core) turns other jobs' load into eyas's slowdown: the demo took 96 min instead of 9 on a
-2-core machine next to other work, with 80-90 % of its CPU in libgomp spin-waiting (issue 18). So:
+per physical core) turns other jobs' load into eyas's slowdown: next to other work on a 2-core machine, most of
+eyas's CPU goes to libgomp spin-waiting and the demo runs several times slower. So:
 
 - `OMP_WAIT_POLICY=PASSIVE`: idle OpenMP threads sleep instead of spinning (libgomp reads it once, when
   torch loads it: hence before the import);

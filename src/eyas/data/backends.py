@@ -140,7 +140,7 @@ class HFBackend:
 class OpenAIBackend:
     """POST /chat/completions with retries: connection errors, timeouts, 429 and 5xx back off and retry.
 
-    Rules from fault injection (issue #17): redirects are never followed (the API key would travel to
+    Rules that fault injection checks (bench/faults.py): redirects are never followed (the API key would travel to
     the new host, and a POST would become a GET); --request-timeout is a deadline for the whole answer,
     not per read (a server dribbling a byte at a time cannot hold a row forever); Retry-After is
     honoured; a bad body (not UTF-8, not JSON, content not a string) fails its row, never the run; server

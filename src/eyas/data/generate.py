@@ -19,7 +19,8 @@ With decode_attention="flex" the decode step runs FlexAttention instead (eyas.da
 only the KV blocks up to its own position, through block tables the step rewrites in place from `pos`.
 
 Greedy decoding is argmax over fp32 logits, as in HF `generate`, so answers match it token for token up to
-floating-point ties (bf16: see BENCHMARKS.md, issue #13).
+floating-point ties (in bf16 two candidates' logits can sit within an ulp; a tie is told apart by
+bench/regen.py).
 """
 
 from __future__ import annotations

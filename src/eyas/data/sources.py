@@ -25,8 +25,8 @@ from eyas.cache import fetch_package
 
 # Conversations opening with the assistant: a third of ShareGPT V3's rows (its long conversations were split, and a
 # later part starts mid-answer). EAGLE's recipe drops those leading assistant turns; every stage that reads
-# conversations takes this one default (prepare once rejected them where regenerate skipped them: a raw ShareGPT
-# scaling curve lost 6,900 of 17,671 rows, 2026-12-04).
+# conversations takes this one default, so prepare and regenerate keep the same rows (rejecting them would drop
+# 6,900 of ShareGPT's 17,671).
 AssistantFirst = Literal["reject", "skip"]
 ASSISTANT_FIRST_DEFAULT: AssistantFirst = "skip"
 

@@ -1,8 +1,8 @@
 """Long-input task prompts made from the target's own answers (`tasks:PATH`), for users with no dataset.
 
 Self-written prompts (selfgen.py) are one-line questions, so a draft trained on them alone never sees the target
-read a long input back: on Spec-Bench its summarization, translation and QA-over-a-passage tau fell well below a
-draft that also saw re-answered ShareGPT rows (BENCHMARKS.md, fourth GPU session of 2026-12-03). This source turns
+read a long input back: on Spec-Bench its summarization, translation and QA-over-a-passage tau fall well below a
+draft that also saw re-answered ShareGPT rows (BENCHMARKS.md, draft quality vs data). This source turns
 each answered conversation of PATH (e.g. the regenerated `self:N` output) into one task over its first answer: the
 answer is the passage, a template (picked round-robin by row, so the mix is even and reproducible) is the
 instruction, and for question answering the row's own first question is asked back. `eyas regenerate --data

@@ -25,7 +25,7 @@ from eyas.decode.tree import Tree, TreeSpec
 from eyas.draft.model import Eagle3Draft
 
 # EYAS_DRAFT_CACHE=copy: draft levels concatenate the cache with the new k/v (two copies of the cache per level)
-# instead of attending over it in place — the pre-2026-12-01 path, kept as an escape hatch for a GPU session
+# instead of attending over it in place — the older path, kept as an escape hatch and as the reference to compare with
 _CACHE_COPY = os.environ.get("EYAS_DRAFT_CACHE", "inplace") == "copy"
 
 

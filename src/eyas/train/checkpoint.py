@@ -1,8 +1,8 @@
 """Trainer checkpoints: atomic save, rotation, safe load, RNG state, and who owns a RUN dir.
 
 RUN/checkpoints/step-N/ = a draft dir (config.json + model.safetensors, eyas.draft.io) + state.pt
-(optimizer, scheduler, RNG, step, best tau, metric history, config). Rules, each one a failure seen
-in fault injection (issue #17):
+(optimizer, scheduler, RNG, step, best tau, metric history, config). Rules, each one a failure that fault
+injection (bench/faults.py) can provoke:
   - a checkpoint is complete or absent: written to step-N.tmp, renamed into place; a killed save
     leaves only step-N.tmp, which the next run deletes (never a dead end needing a manual delete);
   - names that are not `step-<int>` (a .tmp, a user's copy) are never parsed as steps;

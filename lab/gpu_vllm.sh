@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # vLLM 0.26 on the H200(s): every eyas vLLM path on the real engine, stage by stage (issue 12).
-# First bring vLLM, the model and data over with bench/gpu_carry.sh (5 calls), then, on the GPU machine:
-#   bash bench/gpu_vllm.sh STAGE...        results (JSON) in $RES (default $OUT, else /tmp/w/results)
+# First bring vLLM, the model and data over with lab/gpu_carry.sh (5 calls), then, on the GPU machine:
+#   bash lab/gpu_vllm.sh STAGE...        results (JSON) in $RES (default $OUT, else /tmp/w/results)
 # Stages (W=/tmp/w; the target is /tmp/smol-hf, vLLM's python /tmp/vpy, ShareGPT rows /tmp/sharegpt.json):
 #   train_bg    in the background on GPU $TRAIN_GPU (1): prepare the 9k rows, train the online 4M-token draft
 #               (the "run9k" recipe of BENCHMARKS.md), export it for vLLM -> $W/run9k, $W/export, $W/train.done

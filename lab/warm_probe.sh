@@ -2,7 +2,7 @@
 # Where the eval's tree warm-up goes once inductor's cache is warm (GPU demo of 2026-12-03, second session: chain-3
 # 62.6 -> 14.0 s with the background warm-up, the tree only 44.5 -> 35.3 s). Three `eyas eval --warm-only` of a
 # random SmolLM2 draft in the demo's eval setting: fresh, then cached without CUDA graphs, then cached with them.
-# Run after `bash bench/gpu_carry.sh recv` of parts 0 and 1; JSON to $OUT (or /tmp/warm_probe).
+# Run after `bash lab/gpu_carry.sh recv` of parts 0 and 1; JSON to $OUT (or /tmp/warm_probe).
 set -euo pipefail
 OUT=${OUT:-/tmp/warm_probe}; mkdir -p "$OUT"
 export PYTHONPATH=src:/tmp/site${PYTHONPATH:+:$PYTHONPATH}

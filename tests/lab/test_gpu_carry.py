@@ -1,4 +1,4 @@
-"""bench/gpu_carry.sh: parts split at any byte, joined in order on the other side, every item checked by sha256."""
+"""lab/gpu_carry.sh: parts split at any byte, joined in order on the other side, every item checked by sha256."""
 
 import os
 import shutil
@@ -13,13 +13,13 @@ pytestmark = pytest.mark.skipif(shutil.which("split") is None, reason="needs cor
 
 def _repo(tmp_path: Path) -> Path:
     repo = tmp_path / "repo"
-    (repo / "bench").mkdir(parents=True)
-    shutil.copy(ROOT / "bench" / "gpu_carry.sh", repo / "bench")
+    (repo / "lab").mkdir(parents=True)
+    shutil.copy(ROOT / "lab" / "gpu_carry.sh", repo / "lab")
     return repo
 
 
 def _run(repo: Path, stage: str, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", "bench/gpu_carry.sh", stage], cwd=repo, capture_output=True, text=True,
+    return subprocess.run(["bash", "lab/gpu_carry.sh", stage], cwd=repo, capture_output=True, text=True,
                           env={**os.environ, **env})
 
 
@@ -76,12 +76,12 @@ def test_recv_names_a_damaged_item(tmp_path):
 def test_json_head_copies_the_first_rows(n, text, kept):
     import json
 
-    r = subprocess.run(["python3", str(ROOT / "bench" / "json_head.py"), n], input=text, capture_output=True, text=True)
+    r = subprocess.run(["python3", str(ROOT / "lab" / "json_head.py"), n], input=text, capture_output=True, text=True)
     assert r.returncode == 0 and json.loads(r.stdout) == kept
     assert ("cut off" in r.stderr) == text.endswith("he")
 
 
 def test_json_head_refuses_a_bad_row_inside_a_closed_array():
-    r = subprocess.run(["python3", str(ROOT / "bench" / "json_head.py"), "all"], input='[{"a": 1}, {"b": }]',
+    r = subprocess.run(["python3", str(ROOT / "lab" / "json_head.py"), "all"], input='[{"a": 1}, {"b": }]',
                        capture_output=True, text=True)
     assert r.returncode != 0 and "JSONDecodeError" in r.stderr

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # One GPU session for issues 14, 16, 13 (and 12's rest) on an nvidia-h200-x2, planned so the GPUs never idle:
 # two lanes of jobs (one per GPU) run in the background (setsid), and each device call only carries the next
-# carry part, looks at progress and brings the results so far back. Order and expected minutes: bench/GPU.md.
+# carry part, looks at progress and brings the results so far back. Order and expected minutes: lab/GPU.md.
 #
-#   (call 1, carry .carry/p0)  bash bench/gpu_carry.sh recv
-#   (optional, carry .carry/draft: a draft brought back earlier, restored instead of trained)  bash bench/gpu_session.sh take
-#   (call 2, carry .carry/p1)  bash bench/gpu_carry.sh recv && bash bench/gpu_session.sh start
-#   (each later call, carrying the next part if any)  bash bench/gpu_session.sh watch SECONDS
+#   (call 1, carry .carry/p0)  bash lab/gpu_carry.sh recv
+#   (optional, carry .carry/draft: a draft brought back earlier, restored instead of trained)  bash lab/gpu_session.sh take
+#   (call 2, carry .carry/p1)  bash lab/gpu_carry.sh recv && bash lab/gpu_session.sh start
+#   (each later call, carrying the next part if any)  bash lab/gpu_session.sh watch SECONDS
 #        waits until every lane has finished or SECONDS have passed, then packs $RES into $OUT/results.tgz
 #
 # Lane 0 (GPU 0): 8B-shape extraction, load, training (issue 16), then, once the draft exists and the 2-GPU stage
@@ -15,10 +15,11 @@
 #   2-GPU stage (multi_gpu.sh, both GPUs: lane 0 waits), regenerate kill/resume and self:N, then vLLM (issue 12)
 #   when its parts have arrived, then the GPU demo if time is left.
 # DEADLINE_S (default 1500): jobs marked optional are skipped once the session is older than this.
-# LANE2=best_draft: lane 2 (one GPU) runs issue 13's bench/best_draft.py until done or the deadline (BD_BUDGET_S per call)
-#   instead of the scaling points (SCALE_KINDS, SCALE_SIZES, SCALE_BUDGET_S: one call of bench/scaling.py);
+# LANE2=best_draft: lane 2 (one GPU) runs `eyas run best-draft` (BD_SET: its KEY=VALUE params) until done or the
+#   deadline (BD_BUDGET_S per call) instead of the scaling points (`eyas run scaling`: SCALE_KINDS, SCALE_SIZES,
+#   SCALE_SET, SCALE_BUDGET_S: one call, its points merged into bench/results/scaling.json's by bench/scaling.py);
 #   LANE2=scaling_all: the scaling points call after call until all are done or the deadline (a session of its own);
-#   SCALE_PARALLEL=1: one bench/scaling.py per kind side by side, merged at the end. LANE2="scaling_all best_draft":
+#   SCALE_PARALLEL=1: one scaling recipe per kind side by side, merged at the end. LANE2="scaling_all best_draft":
 #   one after the other. Rows generated in an earlier session (.carry/regen, .carry/self) seed both.
 #   LANE2_AFTER=FLAG: lane 2 waits for lane 0's FLAG (LANE0=demo_vllm LANES="0 2" LANE2_AFTER=demo_done: the scaling
 #   points after the timed demo).
@@ -65,7 +66,7 @@ if [ -n "$TINY" ]; then
         --draft-vocab-size 512 --eval-per-category 1 --eval-max-new-tokens 16 --tree total=6,depth=3,topk=2 --online
         --regen-backend native --regen-attention flex --self-prompts 2 --eval-min-bucket 1000000 --eval-warm-background --train-warm-background)
   REGEN512=(--rows 6 --batch 4 --max-new 8 --hf-sample 0 --sweep graph=eager)
-  SELF=(--data self:12 --max-new-tokens 8 --batch-size 4); MG=(TINY=1 STEPS=2 TOKENS=2048); KILL_ROWS=4; SCALE=(--tiny --tiny-target $W/tiny-target --budget-s 200); RFULL=(--max-samples 16 --max-new-tokens 8 --batch-size 4); LONG_SEQ=${LONG_SEQ:-256}
+  SELF=(--data self:12 --max-new-tokens 8 --batch-size 4); MG=(TINY=1 STEPS=2 TOKENS=2048); KILL_ROWS=4; SCALE=(tests/recipes/files/scaling-tiny.yaml --budget 200s); SCALE_PARAMS=(${SCALE_SET:-}); RFULL=(--max-samples 16 --max-new-tokens 8 --batch-size 4); LONG_SEQ=${LONG_SEQ:-256}
 else
   TRAIN_ARGS=(--steps 1000 --eval-every 200 --eval-batches 16 --batch-size 8); PREP_ROWS=()
   DEC=(--per-category 2 --max-new-tokens 512); DEC1=(--per-category 1 --max-new-tokens 512)
@@ -74,7 +75,7 @@ else
   REGEN512=(--rows 2048 --batch 512 --max-new 256 --hf-sample 0 --sweep graph=compile attn=flex attn=flex,graph=compile)
   COSTS=(); REGEN=(--rows 2048 --batch 256 --max-new 256 --hf-sample 64 --sweep batch=512 attn=flex); RR=(--max-samples 2000 --max-new-tokens 256 --batch-size 256)
   SELF=(--data self:2000 --max-new-tokens 256 --batch-size 256); MG=(); KILL_ROWS=300
-  SCALE=(--sizes ${SCALE_SIZES:-1e6,3e6} --budget-s ${SCALE_BUDGET_S:-450} ${SCALE_ARGS:-})
+  SCALE=(scaling --budget ${SCALE_BUDGET_S:-450}s); SCALE_PARAMS=(sizes=${SCALE_SIZES:-1e6,3e6} ${SCALE_SET:-})
   RFULL=(--max-new-tokens 512 --batch-size 256)
 fi
 
@@ -111,14 +112,14 @@ lane0_one() {
   export CUDA_VISIBLE_DEVICES=0
   gpu_tests                                                                                              # 2 min
   job -o 100 regen_resume regen_resume                                                                   # 1.5 min
-  [ -x /tmp/vpy ] && job -o 150 vllm_regen_hf env GPU=0 RES="$RES" REGEN_ROWS=${REGEN_ROWS:-48} bash bench/gpu_vllm.sh regen_hf
+  [ -x /tmp/vpy ] && job -o 150 vllm_regen_hf env GPU=0 RES="$RES" REGEN_ROWS=${REGEN_ROWS:-48} bash lab/gpu_vllm.sh regen_hf
   case " ${LANE2:-scaling} " in *" best_draft "*|*" scaling_all "*) await lane1_done ;; *) await lane1_done lane2_done ;; esac
   log "untimed work over: timed jobs alone from here"
   # SmolLM2 at T=0 and T=1 with the in-place draft attention (its speedups were measured before it landed); every
   # non-tie divergence is re-decoded alone in fp32 and bf16 (the recheck's verdict: numerics or decoder)
   job -o 220 decode_t01 python3 bench/decode.py --target $T --draft $DRAFT "${DEC1[@]}" --temperatures 0 1 \
     --out "$RES/decode-h200-v4.json" --plots "$RES/plots-decode-v4"
-  [ -x /tmp/vpy ] && job -o 150 vllm_regen env GPU=0 RES="$RES" REGEN_ROWS=${REGEN_ROWS:-48} bash bench/gpu_vllm.sh regen
+  [ -x /tmp/vpy ] && job -o 150 vllm_regen env GPU=0 RES="$RES" REGEN_ROWS=${REGEN_ROWS:-48} bash lab/gpu_vllm.sh regen
   vllm_jobs speedup                                                                                      # issue 12
   # the per-shape GEMM bound (is 85 % of the square-GEMM ceiling reachable at all?) beside the 262k-token run
   job -o 170 extract8b python3 bench/extract.py "${B8[@]}" --out "$RES/extract-h200-v4.json"
@@ -150,7 +151,7 @@ lane0_demo_vllm() {
     VLLM_START_AFTER="$FL/lane1_done" vllm_jobs speedup
     await lane1_done
     # expected: ~75 s of start-up per replica (built one after another), ~2 min of generation and comparison
-    job -o $((120 + 75 * ${ENGINE_REPLICAS:-1})) vllm_regen env GPU=0 RES="$RES" REGEN_ROWS=${REGEN_ROWS:-48} bash bench/gpu_vllm.sh regen
+    job -o $((120 + 75 * ${ENGINE_REPLICAS:-1})) vllm_regen env GPU=0 RES="$RES" REGEN_ROWS=${REGEN_ROWS:-48} bash lab/gpu_vllm.sh regen
   else log "no vLLM after ${VLLM_WAIT_S:-600} s: vllm jobs skipped"; fi
   # if time is left: the native generator at batch 512 with the compiled step and flex decode attention
   job -o 200 regen_native512 python3 bench/regen.py --target $T --data $SG "${REGEN512[@]}" --out "$RES/regen-h200-512.json"
@@ -172,20 +173,20 @@ sys.exit('train' not in json.load(open('$W/best_draft/state.json'))['done'])" 2>
   if [ -n "${VLLM_REGEN:-}" ] && [ -x /tmp/vpy ]; then
     await lane1_done
     # expected: ~75 s of start-up per replica (built one after another), ~2 min of generation and comparison
-    job -o $((120 + 75 * ${ENGINE_REPLICAS:-1})) vllm_regen env GPU=0 RES="$RES" REGEN_ROWS=${REGEN_ROWS:-48} bash bench/gpu_vllm.sh regen
+    job -o $((120 + 75 * ${ENGINE_REPLICAS:-1})) vllm_regen env GPU=0 RES="$RES" REGEN_ROWS=${REGEN_ROWS:-48} bash lab/gpu_vllm.sh regen
   fi
   flag lane0_done
 }
 lane1_best_vllm() {
   export CUDA_VISIBLE_DEVICES=0
   [ -n "${VLLM_REGEN:-}" ] && vllm_arrived && job vllm_regen_hf env GPU=0 RES="$RES" REGEN_ROWS=${REGEN_ROWS:-48} \
-    bash bench/gpu_vllm.sh regen_hf
+    bash lab/gpu_vllm.sh regen_hf
   flag lane1_done
 }
 lane1_demo_vllm() {
   export CUDA_VISIBLE_DEVICES=0
   await demo_done   # never beside the timed demo or extract8b
-  vllm_arrived && job vllm_regen_hf env GPU=0 RES="$RES" REGEN_ROWS=${REGEN_ROWS:-48} bash bench/gpu_vllm.sh regen_hf
+  vllm_arrived && job vllm_regen_hf env GPU=0 RES="$RES" REGEN_ROWS=${REGEN_ROWS:-48} bash lab/gpu_vllm.sh regen_hf
   flag lane1_done
 }
 lane1_one() {
@@ -217,20 +218,20 @@ lane2_one() {  # issue 13's scaling curve, a few points per session beside the u
   flag lane2_done
 }
 
-until_done() {  # until_done NAME MAX_BUDGET CMD...: `CMD --budget-s B` call after call (B: at most MAX_BUDGET and
-               # the time left before the deadline) until it prints "all steps done", exits 3 (no step fits the time
-               # left: calling again with less cannot help, and once 48 such calls idled the GPU 335 s) or the
-               # deadline is near; its output also in $W/NAME.last
+until_done() {  # until_done NAME MAX_BUDGET CMD...: `CMD --budget Bs` call after call (B: at most MAX_BUDGET and
+               # the time left before the deadline) until it prints "all steps done", says "no step fits" (calling
+               # again with less time cannot help, and once 48 such calls idled the GPU 335 s), fails, or the
+               # deadline is near; its output also in $W/NAME.last (exit 3: steps left, call again)
   local name=$1 max=$2; shift 2
   for _ in $(seq 50); do
     local left=$(( DEADLINE_S - $(date +%s) + $(cat "$W/t0") - 60 )) budget=$max
     [ "$left" -lt 120 ] && { echo "deadline near: stopping (the same command resumes)"; return 0; }
     [ "$left" -lt "$budget" ] && budget=$left
-    "$@" --budget-s "$budget" 2>&1 | tee "$W/$name.last"
+    "$@" --budget "${budget}s" 2>&1 | tee "$W/$name.last"
     local rc=${PIPESTATUS[0]}
     grep -q "all steps done" "$W/$name.last" && return 0
-    [ "$rc" = 3 ] && { echo "no step fits the time left: stopping (the same command resumes)"; return 0; }
-    [ "$rc" = 0 ] || return "$rc"
+    grep -q "no step fits" "$W/$name.last" && { echo "no step fits the time left: stopping (the same command resumes)"; return 0; }
+    [ "$rc" = 0 ] || [ "$rc" = 3 ] || return "$rc"
   done
 }
 seed_carried() {  # seed_carried DIR: rows an earlier session generated with scaling's and best_draft's generation
@@ -248,26 +249,40 @@ seed_carried() {  # seed_carried DIR: rows an earlier session generated with sca
     log "seeded $1/self.jsonl with $(wc -l < "$1/self.jsonl") carried rows"
   fi
 }
-best_draft_loop() {  # LANE2=best_draft: issue 13's recipe (bench/best_draft.py) call after call until it is done or
-                   # the session's deadline is near; lane 0's timed jobs do not wait for it (they share the GPU:
-                   # use it in a session given to issue 13, with the timed jobs in SKIP)
-  local tiny=(); [ -n "$TINY" ] && tiny=(--tiny)
+best_draft_loop() {  # LANE2=best_draft: `eyas run best-draft` call after call until it is done or the session's
+                   # deadline is near; lane 0's timed jobs do not wait for it (they share the GPU: use it in a
+                   # session given to the draft, with the timed jobs in SKIP)
+  local recipe=best-draft; [ -n "$TINY" ] && recipe=tests/recipes/files/best-draft-tiny.yaml
   seed_carried $W/best_draft
-  # BD_ARGS: the recipe's own flags, e.g. "--self-prompts 40000 --epochs 2 --eval-per-category 2"
-  until_done best_draft "${BD_BUDGET_S:-540}" python3 bench/best_draft.py --work $W/best_draft --target $T --data $SG \
-    "${tiny[@]}" ${BD_ARGS:-} --out "$RES/best_draft.json"
+  # BD_SET: the recipe's own params, e.g. "self_prompts=40000 epochs=2 eval_per_category=2"
+  until_done best_draft "${BD_BUDGET_S:-540}" best_draft_call $recipe
+}
+best_draft_call() {  # one call of the best-draft recipe, its result copied to $RES/best_draft.json
+  local args=("${@:2}")   # until_done's --budget Bs, before the --set (whose values run to the end)
+  python3 -m eyas.cli run "$1" "${args[@]}" --out $W/best_draft --set target=$(target_for_recipes) data=$SG ${BD_SET:-}
+  local rc=$?; cp $W/best_draft/result.json "$RES/best_draft.json" 2> /dev/null; [ -e $W/best_draft/result.png ] \
+    && cp $W/best_draft/result.png "$RES/best_draft.png"; return $rc
+}
+target_for_recipes() {  # the target, or in a TINY dry run the random 2-layer one with its tokenizer
+  if [ -n "$TINY" ]; then python3 tests/recipes/tiny.py $W/tiny-target $T; else echo $T; fi
 }
 
 scaling_merge() {  # the committed points of earlier sessions (not in a TINY dry run: another recipe, refused);
                  # SCALE_MERGE: more JSONs, e.g. a committed best_draft run (its point)
-  [ -z "$TINY" ] && [ -s "$ROOT/bench/results/scaling.json" ] && merge=(--merge "$ROOT/bench/results/scaling.json" ${SCALE_MERGE:-})
+  [ -z "$TINY" ] && [ -s "$ROOT/bench/results/scaling.json" ] && merge=("$ROOT/bench/results/scaling.json" ${SCALE_MERGE:-})
   return 0
 }
-scaling_py() {  # scaling_py WORK KINDS OUT [FLAG...]: bench/scaling.py with the session's SCALE flags and the
-               # caller's merge=(...)
-  python3 bench/scaling.py --target $T --data $SG --work "$1" --kinds "$2" "${SCALE[@]}" "${merge[@]}" --out "$3" "${@:4}"
+scaling_py() {  # scaling_py WORK KINDS OUT [KEY=VALUE...]: one call of the scaling recipe with the session's SCALE
+               # flags and SCALE_PARAMS (one --set: a second would replace the first), then OUT = its points merged
+               # with the caller's merge=(...) (bench/scaling.py; a point this call measured comes first)
+  local args=("${@:4}") budget=(); [ "${args[-2]:-}" = --budget ] && { budget=("${args[@]: -2}"); args=("${args[@]:0:${#args[@]}-2}"); }
+  python3 -m eyas.cli run "${SCALE[@]}" "${budget[@]}" --out "$1" --set target=$(target_for_recipes) data=$SG kinds="$2" \
+    "${SCALE_PARAMS[@]}" "${args[@]}"
+  local rc=$?
+  [ -e "$1/result.json" ] && python3 bench/scaling.py --merge "$1/result.json" "${merge[@]}" --out "$3" > /dev/null
+  return $rc
 }
-scaling_loop() {  # LANE2=scaling_all: a session given to the scaling curve: bench/scaling.py call after call (each
+scaling_loop() {  # LANE2=scaling_all: a session given to the scaling curve: the scaling recipe call after call (each
                 # SCALE_BUDGET_S) until every point of SCALE_KINDS x SCALE_SIZES has its Spec-Bench tau or the
                 # deadline is near; earlier sessions' points merged from bench/results/scaling.json
   # SCALE_PARALLEL=1: one process per kind side by side (the SmolLM2 draft's training leaves an H200 half idle),
@@ -284,20 +299,18 @@ scaling_loop() {  # LANE2=scaling_all: a session given to the scaling curve: ben
   for kind in ${SCALE_KINDS//,/ }; do
     seed_carried $W/scaling-$kind; outs+=("$RES/scaling-$kind.json")
     local own="SCALE_SIZES_$kind" sizes=()
-    [ -n "${!own:-}" ] && sizes=(--sizes "${!own}")
+    [ -n "${!own:-}" ] && sizes=(sizes="${!own}")
     until_done scaling-$kind "${SCALE_BUDGET_S:-540}" scaling_py $W/scaling-$kind $kind "$RES/scaling-$kind.json" \
       "${sizes[@]}" > "$RES/scaling-$kind.log" 2>&1 &
   done
   wait
-  # merge only: every asked point is in one of the JSONs, so --skip-eval trains and evaluates nothing
-  merge=(--merge "${merge[@]:1}" "${outs[@]}")
-  scaling_py $W/scaling-merge $SCALE_KINDS "$RES/scaling.json" --skip-eval
+  python3 bench/scaling.py --merge "${outs[@]}" "${merge[@]}" --out "$RES/scaling.json" > /dev/null
 }
 
 draft() {  # the SmolLM2 draft: gpu_vllm.sh's run9k recipe (held-out tau 1.759 in 298 s on an H200), or the one an
          # earlier session brought back, when carried (.carry/draft: draft.tar.NN from a watch call)
   if [ -d /tmp/draft-parts ] && [ ! -e "$DRAFT/model.safetensors" ]; then
-    job draft_restore python3 bench/restore_draft.py --parts /tmp/draft-parts --target $T --out $DRAFT
+    job draft_restore python3 lab/restore_draft.py --parts /tmp/draft-parts --target $T --out $DRAFT
   fi
   [ -e "$RES/draft_restore.ok" ] || job draft_prepare python3 -m eyas.cli prepare --target $T --data $SG "${PREP_ROWS[@]}" --out $W/p9k --max-length 1024 \
     --draft-vocab-size 16384 --workers 8 --overwrite --json
@@ -322,7 +335,7 @@ vllm_jobs() {  # issue 12's rest, when vLLM arrived with the later parts (gpu_ca
       --out "$RES/vllm_speedup.json" ;;
   esac
   case "${1:-all}" in rest|all)
-    job -o 240 vllm_regen env GPU=$CUDA_VISIBLE_DEVICES RES="$RES" REGEN_ROWS=${REGEN_ROWS:-48} bash bench/gpu_vllm.sh regen
+    job -o 240 vllm_regen env GPU=$CUDA_VISIBLE_DEVICES RES="$RES" REGEN_ROWS=${REGEN_ROWS:-48} bash lab/gpu_vllm.sh regen
     vllm_serve ;;
   esac
 }
@@ -402,7 +415,7 @@ PY
     tar cf - -C $W draft-bf16.safetensors run9k/config.json run9k/metrics.jsonl | split -b 15M -d - "$OUT/draft.tar."
     touch "$W/draft.sent"
   fi
-  # issue 13's regenerated rows once lane 2 is over (a later session carries them: bench/GPU.md section 5)
+  # issue 13's regenerated rows once lane 2 is over (a later session carries them: lab/GPU.md section 5)
   if [ -e "$FL/lane2_done" ] && [ -s "$W/regen-full.jsonl" ] && [ ! -e "$W/regen.sent" ]; then
     gzip -c "$W/regen-full.jsonl" | split -b 15M -d - "$OUT/regen.gz."; touch "$W/regen.sent"
   fi
@@ -424,7 +437,7 @@ case "${1:-}" in
     lanes="0 1"; [ "$G1" = 0 ] && [ "${LANE0:-}" != demo_vllm ] && lanes="0 1 2"   # one GPU: lane 2 too (best_vllm: best_draft)
     lanes=${LANES:-$lanes}   # LANES=2 with LANE2=best_draft: a session given to issue 13's draft alone
     echo "$lanes" > "$W/lanes"
-    for n in $lanes; do setsid nohup bash "$ROOT/bench/gpu_session.sh" lane "$n" > "$W/lane$n.out" 2>&1 < /dev/null & done
+    for n in $lanes; do setsid nohup bash "$ROOT/lab/gpu_session.sh" lane "$n" > "$W/lane$n.out" 2>&1 < /dev/null & done
     sleep 1; log "lanes started" ;;
   lane) lane "$2" ;;
   take) take_carried ;;   # a call that carries only .carry/draft or .carry/old, before `start`
@@ -436,11 +449,11 @@ case "${1:-}" in
     fi
     sid=$(pgrep -f "[g]pu_session.sh lane $2" | head -1); [ -n "$sid" ] && pkill -9 -s "$sid"; sleep 1
     rm -f "$FL/lane$2_done"
-    setsid nohup bash "$ROOT/bench/gpu_session.sh" lane "$2" > "$W/lane$2.out" 2>&1 < /dev/null &
+    setsid nohup bash "$ROOT/lab/gpu_session.sh" lane "$2" > "$W/lane$2.out" 2>&1 < /dev/null &
     sleep 1; log "lane $2 restarted" ;;
   watch)
     # carried parts: vLLM and its wheels (gpu_carry.sh), the previous decoder's source (.carry/old)
-    ls -d "$ROOT"/.carry/p* > /dev/null 2>&1 && (cd "$ROOT" && bash bench/gpu_carry.sh recv | tail -3)
+    ls -d "$ROOT"/.carry/p* > /dev/null 2>&1 && (cd "$ROOT" && bash lab/gpu_carry.sh recv | tail -3)
     take_carried
     # a device call ends at CALL_S (600): a watch that outlives its call never packs, and its results are lost
     # (`recv && start && watch 540` ran 606 s once). The call's shell ($PPID) started with the call, so its age is

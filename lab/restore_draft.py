@@ -1,6 +1,6 @@
 """Rebuild a draft dir from the parts `gpu_session.sh watch` brings back (`draft.tar.NN`: bf16 weights without the
 embedding, which is the target's, plus config.json and metrics.jsonl), so a later session carries ~29 MB instead of
-retraining:   python bench/restore_draft.py --parts .carry/draft --target /tmp/smol-hf --out /tmp/w/run9k
+retraining:   python lab/restore_draft.py --parts .carry/draft --target /tmp/smol-hf --out /tmp/w/run9k
 """
 
 from __future__ import annotations
