@@ -20,7 +20,7 @@ from eyas.target.load import builtin_target_dir
 
 pytestmark = pytest.mark.slow
 
-PACKAGE, VERSION, GGUF_REL = BUILTIN_TARGETS["smollm2-135m"]
+(PACKAGE, VERSION), GGUF_REL = BUILTIN_TARGETS["smollm2-135m"].package, BUILTIN_TARGETS["smollm2-135m"].gguf
 
 
 @pytest.fixture(scope="module")
