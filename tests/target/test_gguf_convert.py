@@ -22,7 +22,8 @@ QWEN2_TYPES = {"token_embd": Q.Q4_K, "output": Q.Q6_K, "attn_q": Q.Q4_K, "attn_k
 
 def _qtypes(kinds: dict, layers: int) -> dict:
     out = {f"{k}.weight": q for k, q in kinds.items() if not k.startswith(("attn", "ffn"))}
-    out.update({f"blk.{i}.{k}.weight": q for i in range(layers) for k, q in kinds.items() if k.startswith(("attn", "ffn"))})
+    out.update({f"blk.{i}.{k}.weight": q for i in range(layers) for k, q in kinds.items()
+                if k.startswith(("attn", "ffn"))})
     return out
 
 
@@ -42,7 +43,8 @@ def _transformers_load(path):
 
 def test_weights_and_logits_equal_transformers_gguf_load(gguf_file, tmp_path):
     arch, path = gguf_file
-    report = gguf_to_hf(path, tmp_path / "hf32", dtype=torch.float32, device="cpu")
+    # the llama file also exercises the config and tokenizer written by a child process beside the tensors
+    report = gguf_to_hf(path, tmp_path / "hf32", dtype=torch.float32, device="cpu", side_process=arch == "llama")
     assert report["reader"] == "eyas" and report["arch"] == arch
     assert set(report["types"]) >= {q.name for q in (LLAMA_TYPES if arch == "llama" else QWEN2_TYPES).values()}
     ref = _transformers_load(path)

@@ -17,6 +17,7 @@ import re
 import time
 import warnings
 from collections import Counter
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -124,6 +125,21 @@ def _config_and_tokenizer(gguf: Path, dtype: torch.dtype):
     return config, tokenizer
 
 
+def write_config_tokenizer(gguf: str, out: str, dtype: str) -> float:
+    """config.json, generation_config.json and the tokenizer files of `gguf` into `out`; returns its seconds.
+    Run in a child process beside the tensors: transformers parses the whole GGUF header again for each
+    (the 150k-entry vocabulary arrays cost seconds), which would otherwise add to the conversion's time."""
+    from transformers import GenerationConfig
+
+    t0 = time.perf_counter()
+    config, tokenizer = _config_and_tokenizer(Path(gguf), getattr(torch, dtype))
+    Path(out).mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(out)
+    GenerationConfig.from_model_config(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return time.perf_counter() - t0
+
+
 def check_state(state: dict[str, torch.Tensor], config, where: str) -> None:
     """The converted tensors are exactly the model's (names and shapes), the tied lm_head aside."""
     from eyas.target.layers import text_config
@@ -141,12 +157,23 @@ def check_state(state: dict[str, torch.Tensor], config, where: str) -> None:
             raise ValueError(f"{where}: tensor {k} has shape {list(state[k].shape)}, the model's is {list(shape)}")
 
 
-def gguf_to_hf(gguf: Path, out: Path, *, dtype: torch.dtype = torch.bfloat16, device=None) -> dict:
+# A GGUF this large has a vocabulary whose metadata takes transformers seconds to parse: worth a child process
+SIDE_PROCESS_BYTES = 256 << 20
+
+
+def gguf_to_hf(gguf: Path, out: Path, *, dtype: torch.dtype = torch.bfloat16, device=None,
+               side_process: bool | None = None) -> dict:
     """De-quantize a GGUF into a plain HF dir (no quantization_config, so every tool reads it).
 
-    device: where to dequantise (default: cuda when available). Returns seconds per phase and counts."""
+    device: where to dequantise (default: cuda when available). side_process: write the config and tokenizer
+    from a child process while the tensors are read (default: for files over SIDE_PROCESS_BYTES, where it
+    saves more than the child's start-up). Returns seconds per phase (parse, dequant, write;
+    config_tokenizer is the time spent on those, `wait_config` what the tensors waited for it) and counts."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
     from safetensors.torch import save_file
-    from transformers import GenerationConfig
+    from transformers import AutoConfig
 
     gguf, out = Path(gguf), Path(out)
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -164,19 +191,22 @@ def gguf_to_hf(gguf: Path, out: Path, *, dtype: torch.dtype = torch.bfloat16, de
         del reader
         _via_transformers(gguf, out, dtype)
         return {"reader": "transformers", "arch": arch, "seconds": {"total": lap()}}
-    seconds["parse"] = lap()
-    config, tokenizer = _config_and_tokenizer(gguf, dtype)
-    seconds["config_tokenizer"] = lap()
-    counts: Counter = Counter()
-    state = read_tensors(reader, arch, dtype=dtype, device=device, counts=counts, name=str(gguf))
-    state = {k: v.cpu() for k, v in state.items()}
-    seconds["dequant"] = lap()
-    check_state(state, config, str(gguf))
     out.mkdir(parents=True, exist_ok=True)
+    seconds["parse"] = lap()
+    if side_process is None:
+        side_process = gguf.stat().st_size > SIDE_PROCESS_BYTES
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(1, mp_context=spawn) if side_process else nullcontext() as pool:
+        args = (str(gguf), str(out), str(dtype).replace("torch.", ""))
+        side = pool.submit(write_config_tokenizer, *args) if pool is not None else None
+        counts: Counter = Counter()
+        state = read_tensors(reader, arch, dtype=dtype, device=device, counts=counts, name=str(gguf))
+        state = {k: v.cpu() for k, v in state.items()}
+        seconds["dequant"] = lap()
+        seconds["config_tokenizer"] = round(side.result() if side is not None else write_config_tokenizer(*args), 3)
+        seconds["wait_config"] = lap()
+    check_state(state, AutoConfig.from_pretrained(out), str(gguf))
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
-    config.save_pretrained(out)
-    GenerationConfig.from_model_config(config).save_pretrained(out)
-    tokenizer.save_pretrained(out)
     seconds["write"] = lap()
     seconds["total"] = round(clock[-1] - clock[0], 3)
     return {"reader": "eyas", "arch": arch, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
