@@ -28,6 +28,7 @@ def test_wheel_installs_and_runs_the_demo_outside_the_checkout(tmp_path):
     wheel = build_wheel(tmp_path / "dist")
     names = zipfile.ZipFile(wheel).namelist()
     assert "eyas/decode/spec_bench/question.jsonl" in names and "eyas/decode/spec_bench/NOTICE.md" in names
+    assert "eyas/decode/vllm_reference.json" in names
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     py = venv / "bin" / "python"
