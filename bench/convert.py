@@ -30,7 +30,7 @@ from _emit import emit  # noqa: E402
 from eyas.decode.evaluate import commit
 from eyas.target.builtins import BUILTIN_TARGETS, builtin_gguf
 from eyas.target.dequant import dequantize
-from eyas.target.gguf_convert import ARCHITECTURES, gguf_to_hf, hf_name, open_gguf, unpermute
+from eyas.target.gguf_convert import ARCHITECTURES, field_value, gguf_to_hf, hf_name, open_gguf, unpermute
 
 
 def check_sample(gguf: Path, hf_dir: Path, device: torch.device, extra: int) -> dict:
@@ -44,8 +44,8 @@ def check_sample(gguf: Path, hf_dir: Path, device: torch.device, extra: int) -> 
     for t in tensors:
         by_type.setdefault(t.tensor_type.name, t)
     sample = list(by_type.values()) + [t for t in tensors if t not in by_type.values()][:extra]
-    heads = reader.fields[f"{arch}.attention.head_count"].contents()
-    kv_heads = reader.fields[f"{arch}.attention.head_count_kv"].contents()
+    heads = field_value(reader, f"{arch}.attention.head_count")
+    kv_heads = field_value(reader, f"{arch}.attention.head_count_kv", heads)
     rows = []
     with safe_open(str(hf_dir / "model.safetensors"), framework="pt") as written:
         for t in sample:

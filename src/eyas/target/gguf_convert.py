@@ -61,9 +61,15 @@ def unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, half, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-def _field(reader, key: str, default=None):
+def field_value(reader, key: str, default=None):
+    """A scalar or string metadata value of an open GGUF, read from the parts every gguf release has."""
+    from gguf import GGUFValueType
+
     f = reader.fields.get(key)
-    return default if f is None else f.contents()
+    if f is None or not f.data:
+        return default
+    part = f.parts[f.data[0]]
+    return bytes(part).decode("utf-8") if f.types[0] == GGUFValueType.STRING else part.tolist()[0]
 
 
 def open_gguf(path: str | Path):
@@ -75,7 +81,7 @@ def open_gguf(path: str | Path):
         reader = GGUFReader(str(path), "c")
     except (ValueError, OSError) as e:
         raise ValueError(f"{path}: not a readable GGUF file: {e}") from e
-    return reader, str(_field(reader, "general.architecture", ""))
+    return reader, str(field_value(reader, "general.architecture", ""))
 
 
 def supported(path: str | Path) -> bool:
@@ -87,8 +93,8 @@ def read_tensors(reader, arch: str, *, dtype: torch.dtype | None, device, counts
                  name: str = "gguf") -> dict[str, torch.Tensor]:
     """Every tensor of an open GGUF under its HF name, dequantised on `device`, cast to `dtype`, left on `device`."""
     permuted = ARCHITECTURES[arch]
-    heads = int(_field(reader, f"{arch}.attention.head_count", 0))
-    kv_heads = int(_field(reader, f"{arch}.attention.head_count_kv", heads) or heads)
+    heads = int(field_value(reader, f"{arch}.attention.head_count", 0))
+    kv_heads = int(field_value(reader, f"{arch}.attention.head_count_kv", heads) or heads)
     device = torch.device(device)
     state: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
