@@ -84,11 +84,6 @@ def open_gguf(path: str | Path):
     return reader, str(field_value(reader, "general.architecture", ""))
 
 
-def supported(path: str | Path) -> bool:
-    """Whether eyas's reader converts this GGUF's architecture (else transformers' loader does)."""
-    return open_gguf(path)[1] in ARCHITECTURES
-
-
 def read_tensors(reader, arch: str, *, dtype: torch.dtype | None, device, counts: Counter | None = None,
                  name: str = "gguf") -> dict[str, torch.Tensor]:
     """Every tensor of an open GGUF under its HF name, dequantised on `device`, cast to `dtype`, left on `device`."""
@@ -116,8 +111,9 @@ def read_tensors(reader, arch: str, *, dtype: torch.dtype | None, device, counts
     return state
 
 
-def _config_and_tokenizer(gguf: Path, dtype: torch.dtype):
-    from transformers import AutoConfig, AutoTokenizer
+def _config(gguf: Path, dtype: torch.dtype):
+    """The HF config of a GGUF as a plain checkpoint's: no quantization_config, `dtype`, the causal-LM class."""
+    from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     if hasattr(config, "quantization_config"):
@@ -127,22 +123,29 @@ def _config_and_tokenizer(gguf: Path, dtype: torch.dtype):
         from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
         config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    return config, tokenizer
+    return config
 
 
-def write_config_tokenizer(gguf: str, out: str, dtype: str) -> float:
-    """config.json, generation_config.json and the tokenizer files of `gguf` into `out`; returns its seconds.
-    Run in a child process beside the tensors: transformers parses the whole GGUF header again for each
-    (the 150k-entry vocabulary arrays cost seconds), which would otherwise add to the conversion's time."""
+def _tokenizer(gguf: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+
+
+def write_metadata(part: str, gguf: str, out: str, dtype: str) -> float:
+    """Write the config (config.json, generation_config.json) or the tokenizer files of `gguf` into `out`; returns
+    its seconds. Each runs in a child process beside the tensors for a large GGUF: transformers parses the whole
+    GGUF header again for each (the 150k-entry vocabulary arrays cost seconds)."""
     from transformers import GenerationConfig
 
     t0 = time.perf_counter()
-    config, tokenizer = _config_and_tokenizer(Path(gguf), getattr(torch, dtype))
     Path(out).mkdir(parents=True, exist_ok=True)
-    config.save_pretrained(out)
-    GenerationConfig.from_model_config(config).save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    if part == "config":
+        config = _config(Path(gguf), getattr(torch, dtype))
+        config.save_pretrained(out)
+        GenerationConfig.from_model_config(config).save_pretrained(out)
+    else:
+        _tokenizer(Path(gguf)).save_pretrained(out)
     return time.perf_counter() - t0
 
 
@@ -170,10 +173,10 @@ def gguf_to_hf(gguf: Path, out: Path, *, dtype: torch.dtype = torch.bfloat16, de
                side_process: bool | None = None) -> dict:
     """De-quantize a GGUF into a plain HF dir (no quantization_config, so every tool reads it).
 
-    device: where to dequantise (default: cuda when available). side_process: write the config and tokenizer
-    from a child process while the tensors are read (default: for files over SIDE_PROCESS_BYTES, where it
-    saves more than the child's start-up). Returns seconds per phase (parse, dequant, write;
-    config_tokenizer is the time spent on those, `wait_config` what the tensors waited for it) and counts."""
+    device: where to dequantise (default: cuda when available). side_process: write the config and the tokenizer
+    from two child processes while the tensors are read (default: for files over SIDE_PROCESS_BYTES, where it
+    saves more than a child's start-up). Returns seconds per phase (parse, dequant, write; config and tokenizer
+    are the time each took, `wait_metadata` what the tensors waited for them) and counts."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
@@ -201,15 +204,16 @@ def gguf_to_hf(gguf: Path, out: Path, *, dtype: torch.dtype = torch.bfloat16, de
     if side_process is None:
         side_process = gguf.stat().st_size > SIDE_PROCESS_BYTES
     spawn = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(1, mp_context=spawn) if side_process else nullcontext() as pool:
+    with ProcessPoolExecutor(2, mp_context=spawn) if side_process else nullcontext() as pool:
         args = (str(gguf), str(out), str(dtype).replace("torch.", ""))
-        side = pool.submit(write_config_tokenizer, *args) if pool is not None else None
+        side = {p: pool.submit(write_metadata, p, *args) for p in ("config", "tokenizer")} if pool else {}
         counts: Counter = Counter()
         state = read_tensors(reader, arch, dtype=dtype, device=device, counts=counts, name=str(gguf))
         state = {k: v.cpu() for k, v in state.items()}
         seconds["dequant"] = lap()
-        seconds["config_tokenizer"] = round(side.result() if side is not None else write_config_tokenizer(*args), 3)
-        seconds["wait_config"] = lap()
+        for p in ("config", "tokenizer"):
+            seconds[p] = round(side[p].result() if side else write_metadata(p, *args), 3)
+        seconds["wait_metadata"] = lap()
     check_state(state, AutoConfig.from_pretrained(out), str(gguf))
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     seconds["write"] = lap()
@@ -223,7 +227,7 @@ def _via_transformers(gguf: Path, out: Path, dtype: torch.dtype) -> None:
     """Any architecture transformers' GGUF loader knows: load in float32, save in `dtype`."""
     from transformers import AutoModelForCausalLM
 
-    config, tokenizer = _config_and_tokenizer(gguf, dtype)
+    config, tokenizer = _config(gguf, dtype), _tokenizer(gguf)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
