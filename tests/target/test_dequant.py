@@ -64,3 +64,16 @@ def test_wrong_byte_count_names_the_tensor():
     raw = torch.zeros(3 * 144 + 1, dtype=torch.uint8)
     with pytest.raises(ValueError, match=r"blk.0.attn_q.weight: 433 bytes of Q4_K do not hold 768 values"):
         dequantize(raw, Q.Q4_K, (3, 256), name="blk.0.attn_q.weight")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("qtype", sorted(BLOCK_FNS, key=int), ids=lambda q: Q(q).name)
+def test_block_types_on_cuda_equal_the_reference(qtype):
+    """Each float32 op is its own kernel in eager torch (no fused multiply-add), so CUDA is exact too."""
+    block, _ = GGML_QUANT_SIZES[qtype]
+    raw = random_blocks(qtype, 4096, seed=int(qtype) + 1)
+    shape = (4096 * block // 512, 512) if block == 256 else (4096 * block // 64, 64)
+    want = torch.from_numpy(reference(raw.reshape(shape[0], -1), qtype).reshape(shape))
+    got = dequantize(torch.from_numpy(raw).cuda(), qtype, shape)
+    assert got.is_cuda and torch.equal(got.cpu(), want)

@@ -108,3 +108,16 @@ def test_not_a_gguf_is_named(tmp_path):
     bad.write_bytes(b"definitely not gguf" * 4)
     with pytest.raises(ValueError, match="bad.gguf: not a readable GGUF file"):
         gguf_to_hf(bad, tmp_path / "out", device="cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_conversion_on_cuda_equals_the_cpu_one(gguf_file, tmp_path):
+    from safetensors.torch import load_file
+
+    _, path = gguf_file
+    cpu = gguf_to_hf(path, tmp_path / "cpu", device="cpu")
+    gpu = gguf_to_hf(path, tmp_path / "gpu", device="cuda")
+    assert cpu["device"] == "cpu" and gpu["device"].startswith("cuda")
+    a, b = load_file(tmp_path / "cpu" / "model.safetensors"), load_file(tmp_path / "gpu" / "model.safetensors")
+    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
