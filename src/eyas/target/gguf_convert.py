@@ -166,7 +166,7 @@ def check_state(state: dict[str, torch.Tensor], config, where: str) -> None:
 
 
 # A GGUF this large has a vocabulary whose metadata takes transformers seconds to parse: worth a child process
-SIDE_PROCESS_BYTES = 256 << 20
+SIDE_PROCESS_BYTES = 64 << 20
 
 
 def gguf_to_hf(gguf: Path, out: Path, *, dtype: torch.dtype = torch.bfloat16, device=None,
