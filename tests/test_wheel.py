@@ -29,6 +29,7 @@ def test_wheel_installs_and_runs_the_demo_outside_the_checkout(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "eyas/decode/spec_bench/question.jsonl" in names and "eyas/decode/spec_bench/NOTICE.md" in names
     assert {f"eyas/recipes/files/{n}.yaml" for n in ("demo-cpu", "demo-gpu", "best-draft", "scaling")} <= set(names)
+    assert "eyas/decode/vllm_reference.json" in names
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     py = venv / "bin" / "python"

@@ -27,6 +27,7 @@ from eyas.decode.bench import load_bench
 from eyas.decode.divergence import COUNTS
 from eyas.decode.evaluate import EvalConfig, run as evaluate
 from eyas.decode.prewarm import Prewarm, cli_flags, train_warm as start_train_warm
+from eyas.decode.vllm_reference import expectation_line, expected_in_vllm
 from eyas.devices import DEVICE_HELP, fast_bf16, resolve_device
 from eyas.doctor import DoctorConfig, diagnose, render_table
 from eyas.export.commands import ExportConfig, run_export
@@ -368,6 +369,8 @@ def _summary(cfg, device, paths, times, regen, regen_self, prep, ext, tr, ev, ex
         "tau": r["tau"], "accept_per_position": r.get("accept_per_position"),
         "tokens_per_s": r.get("tokens_per_s"), "baseline_tokens_per_s": r.get("baseline_tokens_per_s"),
         "speedup": r.get("speedup"), **{k: r.get(k) for k in _IDENTITY}, "tree": _tree_result(ev),
+        "speedup_vs_vllm_ar": r.get("speedup_vs_vllm_ar"),
+        "vllm_expected": expected_in_vllm(ev.get("vllm_reference"), cfg.chain, r["tau"]),
         "eval_questions": ev.get("questions"), "eval_max_new_tokens": cfg.eval_max_new_tokens,
         "doctor": {"ok": bool(doc.get("ok")), "fails": [c for c in doc.get("checks", []) if c.get("status") == "fail"]},
         "generated_tokens": sum(g.get("generated_tokens") or 0 for g in gen) if gen else None,
@@ -421,6 +424,7 @@ def _print_table(s: dict) -> None:
             ("speedup", f"{s['speedup']:.2f}x"), ("identical to greedy", _identity(s)),
             *([(f"τ ({t['setting']})", f"{t['tau']:.3f}, speedup {_fmt(t['speedup'], '.2f')}x, identical to greedy "
                                        f"{_identity(t)}")] if (t := s.get("tree")) else []),
+            ("expected in vLLM", expectation_line(s.get("vllm_expected"), s["target"])),
             ("doctor", "pass" if s["doctor"]["ok"] else f"FAIL: {s['doctor']['fails']}"),
             ("stage seconds", ", ".join(f"{k} {v}" for k, v in s["seconds"].items())),
             ("total seconds", s["total_seconds"])]
@@ -449,6 +453,8 @@ def write_report(out: Path, s: dict, paths: dict[str, Path]) -> Path:
              f"| speedup | {s['speedup']:.2f}× |", f"| identical to greedy baseline | {_identity(s)} |",
              *([f"| τ ({t['setting']}) / speedup / identical | {t['tau']:.3f} / {_fmt(t['speedup'], '.2f')}× / "
                 f"{_identity(t)} |"] if (t := s.get("tree")) else []),
+             f"| speedup to expect in vLLM (chain {s['chain']}, batch 1) | "
+             f"{expectation_line(s.get('vllm_expected'), s['target'])} |",
              f"| draft vocab coverage | {_fmt(s['draft_vocab_coverage'])} |",
              f"| doctor | {'pass' if s['doctor']['ok'] else 'FAIL'} |",
              "", "## Time by stage (s)", "", "| stage | seconds |", "|---|---|"]

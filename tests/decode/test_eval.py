@@ -31,6 +31,7 @@ def test_eval_cli_writes_json_and_plots(tiny_dirs, capsys):
     table = printed.out.splitlines()
     assert any(line.startswith("chain-2 ") for line in table) and any(line.startswith("a ") for line in table)
     assert len(table) < 20 and "{" not in printed.out
+    assert any(line.startswith("vLLM AR: no measured figure for this model on cpu") for line in table)
     # Progress with ETA goes to stderr even when it is not a terminal: one line per setting's start and end.
     assert re.search(r"^eval: greedy baseline: 0/4 turns \(0%\).*ETA", printed.err, re.M)
     assert re.search(r"^eval: chain-2: 4/4 turns \(100%\), [\d.]+ turns/s, elapsed [\d:]+, done, τ 1\.\d\d$",
@@ -49,6 +50,7 @@ def test_eval_cli_writes_json_and_plots(tiny_dirs, capsys):
         assert sum(t["emitted"] for t in r["turns"]) / sum(t["steps"] for t in r["turns"]) == pytest.approx(r["tau"])
         assert {t["category"] for t in r["turns"]} == {"a", "b"}
     assert doc["hardware"]["device"] == "cpu" and "commit" in doc
+    assert doc["vllm_reference"] is None and all(r["speedup_vs_vllm_ar"] is None for r in doc["results"])
     pvm = doc["cost_model"]["predicted_vs_measured"]
     # Each setting replayed from its own rounds predicts exactly its measured tau; the tree (depth 3, topk 2)
     # covers chain-2, so chain-2 is also predicted from the tree's rounds (a held-out replay).
@@ -60,6 +62,35 @@ def test_eval_cli_writes_json_and_plots(tiny_dirs, capsys):
             assert p["tau"] == pytest.approx(p["measured_tau"])
     assert (tiny_dirs / "plots" / "acceptance_by_position.png").stat().st_size > 1000
     assert (tiny_dirs / "plots" / "tau_by_category.png").stat().st_size > 1000
+
+
+def test_eval_reports_speedup_over_vllm_ar_where_measured(tiny_dirs, tmp_path, monkeypatch, capsys):
+    """With a vLLM AR figure for the target's architecture on this GPU, every setting's tok/s is read against it."""
+    import importlib
+    evaluate = importlib.import_module("eyas.decode.evaluate")
+    from eyas.decode import vllm_reference as vr
+    from eyas.target import load_config
+
+    table = tmp_path / "ref.json"
+    row = {"model": "tiny", "arch": vr.arch_key(load_config(tiny_dirs / "target")), "gpu": "Test GPU",
+           "dtype": "float32", "batch": 1, "vllm": "0.0", "ar_tokens_per_s": 10.0, "prompts": 1, "max_new_tokens": 8}
+    table.write_text(json.dumps({"rows": [row, dict(row, batch=8, ar_tokens_per_s=1.0)]}))
+    monkeypatch.setattr(vr, "TABLE", table)
+    real = evaluate.hardware
+    monkeypatch.setattr(evaluate, "hardware", lambda device: dict(real(device), gpu="Test GPU"))
+    assert main(["eval", "--target", str(tiny_dirs / "target"), "--draft", str(tiny_dirs / "draft"),
+                 "--bench", str(tiny_dirs / "bench.jsonl"), "--max-new-tokens", "8", "--chain", "2",
+                 "--device", "cpu", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["vllm_reference"] == row
+    r = doc["results"][0]
+    assert r["speedup_vs_vllm_ar"] == pytest.approx(r["tokens_per_s"] / 10.0) and r["speedup"] > 0
+    assert doc["speedup_vs_vllm_ar"] == r["speedup_vs_vllm_ar"]    # the headline carries it too
+    text = evaluate.table(doc).splitlines()
+    head = next(line for line in text if line.startswith("setting"))
+    assert "speedup  vs vLLM AR  identical" in head
+    assert f"{r['speedup_vs_vllm_ar']:.2f}x" in next(line for line in text if line.startswith("chain-2"))
+    assert "vLLM AR: 10.0 tok/s (tiny, Test GPU, batch 1, float32, vLLM 0.0, 1 prompts x 8 new tokens)" in text
 
 
 def test_eval_reuse_shares_models_and_runner_across_temperatures(tiny_dirs, monkeypatch):

@@ -85,3 +85,17 @@ def test_json_head_refuses_a_bad_row_inside_a_closed_array():
     r = subprocess.run(["python3", str(ROOT / "lab" / "json_head.py"), "all"], input='[{"a": 1}, {"b": }]',
                        capture_output=True, text=True)
     assert r.returncode != 0 and "JSONDecodeError" in r.stderr
+
+
+def test_qwen_items_download_the_parts_eyas_joins():
+    """The carry script's part lists are the built-in table's (bash cannot import it)."""
+    import re
+
+    from eyas.target.builtins import BUILTIN_TARGETS
+
+    text = (ROOT / "bench" / "gpu_carry.sh").read_text()
+    for item, name in (("qwen05", "qwen2.5-coder-0.5b"), ("qwen15", "qwen2.5-coder-1.5b")):
+        parts = BUILTIN_TARGETS[name].parts
+        fmt = re.sub(r"part\d+==", "part%g==", parts[0].requirement)
+        assert f'seq -f "{fmt}" 1 {len(parts)}' in text, item
+        assert [fmt.replace("%g", str(i)) for i in range(1, len(parts) + 1)] == [p.requirement for p in parts]

@@ -76,13 +76,56 @@ def _to_llama_cpp_rows(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, half, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_tiny_gguf(path: Path, model=None) -> Path:
+def tiny_qwen2(seed: int = 0, hidden: int = 256):
+    """A Qwen2 (q/k/v biases, untied) whose rows are a multiple of 256 wide, as the K-quants need."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6,
+                      rope_theta=1e6, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    cfg.architectures = ["Qwen2ForCausalLM"]
+    model = Qwen2ForCausalLM(cfg).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(0.0, 0.05) if "norm" not in name else p.uniform_(0.5, 1.5)
+    return model
+
+
+LAYER_TENSORS = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+                 "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+                 "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+                 "mlp.down_proj": "ffn_down"}
+
+
+def _encode(name: str, t: np.ndarray, qtype, rng) -> tuple[np.ndarray, object]:
+    """(data, raw_dtype) for GGUFWriter.add_tensor. Types gguf can quantize quantize `t`; the K-quants (which
+    it cannot) get random blocks with small finite fp16 scales, so the tensor is random but well formed."""
+    import gguf
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q
+
+    if qtype is None or qtype == Q.F32 or t.ndim == 1:
+        return np.ascontiguousarray(t, dtype=np.float32), None
+    if qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K):
+        block, size = GGML_QUANT_SIZES[qtype]
+        raw = rng.integers(0, 256, size=(t.size // block, size), dtype=np.uint8)
+        for off in ([208] if qtype == Q.Q6_K else [0, 2]):
+            raw[:, off:off + 2] = (rng.uniform(2e-4, 2e-3, len(raw))).astype(np.float16).view(np.uint8).reshape(-1, 2)
+        return raw.reshape(t.shape[0], -1), qtype
+    return gguf.quants.quantize(np.ascontiguousarray(t, dtype=np.float32), qtype), qtype
+
+
+def write_tiny_gguf(path: Path, model=None, arch: str = "llama", qtypes=None, seed: int = 0) -> Path:
+    """`model` as llama.cpp's converter writes it for `arch` (llama or qwen2). qtypes: GGUF tensor name ->
+    GGMLQuantizationType (default F32 everywhere, so a load must reproduce the model exactly)."""
     import gguf
 
     model = model if model is not None else tiny_llama()
     cfg = model.config
+    qtypes = qtypes or {}
+    rng = np.random.default_rng(seed)
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
-    w = gguf.GGUFWriter(str(path), "llama")
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(cfg.num_hidden_layers)
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
@@ -91,30 +134,42 @@ def write_tiny_gguf(path: Path, model=None) -> Path:
     w.add_head_count_kv(cfg.num_key_value_heads)
     w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
-    w.add_vocab_size(cfg.vocab_size)
+    if arch == "llama":
+        w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
+        w.add_vocab_size(cfg.vocab_size)
     w.add_tokenizer_model("gpt2")
+    if arch == "qwen2":
+        w.add_tokenizer_pre("qwen2")
     w.add_token_list(TOKENS)
     w.add_token_types([3] * len(SPECIALS) + [1] * (len(TOKENS) - len(SPECIALS)))  # 3 = control, 1 = normal
     w.add_token_merges(MERGES)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_pad_token_id(2)
-    w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
-    w.add_tensor("output_norm.weight", sd["model.norm.weight"])
+
+    def add(name, t):
+        data, raw = _encode(name, t, qtypes.get(name), rng)
+        if raw is None:
+            w.add_tensor(name, data)
+        else:
+            w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=raw)
+
+    add("token_embd.weight", sd["model.embed_tokens.weight"])
+    add("output_norm.weight", sd["model.norm.weight"])
     if not cfg.tie_word_embeddings:
-        w.add_tensor("output.weight", sd["lm_head.weight"])
-    names = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
-             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+        add("output.weight", sd["lm_head.weight"])
     for i in range(cfg.num_hidden_layers):
-        for hf, gg in names.items():
-            t = sd[f"model.layers.{i}.{hf}.weight"]
-            if gg == "attn_q":
-                t = _to_llama_cpp_rows(t, cfg.num_attention_heads)
-            elif gg == "attn_k":
-                t = _to_llama_cpp_rows(t, cfg.num_key_value_heads)
-            w.add_tensor(f"blk.{i}.{gg}.weight", np.ascontiguousarray(t))
+        for hf, gg in LAYER_TENSORS.items():
+            for kind in ("weight", "bias"):
+                key = f"model.layers.{i}.{hf}.{kind}"
+                if key not in sd:
+                    continue
+                t = sd[key]
+                if arch == "llama" and gg == "attn_q":
+                    t = _to_llama_cpp_rows(t, cfg.num_attention_heads)
+                elif arch == "llama" and gg == "attn_k":
+                    t = _to_llama_cpp_rows(t, cfg.num_key_value_heads)
+                add(f"blk.{i}.{gg}.{kind}", np.ascontiguousarray(t))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

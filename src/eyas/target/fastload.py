@@ -7,7 +7,8 @@ a model whose checkpoint keys are its own state-dict keys, this is the shortest 
      fills in parallel; each tensor goes straight to `device` in `dtype`);
   3. `load_state_dict(assign=True)`: the read tensors become the parameters, nothing is copied again;
   4. re-tie tied weights and rebuild the non-persistent buffers (RoPE inv_freq) that meta left empty.
-A GGUF goes through the same steps with transformers' GGUF reader (dequantised tensors, its name map).
+A GGUF goes through the same steps with eyas's GGUF reader (target/gguf_convert.py; transformers' for other
+architectures).
 Anything this cannot prove complete (a missing or unexpected key, a buffer it cannot rebuild) raises
 `FastLoadUnsupported`, and `load_target` falls back to `from_pretrained`.
 tests/target/test_fastload.py checks weights, buffers and logits equal `from_pretrained`'s.
@@ -85,8 +86,19 @@ def read_safetensors(files: list[Path], *, device: str | torch.device = "cpu", d
 
 
 def read_gguf(path: Path, meta_model: nn.Module, dtype: torch.dtype | None, device) -> dict[str, torch.Tensor]:
-    """Dequantised GGUF tensors under the model's own names (transformers' reader and name map)."""
+    """Dequantised GGUF tensors under the model's own names: eyas's reader (torch, on `device`) for the
+    architectures it maps, else transformers' reader and name map."""
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    from eyas.target.gguf_convert import ARCHITECTURES, open_gguf, read_tensors
+
+    reader, arch = open_gguf(path)
+    if arch in ARCHITECTURES:
+        try:
+            return read_tensors(reader, arch, dtype=dtype, device=device, name=str(path))
+        except KeyError as e:   # a tensor the name tables do not know
+            raise FastLoadUnsupported(str(e)) from e
+    del reader
 
     try:
         tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=meta_model)["tensors"]

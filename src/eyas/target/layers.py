@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
 from torch import nn
 
 
@@ -49,6 +50,15 @@ def model_class_for(config):
         if cls is not None:
             return cls
     return transformers.AutoModelForCausalLM
+
+
+def build_meta(config) -> nn.Module:
+    """Instantiate the architecture on the meta device: structure and shapes, zero bytes."""
+    cls = model_class_for(config)
+    with torch.device("meta"):
+        if hasattr(cls, "from_config"):
+            return cls.from_config(config)
+        return cls(config)
 
 
 def text_config(config):

