@@ -93,7 +93,7 @@ def test_qwen_items_download_the_parts_eyas_joins():
 
     from eyas.target.builtins import BUILTIN_TARGETS
 
-    text = (ROOT / "bench" / "gpu_carry.sh").read_text()
+    text = (ROOT / "lab" / "gpu_carry.sh").read_text()
     for item, name in (("qwen05", "qwen2.5-coder-0.5b"), ("qwen15", "qwen2.5-coder-1.5b")):
         parts = BUILTIN_TARGETS[name].parts
         fmt = re.sub(r"part\d+==", "part%g==", parts[0].requirement)
