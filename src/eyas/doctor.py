@@ -31,7 +31,7 @@ from eyas.draft.io import read_draft_config
 from eyas.draft.model import Eagle3Draft, draft_config_from_target
 from eyas.export import check_contract, detect_format, read_export
 from eyas.export.files import parse_config
-from eyas.flags import AuxLayerIds
+from eyas.flags import DRAFT_VOCAB_SIZE, AuxLayerIds, CacheDir, DraftVocabSize, JsonSwitch, Target, TrustRemoteCode
 from eyas.store import bytes_per_token, config_hash, verify_store
 from eyas.store.extract import data_fingerprint
 from eyas.store.format import MANIFEST as STORE_MANIFEST, identity_mismatches, read_json
@@ -48,7 +48,7 @@ class Check:
 
 
 class DoctorConfig(StageConfig):
-    target: str = Field(description="HF dir, hub id, .gguf file or built-in name (smollm2-135m)")
+    target: Target
     data: str | None = Field(None, description="conversations (file or built-in name) or a PREPARED dir")
     draft: Path | None = Field(None, description="an eyas draft/run dir or a vLLM/SGLang export to check "
                                                   "against the target")
@@ -64,15 +64,15 @@ class DoctorConfig(StageConfig):
     max_samples: int | None = Field(None, ge=1, description="planned number of samples (rows) to extract")
     tokens: int | None = Field(None, description="planned number of tokens to extract (overrides --max-samples)")
     max_length: int = Field(2048, description="planned tokens per row (for the disk and memory estimates)")
-    draft_vocab_size: int = Field(32000, ge=1, description="planned draft vocabulary (when no data/draft gives it)")
+    draft_vocab_size: DraftVocabSize = DRAFT_VOCAB_SIZE         # planned, when no data / draft gives it
     token_budget: int = Field(16384, gt=0, description="planned tokens per extraction batch (extract's --token-budget)")
     ttt_steps: int = Field(7, description="planned training-time-test steps")
     gpu_memory_gib: float | None = Field(None, description="GPU memory per device to plan for (default: the "
                                                            "visible GPUs, if any)")
     gpus: int = Field(1, description="GPUs the target is spread over for extraction / online training")
-    cache_dir: Path | None = Field(None, description="cache for built-in targets/datasets")
-    trust_remote_code: bool = Field(False, description="allow the target's own modelling code")
-    json: bool = Field(False, description="print JSON instead of a table")
+    cache_dir: CacheDir = None
+    trust_remote_code: TrustRemoteCode = False
+    json: JsonSwitch = False
 
 
 @dataclass

@@ -25,12 +25,13 @@ from eyas.data.backends import GenerationError, HFBackend, OpenAIBackend
 from eyas.data.selfgen import done_rows, self_prompts
 from eyas.data.sources import ASSISTANT_FIRST_DEFAULT, AssistantFirst, Record, iter_conversations, self_source_size
 from eyas.data.tasks import task_source_path, write_task_prompts
-from eyas.devices import DEVICE_HELP, DTYPE_HELP, TORCH_NAMES, Dtype
+from eyas.devices import TORCH_NAMES
+from eyas.flags import CacheDir, Device, JsonSwitch, ModelDtype, Target, TrustRemoteCode
 from eyas.progress import Progress
 
 
 class RegenerateConfig(StageConfig):
-    target: str = Field(description="the target: HF dir, hub id, .gguf or built-in name (hf backend), or served model name")
+    target: Target
     data: str = Field(description="conversations: ShareGPT JSON/JSONL, messages JSONL, built-in 'sharegpt', self:N (N prompts the target writes itself, Magpie-style; hf/native), or tasks:PATH (long-input tasks over PATH's answers: summarize, key points, translate, QA over the passage, simplify)")
     out: Path = Field(description="output JSONL (OpenAI messages; an existing directory gets regenerated.jsonl); errors go to OUT.errors.jsonl")
     backend: Literal["hf", "native", "openai", "vllm"] = Field("hf", description="hf: HF generate on the target; native: eyas's continuous-batching generator (static KV cache, CUDA graphs; fast with no engine); openai: an OpenAI-compatible server; vllm: vLLM's offline engine in its own env (--python)")
@@ -46,8 +47,8 @@ class RegenerateConfig(StageConfig):
     self_max_new_tokens: int = Field(128, ge=8, description="max tokens of a self-written user prompt (data self:N)")
     self_temperature: float = Field(1.0, gt=0.0, description="sampling temperature of self-written prompts (data self:N)")
     task_min_words: int = Field(40, ge=1, description="answers shorter than this make no task prompt (data tasks:PATH)")
-    device: str = Field("auto", description="hf / native: " + DEVICE_HELP)
-    dtype: Dtype = Field("auto", description="hf / native weights: " + DTYPE_HELP)
+    device: Device = "auto"
+    dtype: ModelDtype = "auto"
     static_cache: bool | None = Field(None, description="static KV cache in generate (default: on for cuda)")
     base_url: str = Field("http://127.0.0.1:8000/v1", description="OpenAI-compatible server base URL (openai)")
     model: str | None = Field(None, description="served model name (openai; default: --target)")
@@ -80,9 +81,9 @@ class RegenerateConfig(StageConfig):
     engine_startup_timeout: float = Field(1800.0, gt=0, description="seconds the vLLM engine(s) may take to come "
                                           "up (vllm; model load, compile, CUDA graphs) before the run stops, "
                                           "naming the logs of those not up")
-    cache_dir: Path | None = Field(None, description="cache for built-in targets/datasets")
-    trust_remote_code: bool = Field(False, description="allow the target's own modelling code")
-    json: bool = Field(False, description="print the summary as JSON")
+    cache_dir: CacheDir = None
+    trust_remote_code: TrustRemoteCode = False
+    json: JsonSwitch = False
 
 
 class Conversation:

@@ -28,7 +28,8 @@ from eyas.decode.proposer import EagleProposer
 from eyas.decode.speculative import GenStats, SpecDecoder, ar_generate, warm_ar
 from eyas.decode.target_step import TargetRunner
 from eyas.decode.tree import TreeSpec
-from eyas.devices import DEVICE_HELP, DTYPE_HELP, Dtype, resolve_device, resolve_dtype
+from eyas.devices import resolve_device, resolve_dtype
+from eyas.flags import CacheDir, Device, JsonSwitch, ModelDtype, ResultsFile, Target, TrustRemoteCode
 from eyas.draft.io import load_draft, read_draft_config
 from eyas.progress import Progress
 from eyas.target import load_config, load_target, text_config
@@ -37,7 +38,7 @@ AUTO_PROBE = TreeSpec(total=80, depth=8, topk=10)   # recorded once; every small
 
 
 class EvalConfig(StageConfig):
-    target: str = Field(description="HF dir, hub id, .gguf or built-in name (smollm2-135m)")
+    target: Target
     draft: Path = Field(description="draft dir (eyas train run or eyas import output)")
     bench: str = Field(SPEC_BENCH, description="'spec-bench' or a JSONL file with question_id, category, turns")
     categories: list[str] | None = Field(None, description="only these categories")
@@ -46,11 +47,11 @@ class EvalConfig(StageConfig):
     temperature: float = Field(0.0, ge=0, description="0 = greedy (checked token-identical); >0 = rejection sampling")
     chain: int | None = Field(None, ge=1, description="chain of K drafted tokens (default 3 when --tree is not given)")
     tree: str | None = Field(None, description="'total=60,depth=7,topk=10' or 'auto' (cost model picks)")
-    device: str = Field("auto", description=DEVICE_HELP)
-    dtype: Dtype = Field("auto", description=DTYPE_HELP)
+    device: Device = "auto"
+    dtype: ModelDtype = "auto"
     compile: bool | None = Field(None, description="torch.compile reduce-overhead (CUDA graphs); default on for cuda")
-    json: bool = Field(False, description="print the full results as JSON instead of a table")
-    out: Path | None = Field(None, description="also write the full results JSON to this file")
+    json: JsonSwitch = False
+    out: ResultsFile = None
     plots: Path | None = Field(None, description="write PNG plots into this directory")
     seed: int = Field(0, description="sampling seed (temperature > 0)")
     baseline_cache: Path | None = Field(None, description="a directory: reuse the AR baseline of an earlier eval with "
@@ -66,8 +67,8 @@ class EvalConfig(StageConfig):
     warm_only: bool = Field(False, description="only compile and capture every setting's static shapes, decode and "
                             "time nothing: run beside training on a draft of the same config, so that the eval "
                             "after it finds inductor's on-disk caches warm")
-    cache_dir: Path | None = Field(None, description="cache for built-in targets")
-    trust_remote_code: bool = Field(False, description="allow the target's own modelling code")
+    cache_dir: CacheDir = None
+    trust_remote_code: TrustRemoteCode = False
 
 
 def turn_prompt(tokenizer, question: dict, answers: list[list[int]]) -> list[int]:

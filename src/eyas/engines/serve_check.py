@@ -43,6 +43,7 @@ from eyas.engines.vllm import vllm_lock, vllm_python
 from eyas.export import ContractError, check_contract, import_draft, read_export
 from eyas.export.contract import SPECULATORS, rename
 from eyas.export.files import parse_config
+from eyas.flags import Device, ResultsFile
 from eyas.target import load_target
 
 WORKER = Path(__file__).with_name("vllm_serve_worker.py")
@@ -69,15 +70,14 @@ class ServeCheckConfig(StageConfig):
     native_draft: Path | None = Field(None, description="eyas draft for native τ (default: the export's "
                                                         "eyas.source_draft; else the export re-imported)")
     dtype: Literal["fp32", "bf16"] = Field("fp32", description="dtype on both sides")
-    device: str = Field("auto", description="device of the native side: auto (cuda when available, else cpu), cpu, "
-                                            "cuda or cuda:N; eager there, as τ and identity need no compiled graphs")
+    device: Device = "auto"                                   # the native side's (eager: τ needs no graphs)
     max_model_len: int = Field(2048, description="vLLM max_model_len")
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="vLLM's share of the GPU's memory "
                                                  "(default: vLLM's 0.9; lower it when other jobs share the GPU)")
     timeout: float = Field(3600.0, description="seconds before the vLLM worker is killed")
     run_anyway: bool = Field(False, description="start vLLM even when gates 1-2 found problems "
                                                 "(to see the τ gap they cause)")
-    out: Path | None = Field(None, description="write the result JSON here")
+    out: ResultsFile = None
 
 
 def compare_with_source(config: dict, tensors: dict[str, torch.Tensor], source: Path) -> list[str]:
