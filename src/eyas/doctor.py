@@ -26,7 +26,7 @@ from eyas.config import StageConfig
 from eyas.data import MaskError, PreparedDataset, iter_conversations, render_with_mask
 from eyas.data.dataset import MANIFEST as PREPARED_MANIFEST
 from eyas.data.masks import template_hash
-from eyas.devices import StoreDtype
+from eyas.devices import StoreDtype, dtype_bytes
 from eyas.draft.io import read_draft_config
 from eyas.draft.model import Eagle3Draft, draft_config_from_target
 from eyas.export import check_contract, detect_format, read_export
@@ -88,15 +88,18 @@ class TargetFacts:
 
 
 def _dtype_bytes(config) -> int:
-    """Bytes per weight as served: an fp8 checkpoint (e.g. DeepSeek-V3 / Kimi-K2) stays fp8 on the GPU."""
+    """Bytes per weight as served: an fp8 checkpoint (e.g. DeepSeek-V3 / Kimi-K2) stays fp8 on the GPU; a dtype
+    the table does not know (auto, a quantized int type) is planned as 2 bytes."""
     t = getattr(config, "text_config", None) or config
     q = getattr(config, "quantization_config", None) or getattr(t, "quantization_config", None) or {}
     q = q if isinstance(q, dict) else q.to_dict()
     if "fp8" in str(q.get("quant_method", "")) or "float8" in str(q.get("fmt", "")) or q.get("fmt") == "e4m3":
-        return 1
-    d = str(getattr(t, "dtype", None) or getattr(t, "torch_dtype", None) or getattr(config, "dtype", None)
-            or "bfloat16")
-    return 4 if "32" in d else 1 if "8" in d else 2
+        return dtype_bytes("fp8")
+    d = getattr(t, "dtype", None) or getattr(t, "torch_dtype", None) or getattr(config, "dtype", None) or "bf16"
+    try:
+        return dtype_bytes(d)
+    except ValueError:
+        return dtype_bytes("bf16")
 
 
 def check_target(cfg: DoctorConfig, out: list[Check]) -> TargetFacts | None:

@@ -37,13 +37,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
+from eyas.devices import dtype_bytes
 from eyas.engines.base import run_in_env
 
 WORKER = Path(__file__).with_name("vllm_serve_worker.py")  # its bench mode (batch_sizes)
 
 
-# K/V element bytes of each dtype the payload may name (kv_cache_dtype "auto" = the model's dtype).
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 # Per sequence beyond max_model_len: rounding up to 16-token blocks, plus spec decode's lookahead slots (K each).
 SLACK_TOKENS = 64
 # vLLM rounds blocks down per layer group and keeps a few for itself; 10% keeps the largest batch from preempting.
@@ -57,7 +56,7 @@ def kv_bytes_per_token(config: dict, dtype: str) -> int:
     heads = int(c["num_attention_heads"])
     kv_heads = int(c.get("num_key_value_heads") or heads)
     head_dim = int(c.get("head_dim") or c["hidden_size"] // heads)
-    return int(c["num_hidden_layers"]) * 2 * kv_heads * head_dim * DTYPE_BYTES[dtype]
+    return int(c["num_hidden_layers"]) * 2 * kv_heads * head_dim * dtype_bytes(dtype)  # kv cache "auto" = model's
 
 
 def draft_layers(export_config: dict | None, target_config: dict) -> dict:
