@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from eyas.aux_layers import AuxLayerIdsError, aux_layer_id_problems, check_aux_layer_ids, resolve_aux_layer_ids
+from eyas.aux_layers import (AuxLayerIdsError, aux_layer_id_problems, check_aux_layer_ids, choose_aux_layer_ids,
+                              resolve_aux_layer_ids)
 from eyas.devices import DTYPE_TABLE, DeviceError, dtype_bytes, dtype_name, resolve_device, resolve_dtype
 from eyas.vocab import (DraftVocabError, build_draft_vocab, check_draft_vocab, full_vocab, require_draft_vocab,
                         target_ids, vocab_from_target_ids)
@@ -25,6 +26,9 @@ def test_aux_resolution_order_and_contradiction():
     assert resolve_aux_layer_ids(None, 32) == [2, 16, 29]
     assert resolve_aux_layer_ids(None, 32, recorded=[1, 2, 3]) == [1, 2, 3]
     assert resolve_aux_layer_ids([1, 2, 3], 32, recorded=[1, 2, 3]) == [1, 2, 3]
+    assert choose_aux_layer_ids(None, 32, recorded=[9, 1], recorded_where="the draft") == ([9, 1], "the draft")
+    assert choose_aux_layer_ids([4], 32, recorded=[1]) == ([4], "--aux-layer-ids")   # unchecked: the caller judges
+    assert choose_aux_layer_ids(None, 32)[1] == "default (2, N//2, N-3)"
     with pytest.raises(AuxLayerIdsError, match=r"differ from the aux ids \[4, 5, 6\] recorded in S"):
         resolve_aux_layer_ids([1, 2, 3], 32, recorded=[4, 5, 6], recorded_where="S")
 

@@ -21,7 +21,7 @@ import torch
 from pydantic import Field
 from safetensors import safe_open
 
-from eyas.aux_layers import aux_layer_id_problems, default_aux_layer_ids
+from eyas.aux_layers import aux_layer_id_problems, choose_aux_layer_ids, default_aux_layer_ids
 from eyas.config import StageConfig
 from eyas.data import MaskError, PreparedDataset, iter_conversations, render_with_mask
 from eyas.data.dataset import MANIFEST as PREPARED_MANIFEST
@@ -32,9 +32,9 @@ from eyas.draft.model import Eagle3Draft, draft_config_from_target
 from eyas.export import check_contract, detect_format, read_export
 from eyas.export.files import parse_config
 from eyas.flags import DRAFT_VOCAB_SIZE, AuxLayerIds, CacheDir, DraftVocabSize, JsonSwitch, Target, TrustRemoteCode
-from eyas.store import bytes_per_token, config_hash, verify_store
+from eyas.store import HiddenStateStore, bytes_per_token, config_hash, verify_store
 from eyas.store.extract import data_fingerprint
-from eyas.store.format import MANIFEST as STORE_MANIFEST, identity_mismatches, read_json
+from eyas.store.format import MANIFEST as STORE_MANIFEST, identity_mismatches
 from eyas.target import LayoutError, build_meta, find_layout, load_config, load_tokenizer
 from eyas.vocab import check_draft_vocab
 
@@ -151,8 +151,8 @@ def check_target(cfg: DoctorConfig, out: list[Check]) -> TargetFacts | None:
 
 
 def check_aux(cfg: DoctorConfig, facts: TargetFacts, draft_aux: list[int] | None, out: list[Check]) -> list[int]:
-    ids = list(cfg.aux_layer_ids or draft_aux or default_aux_layer_ids(facts.num_layers))
-    source = "--aux-layer-ids" if cfg.aux_layer_ids else "the draft" if draft_aux else "default (2, N//2, N-3)"
+    ids, source = choose_aux_layer_ids(cfg.aux_layer_ids, facts.num_layers, recorded=draft_aux,
+                                       recorded_where="the draft")
     problems = aux_layer_id_problems(ids, facts.num_layers, key=source)
     if problems:
         out.append(Check("aux layer ids", "fail", "; ".join(problems),
@@ -354,7 +354,7 @@ def check_store(cfg: DoctorConfig, facts: TargetFacts, ids: list[int], prepared:
     if cfg.store is not None and (Path(cfg.store) / STORE_MANIFEST).is_file():
         problems = verify_store(cfg.store)
         if not problems:
-            m = read_json(Path(cfg.store) / STORE_MANIFEST, "store manifest")
+            m = HiddenStateStore(cfg.store).manifest
             tgt = m.get("target", {})
             have, want_data = m.get("data", {}).get("manifest_sha256"), (prepared or {}).get("fingerprint", {})
             if have and want_data and have != want_data.get("manifest_sha256"):
