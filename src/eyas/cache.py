@@ -14,10 +14,12 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from eyas import env
+
 
 def cache_dir(override: str | os.PathLike | None = None) -> Path:
     """`override` > $EYAS_CACHE > ~/.cache/eyas."""
-    path = Path(override or os.environ.get("EYAS_CACHE") or Path.home() / ".cache" / "eyas")
+    path = Path(override or env.get("EYAS_CACHE") or Path.home() / ".cache" / "eyas")
     path.mkdir(parents=True, exist_ok=True)
     return path
 

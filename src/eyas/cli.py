@@ -11,11 +11,10 @@ from __future__ import annotations
 import argparse
 import errno
 import json
-import os
 import sys
 from typing import Any
 
-from eyas import __version__
+from eyas import __version__, env
 
 # name -> (module, config class, run function, one-line help)
 COMMANDS: dict[str, tuple[str, str, str, str]] = {
@@ -145,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as e:  # noqa: BLE001 - sorted below: user-causable -> one line, bugs -> traceback
         line = explain(e)
-        if line is None or os.environ.get("EYAS_DEBUG"):
+        if line is None or env.get("EYAS_DEBUG"):
             raise
         print(f"eyas {cmd}: error: {line}", file=sys.stderr)
         return 1

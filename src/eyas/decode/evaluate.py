@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from pydantic import Field
 
+from eyas import env
 from eyas.aux_layers import check_aux_layer_ids
 from eyas.config import StageConfig
 from eyas.decode import baseline_cache as bcache
@@ -131,13 +132,13 @@ def commit() -> str | None:
 # What the speculative decoder's own CUDA graphs capture: torch.compile'd steps (fused kernels) or
 # eager ones (no compile time; the fallback if compilation misbehaves): EYAS_DECODE_INNER=eager.
 # EYAS_DECODE_GRAPHS=0 runs the rounds without CUDA graphs (diagnosis).
-_INNER = os.environ.get("EYAS_DECODE_INNER", "compiled")
-_GRAPHS = os.environ.get("EYAS_DECODE_GRAPHS", "1") != "0"
+_INNER = env.get("EYAS_DECODE_INNER")
+_GRAPHS = env.get("EYAS_DECODE_GRAPHS") != "0"
 # The target attends over a power-of-two bucket of the KV cache from this size up. Each bucket is one more
 # compile per step width at warm-up (~20 s each for SmolLM2 on an H200), so the default keeps them few
 # (Spec-Bench's capacity at 512 new tokens is 2049: buckets 1024 and 2049); EYAS_DECODE_MIN_BUCKET=1000000
 # attends over the whole capacity (the pre-bucket behaviour), smaller values give finer buckets.
-_MIN_BUCKET = int(os.environ.get("EYAS_DECODE_MIN_BUCKET", "1024"))
+_MIN_BUCKET = int(env.get("EYAS_DECODE_MIN_BUCKET"))
 
 
 class Session:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eyas import env as switches
+
 
 class EngineError(RuntimeError):
     """An engine is missing, the wrong version, or its worker failed; the message says what to do."""
@@ -30,7 +32,7 @@ class ProbeResult:
 
 def engine_python(python: str | os.PathLike | None, env_var: str, how_to: str) -> Path:
     """The interpreter of the engine's environment: --python, else $ENV_VAR; else an error saying how."""
-    cand = python or os.environ.get(env_var)
+    cand = python or switches.get(env_var)
     if not cand:
         raise EngineError(f"no engine environment given: pass --python PATH or set ${env_var}.\n{how_to}")
     p = Path(cand).expanduser()
