@@ -20,7 +20,7 @@ from eyas import __version__, env
 COMMANDS: dict[str, tuple[str, str, str, str]] = {
     "inspect": ("eyas.target.inspect", "InspectConfig", "run", "describe a target from its config alone (no weights)"),
     "prepare": ("eyas.data.prepare", "PrepareConfig", "run", "conversations -> token ids, loss masks, packing, draft vocab"),
-    "regenerate": ("eyas.data.regenerate", "RegenerateConfig", "run", "replace assistant turns with the target's own answers"),
+    "regenerate": ("eyas.regenerate", "RegenerateConfig", "run", "replace assistant turns with the target's own answers"),
     "extract": ("eyas.extract", "ExtractConfig", "run", "run the target and write the hidden-state store"),
     "train": ("eyas.train.loop", "TrainConfig", "run", "train an EAGLE-3 draft (offline from a store, or online)"),
     "eval": ("eyas.decode.evaluate", "EvalConfig", "run", "native speculative decoding: tau, losslessness, speedup"),

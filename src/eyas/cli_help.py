@@ -113,7 +113,13 @@ def light_config(module: str, cls_name: str):
 
     from eyas.config import StageConfig
 
-    node = next((n for n in _tree(module).body if isinstance(n, ast.ClassDef) and n.name == cls_name), None)
+    body = _tree(module).body
+    node = next((n for n in body if isinstance(n, ast.ClassDef) and n.name == cls_name), None)
+    if node is None:  # a command module re-exporting its stage's config (`from eyas.data.x import XConfig`)
+        for n in body:
+            if isinstance(n, ast.ImportFrom) and n.level == 0 and any(a.name == cls_name and a.asname is None
+                                                                     for a in n.names):
+                return light_config(n.module, cls_name)
     if node is None or [ast.unparse(b) for b in node.bases] != ["StageConfig"]:
         raise _Unresolved(f"{module}.{cls_name}")
     node.body = [b for b in node.body if not isinstance(b, (ast.FunctionDef, ast.AsyncFunctionDef))] or [ast.Pass()]

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from eyas.data.backends import HFBackend
-from eyas.data.regenerate import RegenerateConfig, regenerate
+from eyas.regenerate import RegenerateConfig, regenerate
 from eyas.engines.vllm_generate import VllmBackend
 from eyas.engines.vllm_speedup import spec_stats, summarize
 from tests.data.templates import make_target_dir
@@ -220,7 +220,7 @@ def test_engine_max_seqs_flag_reaches_vllms_llm_only_when_given(target, tmp_path
     import argparse
 
     from eyas.config import add_config_args, build_config
-    from eyas.data.regenerate import _vllm_backend
+    from eyas.regenerate import vllm_backend
     from eyas.engines.vllm_generate import worker_config
 
     parser = argparse.ArgumentParser()
@@ -231,7 +231,7 @@ def test_engine_max_seqs_flag_reaches_vllms_llm_only_when_given(target, tmp_path
     for extra in (["--engine-max-seqs", "2048"], [], ["--engine-in-flight", "5"]):
         args = ["--target", str(target), "--data", "x", "--out", str(tmp_path / "o.jsonl"), "--backend", "vllm",
                 "--python", str(py), *extra]
-        backend = _vllm_backend(build_config(RegenerateConfig, parser.parse_args(args)))
+        backend = vllm_backend(build_config(RegenerateConfig, parser.parse_args(args)))
         backend.close()
         seen.append(json.loads((tmp_path / "kw.json").read_text()))
         windows.append((backend.engine_max_seqs, backend.window))
@@ -250,7 +250,7 @@ def test_engine_max_batched_tokens_flag_reaches_vllms_llm_only_when_given(target
     import argparse
 
     from eyas.config import add_config_args, build_config
-    from eyas.data.regenerate import _vllm_backend
+    from eyas.regenerate import vllm_backend
     from eyas.engines.vllm_generate import worker_config
 
     parser = argparse.ArgumentParser()
@@ -261,7 +261,7 @@ def test_engine_max_batched_tokens_flag_reaches_vllms_llm_only_when_given(target
     for extra in (["--engine-max-batched-tokens", "32768"], []):
         args = ["--target", str(target), "--data", "x", "--out", str(tmp_path / "o.jsonl"), "--backend", "vllm",
                 "--python", str(py), *extra]
-        backend = _vllm_backend(build_config(RegenerateConfig, parser.parse_args(args)))
+        backend = vllm_backend(build_config(RegenerateConfig, parser.parse_args(args)))
         backend.close()
         seen.append(json.loads((tmp_path / "kw.json").read_text()))
         reported.append(backend.engine_max_batched_tokens)

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from eyas.data.backends import HFBackend
-from eyas.data.regenerate import RegenerateConfig, regenerate
+from eyas.regenerate import RegenerateConfig, regenerate
 from eyas.engines.base import EngineError
 from eyas.engines.vllm_generate import VllmBackend, worker_config
 from eyas.engines.vllm_replicas import memory_share, replica_log

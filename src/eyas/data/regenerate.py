@@ -25,7 +25,6 @@ from eyas.data.backends import GenerationError, HFBackend, OpenAIBackend
 from eyas.data.selfgen import done_rows, self_prompts
 from eyas.data.sources import ASSISTANT_FIRST_DEFAULT, AssistantFirst, Record, iter_conversations, self_source_size
 from eyas.data.tasks import task_source_path, write_task_prompts
-from eyas.devices import TORCH_NAMES
 from eyas.flags import CacheDir, Device, JsonSwitch, ModelDtype, Target, TrustRemoteCode
 from eyas.progress import Progress
 
@@ -203,19 +202,6 @@ def _openai_backend(cfg: RegenerateConfig):
                          timeout=cfg.request_timeout)
 
 
-def _vllm_backend(cfg: RegenerateConfig):
-    from eyas.engines.vllm_generate import VllmBackend
-
-    return VllmBackend(cfg.target, python=cfg.python, dtype=TORCH_NAMES.get(cfg.dtype, "bfloat16"),  # vLLM spells them out; auto = bf16
-                       max_new_tokens=cfg.max_new_tokens, max_prompt_tokens=cfg.max_prompt_tokens,
-                       temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed,
-                       tensor_parallel_size=cfg.tensor_parallel_size, max_num_seqs=cfg.engine_max_seqs,
-                       max_num_batched_tokens=cfg.engine_max_batched_tokens, max_in_flight=cfg.engine_in_flight,
-                       replicas=cfg.engine_replicas, async_scheduling=cfg.engine_async_scheduling,
-                       startup_timeout_s=cfg.engine_startup_timeout,
-                       log=Path(cfg.out).with_name(Path(cfg.out).name + ".vllm.log"))
-
-
 def _local_kw(cfg: RegenerateConfig) -> dict:
     import torch
 
@@ -237,11 +223,14 @@ def _native_backend(cfg: RegenerateConfig):
 
 
 def _make_backend(cfg: RegenerateConfig):
-    return BACKENDS[cfg.backend][0](cfg)
+    if cfg.backend not in FACTORIES:  # an engine in its own environment: eyas.regenerate (the command) starts it
+        raise ValueError(f"--backend {cfg.backend}: run it through `eyas regenerate` (eyas.regenerate.regenerate), "
+                         "which starts the engine")
+    return FACTORIES[cfg.backend](cfg)
 
 
 def _runner(cfg: RegenerateConfig, backend):
-    return BACKENDS[cfg.backend][1]
+    return RUNNERS[cfg.backend]
 
 
 def _run_native(backend, convs: Iterator[Conversation], cfg: RegenerateConfig, write, bar) -> None:
@@ -336,16 +325,8 @@ def _run_openai(backend: OpenAIBackend, convs: Iterator[Conversation], concurren
             write(f.result())
 
 
-# backend -> (factory(cfg), runner(backend, conversations, cfg, write, bar)); another engine slots in as one row.
-BACKENDS: dict[str, tuple] = {
-    "hf": (_hf_backend, _run_batched),
-    "native": (_native_backend, _run_native),
-    "openai": (_openai_backend, lambda b, convs, cfg, write, bar: _run_openai(b, convs, cfg.concurrency, write)),
-    "vllm": (_vllm_backend, _run_native),
-}
-
-
-def run(cfg: RegenerateConfig):
-    from eyas.data.prepare import report
-
-    return report(regenerate(cfg), cfg.json)
+# backend -> factory(cfg), for the backends this package builds; an engine's (vllm) is built by eyas.regenerate.
+FACTORIES = {"hf": _hf_backend, "native": _native_backend, "openai": _openai_backend}
+# backend -> runner(backend, conversations, cfg, write, bar); another engine slots in as one row.
+RUNNERS = {"hf": _run_batched, "native": _run_native, "vllm": _run_native,
+           "openai": lambda b, convs, cfg, write, bar: _run_openai(b, convs, cfg.concurrency, write)}
