@@ -52,8 +52,10 @@ class DoctorConfig(StageConfig):
     data: str | None = Field(None, description="conversations (file or built-in name) or a PREPARED dir")
     draft: Path | None = Field(None, description="an eyas draft/run dir or a vLLM/SGLang export to check "
                                                   "against the target")
-    engine: Literal["none", "vllm"] = Field("none", description="probe this engine's version and entry points")
-    python: str | None = Field(None, description="the engine env's python (default $EYAS_VLLM_PYTHON)")
+    engine: Literal["none", "vllm", "sglang"] = Field("none", description="probe this engine's version and entry "
+                                                                          "points")
+    python: str | None = Field(None, description="the engine env's python (default $EYAS_VLLM_PYTHON, or "
+                                                 "$EYAS_SGLANG_PYTHON for sglang)")
     aux_layer_ids: AuxLayerIds | None = Field(None, description="planned aux layer ids (default: the draft's, "
                                                                 "else 2, N//2, N-3)")
     layers_path: str | None = Field(None, description="where you expect the decoder layers (e.g. model.layers)")
@@ -427,27 +429,27 @@ def check_memory(cfg: DoctorConfig, facts: TargetFacts, ids: list[int], vd: int,
 
 # ---------------------------------------------------------------- engine
 def check_engine(cfg: DoctorConfig) -> list[Check]:
+    from eyas.engines.adapters import ADAPTERS
     from eyas.engines.base import EngineError
-    from eyas.engines.vllm import HOW_TO_CREATE, TESTED_VERSIONS, VllmAdapter, version_status
 
-    t0, out = time.perf_counter(), []
+    t0, out, kind = time.perf_counter(), [], ADAPTERS[cfg.engine]
     try:
-        adapter = VllmAdapter(cfg.python)
-        results = adapter.probe()  # one worker run: the version comes with it
-        version = adapter.version()
+        engine = kind(cfg.python)
+        results = engine.probe()  # one worker run: the version comes with it
+        version = engine.version()
     except EngineError as e:
-        out.append(Check("engine: vllm", "fail", str(e).split("\n")[0], HOW_TO_CREATE.replace("\n", " ")))
+        out.append(Check(f"engine: {kind.name}", "fail", str(e).split("\n")[0], kind.how_to_create.replace("\n", " ")))
         return out
-    status, detail = version_status(version)
-    out.append(Check("engine: vllm version", status, f"{detail} at {adapter.python}",
-                     f"install a tested version: {', '.join(TESTED_VERSIONS)}"))
+    status, detail = engine.version_status(version)
+    out.append(Check(f"engine: {kind.name} version", status, f"{detail} at {engine.python}",
+                     f"install a tested version: {', '.join(kind.tested_versions)}"))
     bad = [r for r in results if not r.ok]
     for r in bad:
         out.append(Check(f"engine: {r.entry_point}", "fail", r.detail,
-                         f"vLLM {version} changed an API eyas calls: install vLLM {TESTED_VERSIONS[-1]}, or update "
-                         f"the caller and eyas.engines.vllm.ENTRY_POINTS"))
+                         f"{kind.label} {version} changed an API eyas calls: install {kind.label} "
+                         f"{kind.tested_versions[-1]}, or update the caller and {kind.__module__}.ENTRY_POINTS"))
     out.append(Check("engine: entry points", "fail" if bad else "pass",
-                     f"{len(results) - len(bad)}/{len(results)} vLLM entry points bind with eyas's arguments "
+                     f"{len(results) - len(bad)}/{len(results)} {kind.label} entry points bind with eyas's arguments "
                      f"(probed in {time.perf_counter() - t0:.1f}s, no model loaded)"))
     return out
 

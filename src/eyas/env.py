@@ -28,6 +28,7 @@ SWITCHES: dict[str, Switch] = {
     "EYAS_PROGRESS_INTERVAL": Switch("15", "user", "seconds between progress lines when the output is a log file"),
     "EYAS_SPEC_BENCH": Switch(None, "user", "a Spec-Bench question.jsonl to use instead of the packaged copy"),
     "EYAS_VLLM_PYTHON": Switch(None, "user", "python of the vLLM environment (unset: --python is required)"),
+    "EYAS_SGLANG_PYTHON": Switch(None, "user", "python of the SGLang environment (unset: --python is required)"),
     "EYAS_DEBUG": Switch(None, "user", "any value: a failure prints its traceback, not one line"),
     "EYAS_DECODE_INNER": Switch("compiled", "diagnosis", "what the decoder's CUDA graphs capture: compiled "
                                                           "(torch.compile'd steps) or eager"),
