@@ -57,6 +57,9 @@ class TrainConfig(StageConfig):
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     grad_clip: float = Field(0.5, gt=0, description="gradient-norm clip")
     init_head: bool = Field(True, description="seed lm_head + final norm from the target's head rows for the draft vocab")
+    norm_before_residual: bool = Field(True, description="the draft layer's residual is hidden_norm's output (vLLM's "
+                                       "and speculators' default); --no-norm-before-residual keeps the residual "
+                                       "before hidden_norm, the only form SGLang serves (export --format sglang)")
     dtype: Literal["auto", "bf16", "fp32"] = Field("auto", description="autocast dtype (auto: bf16 on GPU, fp32 on CPU); master weights stay fp32")
     target_dtype: ModelDtype = "auto"
     device: Device = "auto"
@@ -105,7 +108,8 @@ class Trainer:
         self.inp = open_inputs(cfg, self.device, target=target, store=store, dataset=dataset)
         tgt = self.inp.target
         d2t, t2d = self.inp.d2t, self.inp.t2d
-        dcfg = draft_config_from_target(tgt.config, aux_layer_ids=self.inp.aux_ids, draft_vocab_size=d2t.numel())
+        dcfg = draft_config_from_target(tgt.config, aux_layer_ids=self.inp.aux_ids, draft_vocab_size=d2t.numel(),
+                                        norm_before_residual=cfg.norm_before_residual)
         dcfg.extra["target"] = self.inp.target_name
         draft = Eagle3Draft(dcfg)
         draft.set_vocab_map(d2t, t2d)
