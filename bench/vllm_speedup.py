@@ -47,6 +47,8 @@ def main(argv=None) -> int:
     ap.add_argument("--per-category", type=int, default=2)
     ap.add_argument("--chains", type=int, nargs="*", default=[1, 2, 3, 4, 5])
     ap.add_argument("--trees", nargs="*", default=[], help="sglang: EAGLE-2 trees, e.g. total=60,depth=7,topk=10")
+    ap.add_argument("--attention-backend", default=None, help="sglang: its attention backend (default triton; fa3 "
+                    "and flashinfer need sglang-kernel's FA3 library / FlashInfer's kernels)")
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--gpus", nargs="+", default=["0"])
@@ -80,7 +82,8 @@ def main(argv=None) -> int:
 
     res = measure(engine, a.target, a.export, prompts, specs, a.batch_sizes, a.max_new_tokens, a.gpus,
                   out.with_suffix(".logs"),
-                  engines_per_gpu=a.engines_per_gpu, on_result=on_result, rounds=a.rounds, start_after=a.start_after)
+                  engines_per_gpu=a.engines_per_gpu, on_result=on_result, rounds=a.rounds, start_after=a.start_after,
+                  engine_options={"attention_backend": a.attention_backend} if a.attention_backend else None)
     write_json(out, {**res, **meta, "complete": True})
     for r in res["rows"]:
         vs = (f" vs {r['base_tok_s']:8.1f} = {r['speedup']:.2f}x  same {r['identical_to_base']}"

@@ -63,6 +63,13 @@ FILES = {
     "sglang/srt/speculative/__init__.py": "",
     "sglang/srt/speculative/spec_info.py": "import enum\nclass SpeculativeAlgorithm(enum.Enum):\n    EAGLE = 1\n"
                                            "    EAGLE3 = 2\n",
+    "sglang/srt/speculative/eagle_worker_v2.py": "class EAGLEWorkerV2:\n    def forward_batch_generation(self, b):\n"
+                                                 "        pass\n    def verify(self, b):\n        pass\n",
+    "sglang/srt/model_executor/__init__.py": "",
+    "sglang/srt/model_executor/model_runner.py": "class ModelRunner:\n    def forward(self, b):\n        pass\n",
+    "sglang/srt/layers/__init__.py": "", "sglang/srt/layers/attention/__init__.py": "",
+    "sglang/srt/layers/attention/triton_backend.py": "class TritonAttnBackend:\n"
+                                                     "    def init_forward_metadata(self, b):\n        pass\n",
     "sglang/srt/models/__init__.py": "",
     "sglang/srt/models/llama_eagle3.py": "class LlamaForCausalLMEagle3:\n    def __init__(self):\n"
                                          "        self.hot_token_id = None\n    def load_weights(self, w):\n"
@@ -125,7 +132,7 @@ def test_tree_reaches_the_engine_and_tau_comes_from_its_counters(tmp_path, monke
     assert (init["speculative_algorithm"], init["speculative_num_steps"], init["speculative_eagle_topk"],
             init["speculative_num_draft_tokens"]) == ("EAGLE3", 3, 2, 6)  # 5 nodes + the root
     assert init["model_path"] == "/models/t" and init["speculative_draft_model_path"] == "/exports/x"
-    assert init["dtype"] == "bfloat16" and "attention_backend" not in init  # bf16: SGLang picks its backend
+    assert init["dtype"] == "bfloat16" and init["attention_backend"] == "triton"
     assert events(tmp_path)[-1] == {"shutdown": True}
     # totals: request 0 (4 steps, 6 accepted, hist [0,2,2]) + request 1 (1 step, 0 accepted, hist [1])
     assert served.stats.steps == 5 and served.stats.tau == pytest.approx(1 + 6 / 5)
@@ -136,10 +143,12 @@ def test_tree_reaches_the_engine_and_tau_comes_from_its_counters(tmp_path, monke
     assert plain.stats is None and "speculative_algorithm" not in events(tmp_path)[-2]["init"]
 
 
-def test_fp32_runs_on_the_triton_backend(tmp_path, monkeypatch):
+def test_attention_backend_is_triton_unless_asked(tmp_path, monkeypatch):
     engine = SglangAdapter(fake_sglang(tmp_path, monkeypatch))
     kwargs = engine.engine_request("t", "x", None, dtype="fp32", max_model_len=64)["kwargs"]
     assert kwargs["attention_backend"] == "triton" and kwargs["speculative_num_steps"] == 3  # default: a chain of 3
+    fa3 = engine.engine_request("t", "x", None, dtype="bf16", max_model_len=64, attention_backend="fa3")["kwargs"]
+    assert fa3["attention_backend"] == "fa3"
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +172,7 @@ def test_serve_check_compares_a_served_tree_with_the_native_tree(exports, tmp_pa
     init = events(tmp_path)[0]["init"]
     assert init["model_path"] == str(tdir.resolve()) and init["speculative_draft_model_path"] == str(export.resolve())
     assert (init["speculative_num_steps"], init["speculative_eagle_topk"], init["speculative_num_draft_tokens"]) == \
-        (2, 2, 5) and init["attention_backend"] == "triton"                  # serve-check's default dtype is fp32
+        (2, 2, 5) and init["attention_backend"] == "triton" and init["dtype"] == "float32"
     assert first["engine"] == "sglang" and first["tree"] == cfg["tree"] and first["sglang"]["version"] == "0.5.14"
     assert first["ok"] is (abs(1.0 - first["native_tau"]) <= 0.05 * first["native_tau"])
     # the engine reports exactly the native run's steps and accepted drafts: τ agrees, the check passes

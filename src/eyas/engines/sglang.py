@@ -50,6 +50,19 @@ ENTRY_POINTS: tuple[EntryPoint, ...] = (
     EntryPoint("sglang.srt.speculative.spec_info.SpeculativeAlgorithm", "sglang.srt.speculative.spec_info",
                "SpeculativeAlgorithm", "serve-check (speculative_algorithm=EAGLE3)",
                "sglang/srt/speculative/spec_info.py", kind="attrs", values=("EAGLE3",)),
+    # what serving a tree imports in the engine's scheduler process: a package missing from the env (a lean wheel
+    # set) shows here as a failed import, before any engine starts
+    EntryPoint("sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2", "sglang.srt.speculative.eagle_worker_v2",
+               "EAGLEWorkerV2", "serve-check, speedup bench (EAGLE-3 drafting and tree verification)",
+               "sglang/srt/speculative/eagle_worker_v2.py", kind="attrs",
+               values=("forward_batch_generation", "verify")),
+    EntryPoint("sglang.srt.model_executor.model_runner.ModelRunner", "sglang.srt.model_executor.model_runner",
+               "ModelRunner", "serve-check, speedup bench", "sglang/srt/model_executor/model_runner.py",
+               kind="attrs", values=("forward",)),
+    EntryPoint("sglang.srt.layers.attention.triton_backend.TritonAttnBackend",
+               "sglang.srt.layers.attention.triton_backend", "TritonAttnBackend",
+               "serve-check, speedup bench (attention_backend=triton)", "sglang/srt/layers/attention/triton_backend.py",
+               kind="attrs", values=("init_forward_metadata",)),
     # the class `eyas export --format sglang` names in config.json's architectures
     EntryPoint("sglang.srt.models.llama_eagle3.LlamaForCausalLMEagle3", "sglang.srt.models.llama_eagle3",
                "LlamaForCausalLMEagle3", "export --format sglang (the architecture it loads)",
@@ -79,14 +92,13 @@ class SglangAdapter(WorkerEngine):
                        gpu_memory_utilization: float | None = None, attention_backend: str | None = None,
                        **_) -> dict:
         """`Engine(**kwargs)`: the target as the model and, with an export, EAGLE-3 drafting `spec` (default: a
-        chain of 3). fp32 attention runs on SGLang's triton backend only (FA3 and FlashInfer take 16-bit)."""
+        chain of 3). Attention on SGLang's triton backend unless told: it runs fp32 and bf16, chains and trees, and
+        needs neither FA3's kernel library (551 of sglang-kernel's 587 MiB) nor FlashInfer's JIT compiles."""
         kw = {"model_path": target, "dtype": DTYPES.get(dtype, dtype), "random_seed": seed,
-              "context_length": max_model_len, "log_level": "error", "disable_cuda_graph": enforce_eager}
+              "context_length": max_model_len, "log_level": "error", "disable_cuda_graph": enforce_eager,
+              "attention_backend": attention_backend or "triton"}
         if gpu_memory_utilization:
             kw["mem_fraction_static"] = gpu_memory_utilization
-        backend = attention_backend or ("triton" if dtype == "fp32" else None)
-        if backend:
-            kw["attention_backend"] = backend
         if export is not None:
             spec = spec or TreeSpec.chain(3)
             kw.update(speculative_algorithm="EAGLE3", speculative_draft_model_path=export,

@@ -96,13 +96,15 @@ def measure(engine: Engine, target: str, export: str, prompts: list[list[int]], 
             batch_sizes: list[int], max_tokens: int, gpus: list[str], log_dir: Path,
             max_model_len: int = 2048, engines_per_gpu: int = 1,
             on_result: Callable[[str, dict], None] | None = None, barrier_timeout_s: float = 900.0,
-            rounds: int = 1, start_after: str | None = None, dtype: str = "bf16") -> dict:
+            rounds: int = 1, start_after: str | None = None, dtype: str = "bf16",
+            engine_options: dict | None = None) -> dict:
     """Run the plain target and each speculation (an int: a chain of that length), round-robin over `gpus`, up to
     `engines_per_gpu` engines per GPU at once. `export` may name one export per chain length as a pattern,
     e.g. "/tmp/export-k{k}" (vLLM takes K from the export). `on_result(job, doc)` is called (one call at a time)
     as each engine finishes: doc is the worker's output, or {"error": ...} when its engine failed; either way
     with "gpu" and "wall_s". A failed engine does not stop the sweep: it is listed under "failed". start_after:
-    a file; no engine times before it exists. Returns `report` of all engines plus "sweep_s"."""
+    a file; no engine times before it exists. `engine_options` go to every engine's request (e.g. SGLang's
+    attention_backend). Returns `report` of all engines plus "sweep_s"."""
     todo = {job_name(s): s for s in (TreeSpec.chain(k) if isinstance(k, int) else k for k in specs)}
     jobs = {"base": None, **{name: export.format(k=s.depth) for name, s in todo.items()}}
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -112,7 +114,7 @@ def measure(engine: Engine, target: str, export: str, prompts: list[list[int]], 
 
     def one(name: str, g: int, wave_dir: Path, count: int) -> None:
         request = engine.bench_request(target, jobs[name], todo.get(name), dtype=dtype, max_model_len=max_model_len,
-                                       enforce_eager=False, seed=0, **memory[name])
+                                       enforce_eager=False, seed=0, **memory[name], **(engine_options or {}))
         payload = {"engine": request, "prompts": prompts, "max_tokens": max_tokens, "batch_sizes": batch_sizes,
                    "rounds": rounds, "measure_lock": str(wave_dir.parent / f"gpu{g}.lock"),
                    "start_after": start_after,
