@@ -29,10 +29,27 @@ def prompts_for(tokenizer, bench: str, per_category: int) -> list[list[int]]:
     return [turn_prompt(tokenizer, {"turns": q["turns"][:1]}, []) for q in load_bench(bench, None, per_category)]
 
 
+def _as_list(x) -> list:
+    return [] if x is None else list(x) if isinstance(x, (list, tuple, set)) else [x]
+
+
+def time_prefill(runner, prompt: list[int]) -> float:
+    """Seconds of one eager prefill of `prompt` (last row's logits only), as the decoders run it."""
+    dev, n = runner.device, len(prompt)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    ar = torch.arange(n, device=dev)
+    anc = torch.ones(n, n, dtype=torch.bool, device=dev).tril()
+    sync()
+    t = time.perf_counter()
+    runner.step(torch.tensor(prompt, device=dev), ar, ar, torch.tensor(0, device=dev), anc, kv_len=runner.bucket(n),
+                eager=True, last_only=True)
+    sync()
+    return time.perf_counter() - t
+
+
 def eyas_ar(target, prompts: list[list[int]], max_new: int, prefill_tokens: int, compile_: bool) -> dict:
     from eyas.aux_layers import default_aux_layer_ids
-    from eyas.decode.evaluate import _eos_ids
-    from eyas.decode.speculative import _prefill, _sync, ar_generate, warm_ar
+    from eyas.decode.speculative import ar_generate, warm_ar
     from eyas.decode.target_step import TargetRunner
 
     capacity = max(max(len(p) for p in prompts) + max_new, prefill_tokens) + 64
@@ -41,7 +58,8 @@ def eyas_ar(target, prompts: list[list[int]], max_new: int, prefill_tokens: int,
     t0 = time.perf_counter()
     if compile_:
         runner.compile_inner()
-    eos = _eos_ids(target)
+    eos = {target.tokenizer.eos_token_id} | set(_as_list(getattr(target.model.generation_config, "eos_token_id", None)))
+    eos.discard(None)
     for _ in range(2):
         ar_generate(runner, prompts[0], 16, eos_ids=())
     warm_ar(runner)
@@ -57,11 +75,7 @@ def eyas_ar(target, prompts: list[list[int]], max_new: int, prefill_tokens: int,
     long = torch.randint(0, target.layout.vocab_size, (prefill_tokens,), generator=torch.Generator().manual_seed(0))
     times = []
     for _ in range(6):
-        _sync(runner.device)
-        t = time.perf_counter()
-        _prefill(runner, long.tolist())
-        _sync(runner.device)
-        times.append(time.perf_counter() - t)
+        times.append(time_prefill(runner, long.tolist()))
     return {"tok_s": n_tok / tot, "decode_tok_s": gen / dec, "ms_per_token_decode": 1e3 * dec / gen,
             "generated_tokens": n_tok, "seconds": tot, "warm_s": warm_s,
             "prefill_ms": {"tokens": prefill_tokens, "median": 1e3 * statistics.median(times[1:]),

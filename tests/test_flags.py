@@ -10,10 +10,11 @@ import typing
 
 import pytest
 
+from eyas import flags
 from eyas.cli import COMMANDS
 from eyas.config import add_config_args
 from eyas.devices import DTYPES
-from eyas.flags import CONCEPTS, RETIRED, AuxLayerIds
+from eyas.flags import CONCEPTS, RETIRED, SHARED, AuxLayerIds, ResultsFile
 
 
 def _configs():
@@ -22,6 +23,7 @@ def _configs():
 
 
 CONFIGS = dict(_configs())
+TYPE_NAMES = {id(v): k for k, v in vars(flags).items() if k[:1].isupper()}
 
 
 def _literal_values(annotation) -> list:
@@ -56,8 +58,27 @@ def test_shared_concepts_take_the_shared_values(command):
             assert field.annotation is str and field.default == "auto", f"{flag}: str, default auto (eyas.devices)"
         if name == "aux_layer_ids":
             assert AuxLayerIds in typing.get_args(field.annotation), f"{flag}: type it eyas.flags.AuxLayerIds"
-        if name == "draft_vocab_size" or name == "max_samples":
+        if name == "max_samples":
             assert any(getattr(m, "ge", 0) >= 1 for m in field.metadata), f"{flag}: needs ge=1"
+
+
+@pytest.mark.parametrize("command", list(CONFIGS))
+def test_shared_concepts_take_the_shared_type_and_help(command):
+    """`target: Target`, `device: Device = "auto"`, ...: values, checks and help text from eyas.flags, once. An optional
+    use (`Target | None`) keeps the type's checks and says in its own words what leaving it out means."""
+    for name, field in CONFIGS[command].model_fields.items():
+        # an optional --out is a results file, except `eyas run`'s: a recipe's directory, defaulting per recipe
+        results = name == "out" and field.default is None and command != "run"
+        shared = SHARED.get(name) or (ResultsFile if results else None)
+        if shared is None:
+            continue
+        base, info = typing.get_args(shared)[:2]
+        flag = f"eyas {command} --{name.replace('_', '-')}"
+        if shared in typing.get_args(field.annotation):
+            assert field.description, f"{flag}: optional here; its description must say what leaving it out means"
+            continue
+        assert field.annotation == base and field.description == info.description and \
+            field.metadata == info.metadata, f"{flag}: declare it `{name}: eyas.flags.{TYPE_NAMES[id(shared)]}`"
 
 
 def test_the_vocabulary_is_used():

@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from eyas.aux_layers import AuxLayerIdsError, aux_layer_id_problems, check_aux_layer_ids, resolve_aux_layer_ids
-from eyas.devices import DeviceError, dtype_name, resolve_device, resolve_dtype
+from eyas.aux_layers import (AuxLayerIdsError, aux_layer_id_problems, check_aux_layer_ids, choose_aux_layer_ids,
+                              resolve_aux_layer_ids)
+from eyas.devices import DTYPE_TABLE, DeviceError, dtype_bytes, dtype_name, resolve_device, resolve_dtype
 from eyas.vocab import (DraftVocabError, build_draft_vocab, check_draft_vocab, full_vocab, require_draft_vocab,
                         target_ids, vocab_from_target_ids)
 
@@ -25,6 +26,9 @@ def test_aux_resolution_order_and_contradiction():
     assert resolve_aux_layer_ids(None, 32) == [2, 16, 29]
     assert resolve_aux_layer_ids(None, 32, recorded=[1, 2, 3]) == [1, 2, 3]
     assert resolve_aux_layer_ids([1, 2, 3], 32, recorded=[1, 2, 3]) == [1, 2, 3]
+    assert choose_aux_layer_ids(None, 32, recorded=[9, 1], recorded_where="the draft") == ([9, 1], "the draft")
+    assert choose_aux_layer_ids([4], 32, recorded=[1]) == ([4], "--aux-layer-ids")   # unchecked: the caller judges
+    assert choose_aux_layer_ids(None, 32)[1] == "default (2, N//2, N-3)"
     with pytest.raises(AuxLayerIdsError, match=r"differ from the aux ids \[4, 5, 6\] recorded in S"):
         resolve_aux_layer_ids([1, 2, 3], 32, recorded=[4, 5, 6], recorded_where="S")
 
@@ -61,3 +65,14 @@ def test_device_and_dtype_vocabulary():
     assert dtype_name(torch.bfloat16) == "bf16"
     with pytest.raises(ValueError, match="'bfloat16': choose one of auto, bf16, fp16, fp32"):
         resolve_dtype("bfloat16", "cpu")
+
+
+def test_one_dtype_table_in_every_spelling():
+    """Flags, configs, engines and torch spell a dtype differently; one table gives each its bytes."""
+    for spelling in ("bf16", "bfloat16", "torch.bfloat16", torch.bfloat16, "fp16", torch.float16):
+        assert dtype_bytes(spelling) == 2
+    assert dtype_bytes("fp32") == dtype_bytes(torch.float32) == 4
+    assert dtype_bytes("fp8") == dtype_bytes(torch.float8_e4m3fn) == 1
+    assert all(dtype_bytes(getattr(torch, long)) == size for long, size in DTYPE_TABLE.values())
+    with pytest.raises(ValueError, match="'int4': not one of"):
+        dtype_bytes("int4")

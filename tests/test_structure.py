@@ -63,6 +63,41 @@ def test_no_import_circles():
     assert not circles, "import circles:\n" + "\n".join(sorted(set(circles)))
 
 
+def _node(module: str) -> str:
+    """The package a module belongs to (eyas.data.x -> eyas.data); a top-level module is its own node."""
+    parts = module.split(".")
+    return ".".join(parts[:2])
+
+
+def test_no_import_circles_between_packages():
+    """Module circles are not enough: eyas.data.regenerate -> eyas.engines.vllm_generate -> eyas.data.backends is
+    no module circle but makes eyas.data and eyas.engines need each other. Every import counts, lazy ones too."""
+    edges: dict[str, dict[str, str]] = {}
+    for m, targets in _graph().items():
+        for t in targets:
+            if _node(m) != _node(t):
+                edges.setdefault(_node(m), {}).setdefault(_node(t), f"{m} -> {t}")
+
+    def path(a: str, b: str) -> list[str] | None:
+        """The import edges of a shortest way from package a to package b, or None."""
+        prev, todo = {a: None}, [a]
+        while todo:
+            n = todo.pop(0)
+            for nxt in edges.get(n, {}):
+                if nxt not in prev:
+                    prev[nxt], todo = n, todo + [nxt]
+        if b not in prev:
+            return None
+        way = [b]
+        while prev[way[-1]] is not None:
+            way.append(prev[way[-1]])
+        return [edges[x][y] for x, y in zip(way[::-1], way[::-1][1:])]
+
+    circles = sorted({" ; ".join(sorted([why] + back))
+                      for a in edges for b, why in edges[a].items() if (back := path(b, a)) is not None})
+    assert not circles, "packages that import each other:\n" + "\n".join(circles)
+
+
 def test_no_private_names_across_packages():
     bad = []
     files = {m: p for m, p in MODULES.items()}

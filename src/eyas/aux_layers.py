@@ -66,12 +66,23 @@ def check_aux_layer_ids(ids: Any, num_layers: int | None = None, *, fc_in: int |
     return [int(i) for i in ids]
 
 
+def choose_aux_layer_ids(given: list[int] | None, num_layers: int, *, recorded: list[int] | None = None,
+                         recorded_where: str = "the input") -> tuple[list[int], str]:
+    """(ids, where they came from): the flag, else what the input recorded (store manifest, draft), else the
+    default. Not checked here: `resolve_aux_layer_ids` raises on a broken list, doctor reports it."""
+    if given:
+        return list(given), "--aux-layer-ids"
+    if recorded:
+        return list(recorded), recorded_where
+    return default_aux_layer_ids(num_layers), "default (2, N//2, N-3)"
+
+
 def resolve_aux_layer_ids(given: list[int] | None, num_layers: int, *, recorded: list[int] | None = None,
                           recorded_where: str | None = None) -> list[int]:
-    """The ids a stage uses: the flag, else what its input recorded (store manifest, draft), else the default.
+    """The ids a stage uses (`choose_aux_layer_ids`), checked against the rules above.
 
     A flag that contradicts recorded ids fails (states captured at other layers would train garbage)."""
-    ids = check_aux_layer_ids(list(given or recorded or default_aux_layer_ids(num_layers)), num_layers)
+    ids = check_aux_layer_ids(choose_aux_layer_ids(given, num_layers, recorded=recorded)[0], num_layers)
     if given and recorded is not None and list(recorded) != ids:
         raise AuxLayerIdsError(f"--aux-layer-ids {ids} differ from the aux ids {list(recorded)} recorded in "
                                f"{recorded_where or 'the input'}; drop the flag or use the recorded ids")

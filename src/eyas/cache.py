@@ -21,12 +21,14 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from eyas import env
+
 CHUNK = 8 << 20
 
 
 def cache_dir(override: str | os.PathLike | None = None) -> Path:
     """`override` > $EYAS_CACHE > ~/.cache/eyas."""
-    path = Path(override or os.environ.get("EYAS_CACHE") or Path.home() / ".cache" / "eyas")
+    path = Path(override or env.get("EYAS_CACHE") or Path.home() / ".cache" / "eyas")
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -47,7 +49,7 @@ def fetch_wheels(packages: list[tuple[str, str]], cache: str | os.PathLike | Non
     wheels.mkdir(parents=True, exist_ok=True)
     todo = [(n, v) for n, v in packages if _find_wheel(wheels, n, v) is None]
     if todo:
-        local = os.environ.get("EYAS_WHEELS")
+        local = env.get("EYAS_WHEELS")
         source = ["--no-index"] + [a for d in local.split(os.pathsep) if d for a in ("--find-links", d)] \
             if local else []
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", *source,

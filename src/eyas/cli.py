@@ -11,17 +11,16 @@ from __future__ import annotations
 import argparse
 import errno
 import json
-import os
 import sys
 from typing import Any
 
-from eyas import __version__
+from eyas import __version__, env
 
 # name -> (module, config class, run function, one-line help)
 COMMANDS: dict[str, tuple[str, str, str, str]] = {
     "inspect": ("eyas.target.inspect", "InspectConfig", "run", "describe a target from its config alone (no weights)"),
     "prepare": ("eyas.data.prepare", "PrepareConfig", "run", "conversations -> token ids, loss masks, packing, draft vocab"),
-    "regenerate": ("eyas.data.regenerate", "RegenerateConfig", "run", "replace assistant turns with the target's own answers"),
+    "regenerate": ("eyas.regenerate", "RegenerateConfig", "run", "replace assistant turns with the target's own answers"),
     "extract": ("eyas.extract", "ExtractConfig", "run", "run the target and write the hidden-state store"),
     "train": ("eyas.train.loop", "TrainConfig", "run", "train an EAGLE-3 draft (offline from a store, or online)"),
     "eval": ("eyas.decode.evaluate", "EvalConfig", "run", "native speculative decoding: tau, losslessness, speedup"),
@@ -52,7 +51,8 @@ EXAMPLES: dict[str, list[str]] = {
              "eyas eval --target smollm2-135m --draft run --tree auto --json > eval.json"],
     "export": ["eyas export --draft run --format vllm --out export-vllm"],
     "import": ["eyas import --src ./published-eagle3 --out run"],
-    "serve-check": ["eyas serve-check --draft export-vllm --engine vllm --python /path/to/vllm-venv/bin/python"],
+    "serve-check": ["eyas serve-check --draft export-vllm --engine vllm --python /path/to/vllm-venv/bin/python",
+                    "eyas serve-check --draft export-sglang --engine sglang --tree total=60,depth=7,topk=10 --dtype bf16"],
     "doctor": ["eyas doctor --target smollm2-135m --data prepared --store store --draft export-vllm"],
     "demo": ["eyas demo", "eyas demo --out /tmp/demo --max-samples 40 --eval-max-new-tokens 32",
              "eyas demo --device cuda --max-samples 5000"],
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as e:  # noqa: BLE001 - sorted below: user-causable -> one line, bugs -> traceback
         line = explain(e)
-        if line is None or os.environ.get("EYAS_DEBUG"):
+        if line is None or env.get("EYAS_DEBUG"):
             raise
         print(f"eyas {cmd}: error: {line}", file=sys.stderr)
         return 1

@@ -46,7 +46,7 @@ def _constant(module: str, name: str, depth: int = 0) -> Any:
             try:
                 return ast.literal_eval(node.value)
             except ValueError:
-                return _type_alias(node.value, f"{module}.{name}")
+                return _type_alias(node.value, module, depth)
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             for a in node.names:
                 if (a.asname or a.name) == name:
@@ -54,25 +54,54 @@ def _constant(module: str, name: str, depth: int = 0) -> Any:
     raise _Unresolved(f"{module}.{name}")
 
 
-def _type_alias(node: ast.expr, where: str) -> Any:
-    """A shared field type (eyas.devices.Dtype, eyas.flags.AuxLayerIds): Literal[...] as written, Annotated[T, ...]
-    as T (its validators do not change the flags), builtin scalars and list[...] of them."""
+def _type_alias(node: ast.expr, module: str, depth: int = 0) -> Any:
+    """A shared field type (eyas.flags.Target, eyas.devices.Dtype, ...): Literal[...] as written; Annotated[T, ...]
+    as T with its Field(...) (the help text; validators do not change the flags); builtin scalars, Path, None,
+    `A | B`, list[...] and names of other such types."""
     import typing
+    from pathlib import Path as _Path
+
+    from pydantic import Field
 
     if isinstance(node, ast.Name) and node.id in ("int", "float", "str", "bool"):
         return getattr(builtins, node.id)
+    if isinstance(node, ast.Name) and node.id == "Path":
+        return _Path
+    if isinstance(node, ast.Name):
+        return _constant(module, node.id, depth + 1)
+    if isinstance(node, ast.Constant) and node.value is None:
+        return type(None)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        return _type_alias(node.left, module, depth) | _type_alias(node.right, module, depth)
     if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name):
         args = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
         try:
             if node.value.id == "Literal":
                 return typing.Literal[tuple(ast.literal_eval(a) for a in args)]
         except ValueError:
-            raise _Unresolved(where) from None
+            raise _Unresolved(f"{module}: {ast.unparse(node)}") from None
         if node.value.id == "Annotated":
-            return _type_alias(args[0], where)
+            fields = [a for a in args[1:] if isinstance(a, ast.Call) and ast.unparse(a.func) == "Field"]
+            base = _type_alias(args[0], module, depth)
+            if not fields:
+                return base
+            kw = {k.arg: _value(k.value, module, depth) for k in fields[0].keywords}
+            return typing.Annotated[base, Field(*[_value(a, module, depth) for a in fields[0].args], **kw)]
         if node.value.id == "list" and len(args) == 1:
-            return list[_type_alias(args[0], where)]
-    raise _Unresolved(where)
+            return list[_type_alias(args[0], module, depth)]
+    raise _Unresolved(f"{module}: {ast.unparse(node)}")
+
+
+def _value(node: ast.expr, module: str, depth: int) -> Any:
+    """A Field(...) argument: a literal, a module-level constant, or a `+` of those."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return _value(node.left, module, depth) + _value(node.right, module, depth)
+    if isinstance(node, ast.Name):
+        return _constant(module, node.id, depth + 1)
+    try:
+        return ast.literal_eval(node)
+    except ValueError:
+        raise _Unresolved(f"{module}: {ast.unparse(node)}") from None
 
 
 def light_config(module: str, cls_name: str):
@@ -84,7 +113,13 @@ def light_config(module: str, cls_name: str):
 
     from eyas.config import StageConfig
 
-    node = next((n for n in _tree(module).body if isinstance(n, ast.ClassDef) and n.name == cls_name), None)
+    body = _tree(module).body
+    node = next((n for n in body if isinstance(n, ast.ClassDef) and n.name == cls_name), None)
+    if node is None:  # a command module re-exporting its stage's config (`from eyas.data.x import XConfig`)
+        for n in body:
+            if isinstance(n, ast.ImportFrom) and n.level == 0 and any(a.name == cls_name and a.asname is None
+                                                                     for a in n.names):
+                return light_config(n.module, cls_name)
     if node is None or [ast.unparse(b) for b in node.bases] != ["StageConfig"]:
         raise _Unresolved(f"{module}.{cls_name}")
     node.body = [b for b in node.body if not isinstance(b, (ast.FunctionDef, ast.AsyncFunctionDef))] or [ast.Pass()]

@@ -47,10 +47,6 @@ def _unwrap_optional(tp: Any) -> Any:
     return tp
 
 
-# Defaults that are None in the config but mean something stated here, so --help can say it.
-_NONE_MEANS = {"cache_dir": "$EYAS_CACHE, else ~/.cache/eyas"}
-
-
 def add_config_args(parser: argparse.ArgumentParser, cls: type[StageConfig]) -> None:
     """One flag per field. Defaults stay None here so that 'not given' never overrides YAML.
 
@@ -69,8 +65,7 @@ def add_config_args(parser: argparse.ArgumentParser, cls: type[StageConfig]) -> 
         elif default not in (None, ""):
             note = f" (default: {default})"
         else:
-            note = f" (default: {_NONE_MEANS[name]})" if name in _NONE_MEANS and "default" not in (
-                field.description or "") else ""
+            note = ""
         help_ = (field.description or "") + note
         kw: dict[str, Any] = {"dest": name, "default": None, "help": help_.replace("%", "%%")}  # argparse formats help
         if tp is bool:

@@ -28,7 +28,8 @@ from eyas.decode.divergence import COUNTS
 from eyas.decode.evaluate import EvalConfig, run as evaluate
 from eyas.decode.prewarm import Prewarm, cli_flags, train_warm as start_train_warm
 from eyas.decode.vllm_reference import expectation_line, expected_in_vllm
-from eyas.devices import DEVICE_HELP, fast_bf16, resolve_device
+from eyas.devices import fast_bf16, resolve_device
+from eyas.flags import CacheDir, Device, DraftVocabSize, JsonSwitch, Target
 from eyas.doctor import DoctorConfig, diagnose, render_table
 from eyas.export.commands import ExportConfig, run_export
 from eyas.extract import ExtractConfig, run as extract
@@ -39,7 +40,7 @@ from eyas.train.loop import TrainConfig, run as train
 
 
 class DemoConfig(StageConfig):
-    target: str = Field("smollm2-135m", description="target model (HF dir, hub id, .gguf or built-in name)")
+    target: Target = "smollm2-135m"
     data: str = Field("sharegpt", description="conversations (ShareGPT/messages JSONL or built-in 'sharegpt')")
     out: Path = Field(Path("eyas-demo"), description="output directory for every stage")
     max_samples: int = Field(160, ge=8, description="conversations to use")
@@ -50,7 +51,7 @@ class DemoConfig(StageConfig):
                                                 "(default max_length // 2; gpu profile: 1536, so the long prompts of "
                                                 "summarization and RAG are answered too)")
     max_length: int = Field(1024, ge=64, description="tokens per packed training row")
-    draft_vocab_size: int = Field(4096, ge=16, description="draft vocabulary size")
+    draft_vocab_size: DraftVocabSize = 4096                      # the cpu profile's: a short run's data
     ttt_steps: int = Field(3, ge=1, description="training-time-test steps")
     epochs: float = Field(4.0, gt=0, description="training epochs over the extracted store")
     lr: float = Field(2e-3, gt=0, description="peak learning rate")
@@ -59,10 +60,10 @@ class DemoConfig(StageConfig):
     bench: str = Field("spec-bench", description="evaluation prompts: 'spec-bench' or a JSONL (question_id, category, turns)")
     eval_per_category: int = Field(1, ge=1, description="Spec-Bench questions per category")
     eval_max_new_tokens: int = Field(64, ge=8, description="new tokens per evaluated turn")
-    device: str = Field("auto", description=DEVICE_HELP)
-    cache_dir: Path | None = Field(None, description="cache for built-in model/data (default $EYAS_CACHE or ~/.cache/eyas)")
+    device: Device = "auto"
+    cache_dir: CacheDir = None
     seed: int = Field(0, description="seed for data order and initialisation")
-    json: bool = Field(False, description="print the summary as JSON instead of a table")
+    json: JsonSwitch = False
     profile: Literal["auto", "cpu", "gpu"] = Field("auto", description="size preset: gpu (on cuda: more data through the native generator, a larger draft, more steps; ~10 min on one H200) or cpu (the defaults); flags given explicitly win")
     train_batch_size: int = Field(2, ge=1, description="training batch size")
     regen_backend: Literal["hf", "native"] = Field("hf", description="regenerate backend (gpu profile: native)")

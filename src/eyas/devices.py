@@ -19,7 +19,9 @@ if TYPE_CHECKING:
 DTYPES = ("auto", "bf16", "fp16", "fp32", "fp8")          # the whole vocabulary
 Dtype = Literal["auto", "bf16", "fp16", "fp32"]           # weights / compute of a model
 StoreDtype = Literal["bf16", "fp8"]                       # hidden states on disk (see eyas.store.format)
-TORCH_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}   # engines (vLLM) spell them so
+# The one dtype table: eyas name -> (torch's and the engines' spelling, bytes per element).
+DTYPE_TABLE = {"bf16": ("bfloat16", 2), "fp16": ("float16", 2), "fp32": ("float32", 4), "fp8": ("float8_e4m3fn", 1)}
+TORCH_NAMES = {k: v for k, (v, _) in DTYPE_TABLE.items() if k != "fp8"}  # model dtypes as engines (vLLM) spell them
 DEVICE_HELP = "auto, cpu, cuda or cuda:N (auto: cuda[:LOCAL_RANK] when available, else cpu)"
 DTYPE_HELP = "auto (bf16 on GPU, fp32 on CPU), bf16, fp16 or fp32"
 
@@ -87,6 +89,16 @@ def fast_bf16(device: "torch.device | str") -> bool:
         return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):
         return False
+
+
+def dtype_bytes(dtype: "str | torch.dtype") -> int:
+    """Bytes per element of a dtype in any spelling: bf16, bfloat16, torch.bfloat16, a torch.dtype, fp8 /
+    float8_e4m3fn (a config's `float8_e4m3fn`, an engine's `fp8`); ValueError naming it otherwise."""
+    name = str(dtype).replace("torch.", "")
+    for short, (long, size) in DTYPE_TABLE.items():
+        if name in (short, long):
+            return size
+    raise ValueError(f"dtype {dtype!r}: not one of {[n for s, (l, _) in DTYPE_TABLE.items() for n in (s, l)]}")
 
 
 def dtype_name(dtype: "torch.dtype") -> str:

@@ -21,20 +21,20 @@ import torch
 from pydantic import Field
 from safetensors import safe_open
 
-from eyas.aux_layers import aux_layer_id_problems, default_aux_layer_ids
+from eyas.aux_layers import aux_layer_id_problems, choose_aux_layer_ids, default_aux_layer_ids
 from eyas.config import StageConfig
 from eyas.data import MaskError, PreparedDataset, iter_conversations, render_with_mask
 from eyas.data.dataset import MANIFEST as PREPARED_MANIFEST
 from eyas.data.masks import template_hash
-from eyas.devices import StoreDtype
+from eyas.devices import StoreDtype, dtype_bytes
 from eyas.draft.io import read_draft_config
 from eyas.draft.model import Eagle3Draft, draft_config_from_target
 from eyas.export import check_contract, detect_format, read_export
 from eyas.export.files import parse_config
-from eyas.flags import AuxLayerIds
-from eyas.store import bytes_per_token, config_hash, verify_store
+from eyas.flags import DRAFT_VOCAB_SIZE, AuxLayerIds, CacheDir, DraftVocabSize, JsonSwitch, Target, TrustRemoteCode
+from eyas.store import HiddenStateStore, bytes_per_token, config_hash, verify_store
 from eyas.store.extract import data_fingerprint
-from eyas.store.format import MANIFEST as STORE_MANIFEST, identity_mismatches, read_json
+from eyas.store.format import MANIFEST as STORE_MANIFEST, identity_mismatches
 from eyas.target import LayoutError, build_meta, find_layout, load_config, load_tokenizer
 from eyas.vocab import check_draft_vocab
 
@@ -48,12 +48,14 @@ class Check:
 
 
 class DoctorConfig(StageConfig):
-    target: str = Field(description="HF dir, hub id, .gguf file or built-in name (smollm2-135m)")
+    target: Target
     data: str | None = Field(None, description="conversations (file or built-in name) or a PREPARED dir")
     draft: Path | None = Field(None, description="an eyas draft/run dir or a vLLM/SGLang export to check "
                                                   "against the target")
-    engine: Literal["none", "vllm"] = Field("none", description="probe this engine's version and entry points")
-    python: str | None = Field(None, description="the engine env's python (default $EYAS_VLLM_PYTHON)")
+    engine: Literal["none", "vllm", "sglang"] = Field("none", description="probe this engine's version and entry "
+                                                                          "points")
+    python: str | None = Field(None, description="the engine env's python (default $EYAS_VLLM_PYTHON, or "
+                                                 "$EYAS_SGLANG_PYTHON for sglang)")
     aux_layer_ids: AuxLayerIds | None = Field(None, description="planned aux layer ids (default: the draft's, "
                                                                 "else 2, N//2, N-3)")
     layers_path: str | None = Field(None, description="where you expect the decoder layers (e.g. model.layers)")
@@ -64,15 +66,15 @@ class DoctorConfig(StageConfig):
     max_samples: int | None = Field(None, ge=1, description="planned number of samples (rows) to extract")
     tokens: int | None = Field(None, description="planned number of tokens to extract (overrides --max-samples)")
     max_length: int = Field(2048, description="planned tokens per row (for the disk and memory estimates)")
-    draft_vocab_size: int = Field(32000, ge=1, description="planned draft vocabulary (when no data/draft gives it)")
+    draft_vocab_size: DraftVocabSize = DRAFT_VOCAB_SIZE         # planned, when no data / draft gives it
     token_budget: int = Field(16384, gt=0, description="planned tokens per extraction batch (extract's --token-budget)")
     ttt_steps: int = Field(7, description="planned training-time-test steps")
     gpu_memory_gib: float | None = Field(None, description="GPU memory per device to plan for (default: the "
                                                            "visible GPUs, if any)")
     gpus: int = Field(1, description="GPUs the target is spread over for extraction / online training")
-    cache_dir: Path | None = Field(None, description="cache for built-in targets/datasets")
-    trust_remote_code: bool = Field(False, description="allow the target's own modelling code")
-    json: bool = Field(False, description="print JSON instead of a table")
+    cache_dir: CacheDir = None
+    trust_remote_code: TrustRemoteCode = False
+    json: JsonSwitch = False
 
 
 @dataclass
@@ -88,15 +90,18 @@ class TargetFacts:
 
 
 def _dtype_bytes(config) -> int:
-    """Bytes per weight as served: an fp8 checkpoint (e.g. DeepSeek-V3 / Kimi-K2) stays fp8 on the GPU."""
+    """Bytes per weight as served: an fp8 checkpoint (e.g. DeepSeek-V3 / Kimi-K2) stays fp8 on the GPU; a dtype
+    the table does not know (auto, a quantized int type) is planned as 2 bytes."""
     t = getattr(config, "text_config", None) or config
     q = getattr(config, "quantization_config", None) or getattr(t, "quantization_config", None) or {}
     q = q if isinstance(q, dict) else q.to_dict()
     if "fp8" in str(q.get("quant_method", "")) or "float8" in str(q.get("fmt", "")) or q.get("fmt") == "e4m3":
-        return 1
-    d = str(getattr(t, "dtype", None) or getattr(t, "torch_dtype", None) or getattr(config, "dtype", None)
-            or "bfloat16")
-    return 4 if "32" in d else 1 if "8" in d else 2
+        return dtype_bytes("fp8")
+    d = getattr(t, "dtype", None) or getattr(t, "torch_dtype", None) or getattr(config, "dtype", None) or "bf16"
+    try:
+        return dtype_bytes(d)
+    except ValueError:
+        return dtype_bytes("bf16")
 
 
 def check_target(cfg: DoctorConfig, out: list[Check]) -> TargetFacts | None:
@@ -148,8 +153,8 @@ def check_target(cfg: DoctorConfig, out: list[Check]) -> TargetFacts | None:
 
 
 def check_aux(cfg: DoctorConfig, facts: TargetFacts, draft_aux: list[int] | None, out: list[Check]) -> list[int]:
-    ids = list(cfg.aux_layer_ids or draft_aux or default_aux_layer_ids(facts.num_layers))
-    source = "--aux-layer-ids" if cfg.aux_layer_ids else "the draft" if draft_aux else "default (2, N//2, N-3)"
+    ids, source = choose_aux_layer_ids(cfg.aux_layer_ids, facts.num_layers, recorded=draft_aux,
+                                       recorded_where="the draft")
     problems = aux_layer_id_problems(ids, facts.num_layers, key=source)
     if problems:
         out.append(Check("aux layer ids", "fail", "; ".join(problems),
@@ -351,7 +356,7 @@ def check_store(cfg: DoctorConfig, facts: TargetFacts, ids: list[int], prepared:
     if cfg.store is not None and (Path(cfg.store) / STORE_MANIFEST).is_file():
         problems = verify_store(cfg.store)
         if not problems:
-            m = read_json(Path(cfg.store) / STORE_MANIFEST, "store manifest")
+            m = HiddenStateStore(cfg.store).manifest
             tgt = m.get("target", {})
             have, want_data = m.get("data", {}).get("manifest_sha256"), (prepared or {}).get("fingerprint", {})
             if have and want_data and have != want_data.get("manifest_sha256"):
@@ -424,27 +429,27 @@ def check_memory(cfg: DoctorConfig, facts: TargetFacts, ids: list[int], vd: int,
 
 # ---------------------------------------------------------------- engine
 def check_engine(cfg: DoctorConfig) -> list[Check]:
+    from eyas.engines.adapters import ADAPTERS
     from eyas.engines.base import EngineError
-    from eyas.engines.vllm import HOW_TO_CREATE, TESTED_VERSIONS, VllmAdapter, version_status
 
-    t0, out = time.perf_counter(), []
+    t0, out, kind = time.perf_counter(), [], ADAPTERS[cfg.engine]
     try:
-        adapter = VllmAdapter(cfg.python)
-        results = adapter.probe()  # one worker run: the version comes with it
-        version = adapter.version()
+        engine = kind(cfg.python)
+        results = engine.probe()  # one worker run: the version comes with it
+        version = engine.version()
     except EngineError as e:
-        out.append(Check("engine: vllm", "fail", str(e).split("\n")[0], HOW_TO_CREATE.replace("\n", " ")))
+        out.append(Check(f"engine: {kind.name}", "fail", str(e).split("\n")[0], kind.how_to_create.replace("\n", " ")))
         return out
-    status, detail = version_status(version)
-    out.append(Check("engine: vllm version", status, f"{detail} at {adapter.python}",
-                     f"install a tested version: {', '.join(TESTED_VERSIONS)}"))
+    status, detail = engine.version_status(version)
+    out.append(Check(f"engine: {kind.name} version", status, f"{detail} at {engine.python}",
+                     f"install a tested version: {', '.join(kind.tested_versions)}"))
     bad = [r for r in results if not r.ok]
     for r in bad:
         out.append(Check(f"engine: {r.entry_point}", "fail", r.detail,
-                         f"vLLM {version} changed an API eyas calls: install vLLM {TESTED_VERSIONS[-1]}, or update "
-                         f"the caller and eyas.engines.vllm.ENTRY_POINTS"))
+                         f"{kind.label} {version} changed an API eyas calls: install {kind.label} "
+                         f"{kind.tested_versions[-1]}, or update the caller and {kind.__module__}.ENTRY_POINTS"))
     out.append(Check("engine: entry points", "fail" if bad else "pass",
-                     f"{len(results) - len(bad)}/{len(results)} vLLM entry points bind with eyas's arguments "
+                     f"{len(results) - len(bad)}/{len(results)} {kind.label} entry points bind with eyas's arguments "
                      f"(probed in {time.perf_counter() - t0:.1f}s, no model loaded)"))
     return out
 

@@ -16,8 +16,8 @@ from pydantic import Field
 from eyas.aux_layers import resolve_aux_layer_ids
 from eyas.config import StageConfig
 from eyas.data import PreparedDataset
-from eyas.devices import DEVICE_HELP, StoreDtype, dist_env, fast_bf16, resolve_device
-from eyas.flags import AuxLayerIds
+from eyas.devices import StoreDtype, dist_env, fast_bf16, resolve_device
+from eyas.flags import AuxLayerIds, CacheDir, Device, Target, TrustRemoteCode
 from eyas.store.extract import extract_to_store, remove_store
 from eyas.store.format import StoreError, target_identity
 from eyas.target import load_config, load_target, text_config
@@ -25,7 +25,7 @@ from eyas.target.compiled import compile_layers
 
 
 class ExtractConfig(StageConfig):
-    target: str = Field(description="HF dir, hub id, .gguf file or built-in name (smollm2-135m)")
+    target: Target
     data: Path = Field(description="PREPARED dataset directory written by `eyas prepare`")
     out: Path = Field(description="STORE directory to write (resumes when it holds a partial store)")
     store_dtype: StoreDtype = Field("bf16", description="storage dtype of the hidden states "
@@ -37,7 +37,7 @@ class ExtractConfig(StageConfig):
     python: str | None = Field(None, description="vLLM environment's python for --backend vllm "
                                "(default $EYAS_VLLM_PYTHON)")
     tensor_parallel_size: int = Field(1, ge=1, description="--backend vllm: GPUs vLLM shards the target over")
-    device: str = Field("auto", description="--backend hf: " + DEVICE_HELP)
+    device: Device = "auto"
     attn_implementation: str = Field("sdpa", description="transformers attention: sdpa | flash_attention_2 "
                                      "(packs each batch into one row) | flex_attention | eager")
     token_budget: int = Field(16384, gt=0, description="tokens per forward batch (padding included)")
@@ -48,8 +48,8 @@ class ExtractConfig(StageConfig):
                           "the first batches pay the compile)")
     max_samples: int | None = Field(None, ge=1, description="extract only the first N prepared rows")
     overwrite: bool = Field(False, description="delete an existing store in --out first (single process only)")
-    cache_dir: Path | None = Field(None, description="cache for built-in targets (default $EYAS_CACHE or ~/.cache/eyas)")
-    trust_remote_code: bool = Field(False, description="allow the target's own modelling code")
+    cache_dir: CacheDir = None
+    trust_remote_code: TrustRemoteCode = False
 
 
 def run(cfg: ExtractConfig) -> dict[str, Any]:

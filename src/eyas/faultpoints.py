@@ -1,20 +1,26 @@
 """Named points where a fault-injection test (tests/, bench/faults.py) may stop a process at an exact moment.
 
-`pause_at(STAGE, name)`: with $EYAS_<STAGE>_PAUSE_AT == name, write the name to $EYAS_<STAGE>_PAUSE_MARK (so the
-test knows the moment has come) and hang until killed. A no-op otherwise: one environment lookup.
+`pause_at(STAGE, name)`: when the stage's PAUSE_AT switch (e.g. $EYAS_STORE_PAUSE_AT) == name, write the name to its
+PAUSE_MARK file (so the test knows the moment has come) and hang until killed. A no-op otherwise: one lookup.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
+from eyas import env
+
+# stage -> (the switch naming the point, the switch naming the mark file): eyas.env.SWITCHES
+SWITCHES = {"STORE": ("EYAS_STORE_PAUSE_AT", "EYAS_STORE_PAUSE_MARK"),
+            "TRAIN": ("EYAS_TRAIN_PAUSE_AT", "EYAS_TRAIN_PAUSE_MARK")}
+
 
 def pause_at(stage: str, name: str) -> None:
-    if os.environ.get(f"EYAS_{stage}_PAUSE_AT") != name:
+    at, mark_switch = SWITCHES[stage]
+    if env.get(at) != name:
         return
-    mark = os.environ.get(f"EYAS_{stage}_PAUSE_MARK")
+    mark = env.get(mark_switch)
     if mark:
         Path(mark).write_text(name)
     time.sleep(3600)

@@ -1,18 +1,22 @@
 """One flag vocabulary: the name and the values every command uses for a concept they share.
 
 Each command's config class lives next to its stage; a field for a shared concept takes the name in
-CONCEPTS and, for values, the shared types (`AuxLayerIds` here, `Dtype` / `StoreDtype` in eyas.devices).
+CONCEPTS and its type from here (`Target`, `Device`, `CacheDir`, `DraftVocabSize`, `AuxLayerIds`, ...: values,
+checks and help text in one place) or from eyas.devices (`Dtype`, `StoreDtype`).
 tests/test_flags.py walks every command's config class and fails on a field spelled as in RETIRED, on a
-dtype value outside eyas.devices.DTYPES, on `--json` taking a value, and on aux ids without the owner's check.
+shared concept typed any other way (SHARED), on a dtype value outside eyas.devices.DTYPES, on `--json`
+taking a value, and on aux ids without the owner's check.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
-from pydantic import AfterValidator
+from pydantic import AfterValidator, Field
 
 from eyas.aux_layers import check_aux_layer_ids
+from eyas.devices import DEVICE_HELP, DTYPE_HELP, Dtype
 
 CONCEPTS = {
     "max_samples": "use at most this many rows (source conversations, prepared rows, planned rows)",
@@ -52,3 +56,28 @@ def _checked(ids: list[int] | None) -> list[int] | None:
 # Every command's `aux_layer_ids` field: an unsorted / repeated / negative list fails when the config is
 # built, before anything loads (range and fc width need the target / draft: checked when their config is read).
 AuxLayerIds = Annotated[list[int], AfterValidator(_checked)]
+
+
+# The shared field types: a config declares a shared concept as `NAME: TYPE = default`, so its values, checks and
+# help text come from here, once. A command that makes one optional (`TYPE | None`, where pydantic keeps the
+# checks but not the help) states what leaving it out means in its own description.
+Target = Annotated[str, Field(description="the target model: HF dir, hub id, .gguf file or built-in name "
+                                          "(smollm2-135m)")]
+Device = Annotated[str, Field(description=DEVICE_HELP)]                  # default "auto" at every command
+ModelDtype = Annotated[Dtype, Field(description=DTYPE_HELP)]             # a model's weights / compute
+CacheDir = Annotated[Path | None, Field(description="cache for built-in targets, datasets and engine packages "
+                                                    "(default: $EYAS_CACHE, else ~/.cache/eyas)")]
+TrustRemoteCode = Annotated[bool, Field(description="allow the target's own modelling and tokenizer code")]
+JsonSwitch = Annotated[bool, Field(description="print the result as JSON instead of a table")]
+ResultsFile = Annotated[Path | None, Field(description="also write the result JSON to this file")]
+DraftVocabSize = Annotated[int, Field(ge=1, description="draft vocabulary: the N target tokens most frequent in "
+                                                        "the data's assistant turns (capped at the target's)")]
+
+# The draft vocabulary a command builds when not told: 32000, the size of published EAGLE-3 drafts (Llama-3's
+# 128k vocabulary cut to the tokens that carry ~all assistant text). `prepare` builds it and `doctor` plans for it;
+# the demo's cpu profile keeps its own small default (a short CPU run has data for a few thousand tokens).
+DRAFT_VOCAB_SIZE = 32000
+
+# concept -> its field type; tests/test_flags.py fails on a config field of that name typed any other way.
+SHARED = {"target": Target, "device": Device, "cache_dir": CacheDir, "trust_remote_code": TrustRemoteCode,
+          "json": JsonSwitch, "draft_vocab_size": DraftVocabSize}

@@ -9,11 +9,12 @@ command's JSON on stdout stays parseable.
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
 from typing import TextIO
+
+from eyas import env
 
 
 def _hms(seconds: float) -> str:
@@ -23,7 +24,7 @@ def _hms(seconds: float) -> str:
 
 def _interval() -> float:
     try:
-        return float(os.environ.get("EYAS_PROGRESS_INTERVAL", 15))
+        return float(env.get("EYAS_PROGRESS_INTERVAL"))
     except ValueError:
         return 15.0
 

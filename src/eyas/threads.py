@@ -19,6 +19,8 @@ import os
 import sys
 from pathlib import Path
 
+from eyas import env as switches
+
 
 def available_cpus() -> int:
     """CPUs this process may run on: the affinity mask, capped by a cgroup v2 CPU quota (containers)."""
@@ -41,11 +43,12 @@ def configure_cpu(threads: int | None = None) -> dict[str, str]:
     set_: dict[str, str] = {}
     if "OMP_WAIT_POLICY" not in env:
         env["OMP_WAIT_POLICY"] = set_["OMP_WAIT_POLICY"] = "PASSIVE"
-    if threads is None and env.get("EYAS_NUM_THREADS"):
+    wanted = switches.get("EYAS_NUM_THREADS")
+    if threads is None and wanted:
         try:
-            threads = int(env["EYAS_NUM_THREADS"])
+            threads = int(wanted)
         except ValueError:
-            raise ValueError(f"$EYAS_NUM_THREADS={env['EYAS_NUM_THREADS']!r}: give a whole number") from None
+            raise ValueError(f"$EYAS_NUM_THREADS={wanted!r}: give a whole number") from None
     if threads is not None or "OMP_NUM_THREADS" not in env:
         n = threads or available_cpus()
         env["OMP_NUM_THREADS"] = set_["OMP_NUM_THREADS"] = str(n)

@@ -12,7 +12,8 @@ from safetensors.torch import load_file, save_file
 
 from eyas.draft.io import save_draft
 from eyas.engines.base import EngineError
-from eyas.engines.serve_check import ServeCheckConfig, check, served_tau, vllm_python
+from eyas.engines.serve_check import ServeCheckConfig, check
+from eyas.engines.vllm import VllmAdapter, vllm_python
 from eyas.export import export_vllm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "export"))
@@ -74,11 +75,10 @@ def test_healthy_export_without_engine_says_how_to_create_one(setup, monkeypatch
 
 
 def test_served_tau_from_vllm_counters():
-    tau, per_pos, n = served_tau({"vllm:spec_decode_num_drafts": 10, "vllm:spec_decode_num_accepted_tokens": 15,
-                                  "vllm:spec_decode_num_accepted_tokens_per_pos": [8, 5, 2]})
-    assert (tau, per_pos, n) == (2.5, [0.8, 0.5, 0.2], 10)
-    with pytest.raises(EngineError, match="0 drafts"):
-        served_tau({"vllm:spec_decode_num_drafts": 0})
+    s = VllmAdapter.spec_stats({"vllm:spec_decode_num_drafts": 10, "vllm:spec_decode_num_accepted_tokens": 15,
+                                "vllm:spec_decode_num_accepted_tokens_per_pos": [8, 5, 2]})
+    assert (s.tau, s.accept_per_position, s.steps) == (2.5, [0.8, 0.5, 0.2], 10)
+    assert VllmAdapter.spec_stats({"vllm:spec_decode_num_drafts": 0}).tau is None
 
 
 SMOL = Path.home() / ".cache" / "eyas" / "models" / "smollm2-135m"
@@ -155,8 +155,6 @@ def test_served_divergences_are_classified_as_ties_or_not():
 
 def test_gpu_memory_share_reaches_the_engine_only_when_set(tmp_path, monkeypatch):
     """On a GPU shared with other jobs vLLM's default 0.9 share fails at start-up: the flag must reach the worker."""
-    import eyas.engines.serve_check as sc
-
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "target"))
     from fixtures import tiny_tokenizer  # noqa: E402
 
@@ -169,13 +167,14 @@ def test_gpu_memory_share_reaches_the_engine_only_when_set(tmp_path, monkeypatch
         sent.append(payload)
         raise RuntimeError("stop after the payload")
 
-    monkeypatch.setattr(sc, "run_in_env", fake_engine)
-    monkeypatch.setattr(sc, "vllm_python", lambda p: Path(sys.executable))
+    monkeypatch.setattr("eyas.engines.base.run_in_env", fake_engine)
     for share in (0.25, None):
         with pytest.raises(RuntimeError, match="stop after the payload"):
             check(ServeCheckConfig(draft=export, per_category=1, categories=["writing"], max_new_tokens=4,
-                                   gpu_memory_utilization=share))
-    assert sent[0]["gpu_memory_utilization"] == 0.25 and "gpu_memory_utilization" not in sent[1]
+                                   gpu_memory_utilization=share, python=sys.executable))
+    llm = [p["engine"]["kwargs"] for p in sent]
+    assert llm[0]["gpu_memory_utilization"] == 0.25 and llm[1]["gpu_memory_utilization"] == 0.9  # vLLM's default
+    assert llm[0]["model"] == str(export.resolve()) and "speculative_config" not in llm[0]  # the export's own K
     assert sent[0]["logprobs"] == 2  # vLLM's own margins come back to judge divergences
 
 
@@ -199,13 +198,13 @@ def test_divergence_is_a_cross_engine_near_tie_only_when_both_engines_margins_ar
 
     assert NEAR_TIE_RTOL == 1e-3
     d, r = classify([[5, -0.690], [3, -0.696]])        # vLLM: 5 ahead of 3 by 0.006 <= 0.02
-    assert d["tie"] is False and d["vllm_margin"] == pytest.approx(0.006) and d["gap"] == pytest.approx(0.005, abs=1e-5)
+    assert d["tie"] is False and d["served_margin"] == pytest.approx(0.006) and d["gap"] == pytest.approx(0.005, abs=1e-5)
     assert d["near_tie_tolerance"] == pytest.approx(0.02) and d["near_tie"] is True
     assert r["served_unexplained_divergences"] == 0 and r["served_cross_engine_near_ties"] == 1
     d, r = classify([[5, -0.2], [3, -0.7]])            # vLLM is sure of 5 (0.5): a real disagreement
     assert d["near_tie"] is False and r["served_unexplained_divergences"] == 1
     d, r = classify([[5, -0.2], [6, -0.21]])           # the target's token is not in vLLM's top-2: a lower bound only
-    assert d["vllm_margin"] is None and d["vllm_margin_at_least"] == pytest.approx(0.01) and d["near_tie"] is False
+    assert d["served_margin"] is None and d["served_margin_at_least"] == pytest.approx(0.01) and d["near_tie"] is False
     assert r["served_unexplained_divergences"] == 1
     logits[0, 0, 5] = 19.9                             # eyas is sure of 3 (0.1 > 0.02) though vLLM is not
     d, r = classify([[5, -0.690], [3, -0.696]])

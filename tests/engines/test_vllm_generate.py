@@ -17,9 +17,10 @@ import pytest
 import torch
 
 from eyas.data.backends import HFBackend
-from eyas.data.regenerate import RegenerateConfig, regenerate
+from eyas.regenerate import RegenerateConfig, regenerate
 from eyas.engines.vllm_generate import VllmBackend
-from eyas.engines.vllm_speedup import spec_stats, summarize
+from eyas.engines.speedup import measure, summarize
+from eyas.engines.vllm import VllmAdapter
 from tests.data.templates import make_target_dir
 from tests.data.test_regenerate import conv
 
@@ -220,7 +221,7 @@ def test_engine_max_seqs_flag_reaches_vllms_llm_only_when_given(target, tmp_path
     import argparse
 
     from eyas.config import add_config_args, build_config
-    from eyas.data.regenerate import _vllm_backend
+    from eyas.regenerate import vllm_backend
     from eyas.engines.vllm_generate import worker_config
 
     parser = argparse.ArgumentParser()
@@ -231,7 +232,7 @@ def test_engine_max_seqs_flag_reaches_vllms_llm_only_when_given(target, tmp_path
     for extra in (["--engine-max-seqs", "2048"], [], ["--engine-in-flight", "5"]):
         args = ["--target", str(target), "--data", "x", "--out", str(tmp_path / "o.jsonl"), "--backend", "vllm",
                 "--python", str(py), *extra]
-        backend = _vllm_backend(build_config(RegenerateConfig, parser.parse_args(args)))
+        backend = vllm_backend(build_config(RegenerateConfig, parser.parse_args(args)))
         backend.close()
         seen.append(json.loads((tmp_path / "kw.json").read_text()))
         windows.append((backend.engine_max_seqs, backend.window))
@@ -250,7 +251,7 @@ def test_engine_max_batched_tokens_flag_reaches_vllms_llm_only_when_given(target
     import argparse
 
     from eyas.config import add_config_args, build_config
-    from eyas.data.regenerate import _vllm_backend
+    from eyas.regenerate import vllm_backend
     from eyas.engines.vllm_generate import worker_config
 
     parser = argparse.ArgumentParser()
@@ -261,7 +262,7 @@ def test_engine_max_batched_tokens_flag_reaches_vllms_llm_only_when_given(target
     for extra in (["--engine-max-batched-tokens", "32768"], []):
         args = ["--target", str(target), "--data", "x", "--out", str(tmp_path / "o.jsonl"), "--backend", "vllm",
                 "--python", str(py), *extra]
-        backend = _vllm_backend(build_config(RegenerateConfig, parser.parse_args(args)))
+        backend = vllm_backend(build_config(RegenerateConfig, parser.parse_args(args)))
         backend.close()
         seen.append(json.loads((tmp_path / "kw.json").read_text()))
         reported.append(backend.engine_max_batched_tokens)
@@ -277,7 +278,7 @@ def test_engine_max_batched_tokens_flag_reaches_vllms_llm_only_when_given(target
 
 def run(b, seconds, outputs, metrics=None):
     return {"batch_size": b, "seconds": seconds, "generated_tokens": sum(map(len, outputs)), "outputs": outputs,
-            "metrics": metrics or {}}
+            "counters": metrics or {}}
 
 
 def test_speedup_summary_from_vllm_counters():
@@ -290,16 +291,17 @@ def test_speedup_summary_from_vllm_counters():
                                            "vllm:spec_decode_num_accepted_tokens": 2,
                                            "vllm:spec_decode_num_accepted_tokens_per_pos": [2]}),
                          run(8, 0.9, out)]}}
-    s = summarize(base, spec)
+    s = summarize(base, spec, VllmAdapter.spec_stats)
     k3b1 = next(r for r in s["rows"] if r["chain"] == 3 and r["batch_size"] == 1)
     assert k3b1["speedup"] == pytest.approx(2.0) and k3b1["tau"] == pytest.approx(2.5)
     assert k3b1["accept_per_position"] == pytest.approx([0.8, 0.5, 0.2]) and k3b1["identical_to_base"] == "4/4"
     k3b8 = next(r for r in s["rows"] if r["chain"] == 3 and r["batch_size"] == 8)
     assert k3b8["identical_to_base"] == "3/4"
     assert s["best_by_batch"]["1"]["chain"] == 3 and s["best_by_batch"]["8"]["chain"] == 1
-    assert spec_stats({})["tau"] is None  # no drafts: no τ, not a division by zero
+    assert VllmAdapter.spec_stats({}).tau is None  # no drafts: no τ, not a division by zero
     assert s["base_tok_s"] == {"1": 8.0, "8": 16.0}
-    alone = summarize(None, {3: spec[3]})  # the base's engine failed or has not finished: tokens/s, no speedups
+    # the base's engine failed or has not finished: tokens/s, no speedups
+    alone = summarize(None, {3: spec[3]}, VllmAdapter.spec_stats)
     assert [r["tok_s"] for r in alone["rows"]] == [16.0, 12.8] and alone["rows"][0]["tau"] == pytest.approx(2.5)
     assert not any("speedup" in r for r in alone["rows"]) and alone["best_by_batch"] == {} and not alone["base_tok_s"]
 
@@ -362,13 +364,13 @@ class LLM:
 
 def test_serve_worker_serves_and_benches_with_counter_deltas(tmp_path):
     from eyas.engines.base import run_in_env
-    from eyas.engines.vllm_speedup import WORKER
 
     py = fake_vllm_python(tmp_path, FAKE_SERVING_VLLM)
-    req = {"model": "t", "prompts": [[1, 2, 3], [4, 5], [6]], "max_tokens": 2}
-    served = run_in_env(py, WORKER, req)  # serve-check's shape, unchanged
-    assert served["outputs"] == [[1, 2], [4, 5], [6]] and served["metrics"]["vllm:spec_decode_num_drafts"] == 3
-    assert "vllm:other" not in served["metrics"] and served["speculative_config"] is None
+    WORKER = VllmAdapter.worker
+    req = {"engine": {"draft": None, "kwargs": {"model": "t"}}, "prompts": [[1, 2, 3], [4, 5], [6]], "max_tokens": 2}
+    served = run_in_env(py, WORKER, req)  # serve-check's shape
+    assert served["outputs"] == [[1, 2], [4, 5], [6]] and served["counters"]["vllm:spec_decode_num_drafts"] == 3
+    assert "vllm:other" not in served["counters"] and served["speculative_config"] is None
     assert "logprobs" not in served  # only when asked
     lps = run_in_env(py, WORKER, {**req, "logprobs": 2})["logprobs"]
     # per prompt, per token, best first; on equal logprobs vLLM's own token (rank 1) leads
@@ -376,9 +378,9 @@ def test_serve_worker_serves_and_benches_with_counter_deltas(tmp_path):
     runs = run_in_env(py, WORKER, {**req, "batch_sizes": [1, 2], "measure_lock": str(tmp_path / "lock")})["runs"]
     assert [r["batch_size"] for r in runs] == [1, 2] and all(r["requests"] == 3 for r in runs)
     # deltas per run: the warm-up's 2 requests and the first run's 3 are not counted again
-    assert [r["metrics"]["vllm:spec_decode_num_drafts"] for r in runs] == [3, 3]
-    assert runs[1]["metrics"]["vllm:spec_decode_num_accepted_tokens_per_pos"] == [3, 0]
-    assert runs[0]["generated_tokens"] == 5 and spec_stats(runs[0]["metrics"])["tau"] == 2.0
+    assert [r["counters"]["vllm:spec_decode_num_drafts"] for r in runs] == [3, 3]
+    assert runs[1]["counters"]["vllm:spec_decode_num_accepted_tokens_per_pos"] == [3, 0]
+    assert runs[0]["generated_tokens"] == 5 and VllmAdapter.spec_stats(runs[0]["counters"]).tau == 2.0
 
 
 # The serving stand-in, timed: its start-up sleeps (per model, so a missing barrier shows), a model may fail to
@@ -444,15 +446,13 @@ def overlap(a, b) -> bool:
 
 
 def test_speedup_engines_share_a_gpu_start_together_and_time_alone(tmp_path, monkeypatch):
-    from eyas.engines.vllm_speedup import measure
-
     # wave 1 = base, K=1, K=2 (3 per GPU); wave 2 = K=3. The base starts slowest: without the barrier K=1 would
     # time while the base still starts; without the lock the wave's three would time together.
     startup = {"base": 0.6, "k1": 0.1, "k2": 0.3, "k3": 0.2}
     py = timed_engine(tmp_path, monkeypatch, startup)
     seen = []
-    res = measure(py, *model_dirs(tmp_path, [1, 2, 3]), [[1, 2, 3], [4, 5], [6]], [1, 2, 3], [1, 2], 2, ["0"],
-                  tmp_path / "logs", engines_per_gpu=3, on_result=lambda name, doc: seen.append(name))
+    res = measure(VllmAdapter(py), *model_dirs(tmp_path, [1, 2, 3]), [[1, 2, 3], [4, 5], [6]], [1, 2, 3], [1, 2], 2,
+                  ["0"], tmp_path / "logs", engines_per_gpu=3, on_result=lambda name, doc: seen.append(name))
     assert sorted(seen) == ["base", "k1", "k2", "k3"] and not res["failed"]
     spans = engine_spans(tmp_path / "events.jsonl")
     assert sorted(spans) == sorted(startup) and all(s["util"] == pytest.approx(0.85 / 3) for s in spans.values())
@@ -474,11 +474,9 @@ def test_speedup_engines_share_a_gpu_start_together_and_time_alone(tmp_path, mon
 
 
 def test_speedup_rounds_take_turns_and_report_the_fastest(tmp_path, monkeypatch):
-    from eyas.engines.vllm_speedup import measure
-
     py = timed_engine(tmp_path, monkeypatch, {"base": 0.2, "k1": 0.1})
-    res = measure(py, *model_dirs(tmp_path, [1]), [[1, 2, 3], [4, 5], [6]], [1], [1, 2], 2, ["0"], tmp_path / "logs",
-                  engines_per_gpu=2, rounds=2)
+    res = measure(VllmAdapter(py), *model_dirs(tmp_path, [1]), [[1, 2, 3], [4, 5], [6]], [1], [1, 2], 2, ["0"],
+                  tmp_path / "logs", engines_per_gpu=2, rounds=2)
     assert not res["failed"] and all(e["rounds"] == 2 for e in res["engines"].values())
     for row in res["rows"]:   # the fastest of the two rounds is the one reported
         assert len(row["round_tok_s"]) == 2 and row["tok_s"] == pytest.approx(max(row["round_tok_s"]))
@@ -502,14 +500,12 @@ def test_speedup_engines_start_at_once_but_time_only_after_the_start_file(tmp_pa
     warm-up included, comes before the file exists."""
     import threading
 
-    from eyas.engines.vllm_speedup import measure
-
     py = timed_engine(tmp_path, monkeypatch, {"base": 0.1, "k1": 0.1})
     flag, touched = tmp_path / "evals.done", []
     timer = threading.Timer(2.0, lambda: (touched.append(time.time()), flag.touch()))
     timer.start()
-    res = measure(py, *model_dirs(tmp_path, [1]), [[1, 2, 3], [4, 5]], [1], [1], 2, ["0"], tmp_path / "logs",
-                  engines_per_gpu=2, start_after=str(flag))
+    res = measure(VllmAdapter(py), *model_dirs(tmp_path, [1]), [[1, 2, 3], [4, 5]], [1], [1], 2, ["0"],
+                  tmp_path / "logs", engines_per_gpu=2, start_after=str(flag))
     timer.join()
     assert not res["failed"]
     spans = engine_spans(tmp_path / "events.jsonl")
@@ -518,12 +514,10 @@ def test_speedup_engines_start_at_once_but_time_only_after_the_start_file(tmp_pa
 
 
 def test_speedup_engine_failing_at_start_does_not_hold_up_its_wave(tmp_path, monkeypatch):
-    from eyas.engines.vllm_speedup import measure
-
     py = timed_engine(tmp_path, monkeypatch, {"base": 0.3, "k1": 0.1}, fail="k2")
     t0 = time.monotonic()
-    res = measure(py, *model_dirs(tmp_path, [1, 2]), [[1, 2, 3], [4, 5]], [1, 2], [1], 2, ["0"], tmp_path / "logs",
-                  engines_per_gpu=3, barrier_timeout_s=120)
+    res = measure(VllmAdapter(py), *model_dirs(tmp_path, [1, 2]), [[1, 2, 3], [4, 5]], [1, 2], [1], 2, ["0"],
+                  tmp_path / "logs", engines_per_gpu=3, barrier_timeout_s=120)
     assert time.monotonic() - t0 < 60  # far from the barrier's timeout
     assert list(res["failed"]) == ["k2"] and "CUDA out of memory (stand-in)" in res["failed"]["k2"]
     assert [r["chain"] for r in res["rows"]] == [1] and res["rows"][0]["speedup"] > 0

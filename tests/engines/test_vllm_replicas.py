@@ -17,11 +17,11 @@ import pytest
 import torch
 
 from eyas.data.backends import HFBackend
-from eyas.data.regenerate import RegenerateConfig, regenerate
+from eyas.regenerate import RegenerateConfig, regenerate
 from eyas.engines.base import EngineError
 from eyas.engines.vllm_generate import VllmBackend, worker_config
 from eyas.engines.vllm_replicas import memory_share, replica_log
-from eyas.engines.vllm_serve_worker import exclusive
+from eyas.engines.serve_timing import exclusive
 from tests.data.test_regenerate import conv
 from tests.engines.test_vllm_generate import FAKE_VLLM, fake_vllm_python, target  # noqa: F401 (fixture)
 

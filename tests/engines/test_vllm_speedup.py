@@ -1,12 +1,14 @@
-"""The speedup bench's engine payloads: engines sharing a GPU get an explicit KV cache each, sized from configs."""
+"""The speedup sweep's vLLM payloads: engines sharing a GPU get an explicit KV cache each, sized from configs."""
 
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
-import eyas.engines.vllm_speedup as vs
+import eyas.engines.speedup as sweep
+import eyas.engines.vllm as vs
 
 # Llama-shaped: 4 layers x 2 KV heads x head_dim 8 (no head_dim key: hidden 32 / 4 heads) -> 256 bytes/token in bf16
 TARGET_CFG = {"model_type": "llama", "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -47,12 +49,12 @@ def payloads(tmp_path, monkeypatch, engines_per_gpu, **kw) -> dict:
         sent[payload["barrier"]["name"]] = payload
         raise RuntimeError("no engine here")
 
-    monkeypatch.setattr(vs, "run_in_env", fake_worker)
+    monkeypatch.setattr(sweep, "run_in_env", fake_worker)
     target, export = write_models(tmp_path, [2, 5])
-    res = vs.measure("python", target, export, [[1, 2]], [2, 5], [1, 8, 32], 4, ["0"], tmp_path / "logs",
-                     max_model_len=128, engines_per_gpu=engines_per_gpu, **kw)
+    res = sweep.measure(vs.VllmAdapter(sys.executable), target, export, [[1, 2]], [2, 5], [1, 8, 32], 4, ["0"],
+                        tmp_path / "logs", max_model_len=128, engines_per_gpu=engines_per_gpu, **kw)
     assert set(res["failed"]) == {"base", "k2", "k5"}
-    return sent
+    return {name: {**p["engine"]["kwargs"], "draft": p["engine"]["draft"]} for name, p in sent.items()}
 
 
 def test_side_by_side_engines_get_their_own_kv_size(tmp_path, monkeypatch):
@@ -66,16 +68,21 @@ def test_side_by_side_engines_get_their_own_kv_size(tmp_path, monkeypatch):
     # vLLM still wants this share free at start-up: three of them must fit on the GPU together
     assert all(p["gpu_memory_utilization"] == pytest.approx(0.85 / 3) for p in sent.values())
     assert base["dtype"] == "bfloat16" and base["max_model_len"] == 128
+    # the plain target is the model of the base engine; each K's engine serves its own export (its K inside)
+    assert base["model"].endswith("/t") and base["draft"] is None
+    assert k5["model"] == k5["draft"] and k5["draft"].endswith("/x5")
+    assert "speculative_config" not in k5
 
 
 def test_an_engine_alone_on_its_gpu_keeps_vllms_own_sizing(tmp_path, monkeypatch):
     sent = payloads(tmp_path, monkeypatch, 1)
-    assert not any("kv_cache_memory_bytes" in p or "gpu_memory_utilization" in p for p in sent.values())
+    assert not any("kv_cache_memory_bytes" in p for p in sent.values())
+    assert all(p["gpu_memory_utilization"] == 0.9 for p in sent.values())  # vLLM's own default
 
 
 def test_side_by_side_without_a_target_config_fails_before_any_engine(tmp_path, monkeypatch):
-    monkeypatch.setattr(vs, "run_in_env", lambda *a, **k: pytest.fail("an engine was started"))
+    monkeypatch.setattr(sweep, "run_in_env", lambda *a, **k: pytest.fail("an engine was started"))
     (tmp_path / "t").mkdir()  # a target dir without config.json
     with pytest.raises(FileNotFoundError, match="config.json"):
-        vs.measure("python", str(tmp_path / "t"), str(tmp_path / "x{k}"), [[1]], [2], [1], 4, ["0"],
-                   tmp_path / "logs", engines_per_gpu=2)
+        sweep.measure(vs.VllmAdapter(sys.executable), str(tmp_path / "t"), str(tmp_path / "x{k}"), [[1]], [2], [1],
+                      4, ["0"], tmp_path / "logs", engines_per_gpu=2)

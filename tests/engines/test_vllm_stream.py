@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from eyas.data.regenerate import RegenerateConfig, regenerate
+from eyas.regenerate import RegenerateConfig, regenerate
 from tests.data.test_regenerate import conv
 from tests.engines.test_vllm_generate import FAKE_VLLM, fake_vllm_python, target  # noqa: F401 (fixture)
 

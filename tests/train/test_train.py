@@ -113,6 +113,23 @@ def test_run_dir_layout_and_best_checkpoint(tmp_path, world):
     assert torch.equal(model.embed_tokens.weight, target.layout.embed.weight)
 
 
+def test_a_draft_for_sglang_keeps_the_residual_before_hidden_norm(tmp_path, world):
+    """--no-norm-before-residual trains the layer SGLang implements: the SGLang export no longer refuses the draft
+    for its norm (this 4-layer toy target's aux id 0 still has no SGLang spelling)."""
+    from eyas.export import ContractError, export_sglang
+
+    target, rows, prepared, store = world
+    refusals = []
+    for nbr in (True, False):
+        c = cfg(tmp_path, name=f"run-{nbr}", steps=1, eval_every=1, save_every=1, norm_before_residual=nbr)
+        train(c, target=target, store=store, dataset=prepared)
+        assert load_draft(c.out)[0].config.norm_before_residual is nbr
+        with pytest.raises(ContractError) as e:
+            export_sglang(c.out, tmp_path / f"export-{nbr}", verifier=str(tmp_path))
+        refusals.append(str(e.value))
+    assert "norm_before_residual: true" in refusals[0] and "norm_before_residual" not in refusals[1]
+
+
 def test_resume_continues_exactly(tmp_path, world):
     target, rows, prepared, store = world
     full = cfg(tmp_path, "full", steps=8, save_every=4, eval_every=4)

@@ -25,6 +25,7 @@ from eyas.config import StageConfig
 from eyas.data.dataset import (FORMAT, MANIFEST, REJECTS, VERSION, VOCAB, PreparedError, PreparedWriter,
                                read_manifest, write_manifest, write_vocab)
 from eyas.data.masks import ChatRenderer, MaskError, render_text, template_hash
+from eyas.flags import DRAFT_VOCAB_SIZE, CacheDir, DraftVocabSize, JsonSwitch, Target, TrustRemoteCode
 from eyas.data.sources import (ASSISTANT_FIRST_DEFAULT, AssistantFirst, Record, iter_conversations, reason_category,
                                resolve_data)
 from eyas.target.load import load_config, load_tokenizer
@@ -32,12 +33,12 @@ from eyas.vocab import build_draft_vocab
 
 
 class PrepareConfig(StageConfig):
-    target: str = Field(description="target whose tokenizer + chat template to use: HF dir, hub id, .gguf or built-in name")
+    target: Target
     data: str = Field(description="ShareGPT JSON/JSONL, OpenAI 'messages' JSONL, 'text' JSONL (.gz ok), or built-in 'sharegpt'")
     out: Path = Field(description="output directory (PREPARED format)")
     max_samples: int | None = Field(None, ge=1, description="read at most this many source rows")
     max_length: int = Field(2048, ge=8, description="tokens per packed row (and per conversation)")
-    draft_vocab_size: int = Field(32000, ge=1, description="draft vocabulary size (capped at the target vocabulary)")
+    draft_vocab_size: DraftVocabSize = DRAFT_VOCAB_SIZE
     overlong: Literal["truncate", "drop"] = Field("truncate", description="conversations longer than max_length: truncate or drop (reject)")
     assistant_first: AssistantFirst = Field(
         ASSISTANT_FIRST_DEFAULT, description="conversations opening with the assistant: reject, or skip the leading "
@@ -48,9 +49,9 @@ class PrepareConfig(StageConfig):
     batch_size: int = Field(128, ge=1, description="conversations per batched tokenizer call")
     shard_rows: int = Field(4096, ge=1, description="packed rows per safetensors shard")
     overwrite: bool = Field(False, description="replace an existing, different prepared dataset in --out")
-    cache_dir: Path | None = Field(None, description="cache for built-in targets/datasets (default $EYAS_CACHE or ~/.cache/eyas)")
-    trust_remote_code: bool = Field(False, description="allow the target's own tokenizer code")
-    json: bool = Field(False, description="print the summary as JSON")
+    cache_dir: CacheDir = None
+    trust_remote_code: TrustRemoteCode = False
+    json: JsonSwitch = False
 
 
 # ---------------------------------------------------------------- workers: records -> (row, ids, mask) | reason

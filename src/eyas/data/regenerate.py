@@ -25,12 +25,12 @@ from eyas.data.backends import GenerationError, HFBackend, OpenAIBackend
 from eyas.data.selfgen import done_rows, self_prompts
 from eyas.data.sources import ASSISTANT_FIRST_DEFAULT, AssistantFirst, Record, iter_conversations, self_source_size
 from eyas.data.tasks import task_source_path, write_task_prompts
-from eyas.devices import DEVICE_HELP, DTYPE_HELP, TORCH_NAMES, Dtype
+from eyas.flags import CacheDir, Device, JsonSwitch, ModelDtype, Target, TrustRemoteCode
 from eyas.progress import Progress
 
 
 class RegenerateConfig(StageConfig):
-    target: str = Field(description="the target: HF dir, hub id, .gguf or built-in name (hf backend), or served model name")
+    target: Target
     data: str = Field(description="conversations: ShareGPT JSON/JSONL, messages JSONL, built-in 'sharegpt', self:N (N prompts the target writes itself, Magpie-style; hf/native), or tasks:PATH (long-input tasks over PATH's answers: summarize, key points, translate, QA over the passage, simplify)")
     out: Path = Field(description="output JSONL (OpenAI messages; an existing directory gets regenerated.jsonl); errors go to OUT.errors.jsonl")
     backend: Literal["hf", "native", "openai", "vllm"] = Field("hf", description="hf: HF generate on the target; native: eyas's continuous-batching generator (static KV cache, CUDA graphs; fast with no engine); openai: an OpenAI-compatible server; vllm: vLLM's offline engine in its own env (--python)")
@@ -46,8 +46,8 @@ class RegenerateConfig(StageConfig):
     self_max_new_tokens: int = Field(128, ge=8, description="max tokens of a self-written user prompt (data self:N)")
     self_temperature: float = Field(1.0, gt=0.0, description="sampling temperature of self-written prompts (data self:N)")
     task_min_words: int = Field(40, ge=1, description="answers shorter than this make no task prompt (data tasks:PATH)")
-    device: str = Field("auto", description="hf / native: " + DEVICE_HELP)
-    dtype: Dtype = Field("auto", description="hf / native weights: " + DTYPE_HELP)
+    device: Device = "auto"
+    dtype: ModelDtype = "auto"
     static_cache: bool | None = Field(None, description="static KV cache in generate (default: on for cuda)")
     base_url: str = Field("http://127.0.0.1:8000/v1", description="OpenAI-compatible server base URL (openai)")
     model: str | None = Field(None, description="served model name (openai; default: --target)")
@@ -80,9 +80,9 @@ class RegenerateConfig(StageConfig):
     engine_startup_timeout: float = Field(1800.0, gt=0, description="seconds the vLLM engine(s) may take to come "
                                           "up (vllm; model load, compile, CUDA graphs) before the run stops, "
                                           "naming the logs of those not up")
-    cache_dir: Path | None = Field(None, description="cache for built-in targets/datasets")
-    trust_remote_code: bool = Field(False, description="allow the target's own modelling code")
-    json: bool = Field(False, description="print the summary as JSON")
+    cache_dir: CacheDir = None
+    trust_remote_code: TrustRemoteCode = False
+    json: JsonSwitch = False
 
 
 class Conversation:
@@ -202,19 +202,6 @@ def _openai_backend(cfg: RegenerateConfig):
                          timeout=cfg.request_timeout)
 
 
-def _vllm_backend(cfg: RegenerateConfig):
-    from eyas.engines.vllm_generate import VllmBackend
-
-    return VllmBackend(cfg.target, python=cfg.python, dtype=TORCH_NAMES.get(cfg.dtype, "bfloat16"),  # vLLM spells them out; auto = bf16
-                       max_new_tokens=cfg.max_new_tokens, max_prompt_tokens=cfg.max_prompt_tokens,
-                       temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed,
-                       tensor_parallel_size=cfg.tensor_parallel_size, max_num_seqs=cfg.engine_max_seqs,
-                       max_num_batched_tokens=cfg.engine_max_batched_tokens, max_in_flight=cfg.engine_in_flight,
-                       replicas=cfg.engine_replicas, async_scheduling=cfg.engine_async_scheduling,
-                       startup_timeout_s=cfg.engine_startup_timeout,
-                       log=Path(cfg.out).with_name(Path(cfg.out).name + ".vllm.log"))
-
-
 def _local_kw(cfg: RegenerateConfig) -> dict:
     import torch
 
@@ -236,11 +223,14 @@ def _native_backend(cfg: RegenerateConfig):
 
 
 def _make_backend(cfg: RegenerateConfig):
-    return BACKENDS[cfg.backend][0](cfg)
+    if cfg.backend not in FACTORIES:  # an engine in its own environment: eyas.regenerate (the command) starts it
+        raise ValueError(f"--backend {cfg.backend}: run it through `eyas regenerate` (eyas.regenerate.regenerate), "
+                         "which starts the engine")
+    return FACTORIES[cfg.backend](cfg)
 
 
 def _runner(cfg: RegenerateConfig, backend):
-    return BACKENDS[cfg.backend][1]
+    return RUNNERS[cfg.backend]
 
 
 def _run_native(backend, convs: Iterator[Conversation], cfg: RegenerateConfig, write, bar) -> None:
@@ -335,16 +325,8 @@ def _run_openai(backend: OpenAIBackend, convs: Iterator[Conversation], concurren
             write(f.result())
 
 
-# backend -> (factory(cfg), runner(backend, conversations, cfg, write, bar)); another engine slots in as one row.
-BACKENDS: dict[str, tuple] = {
-    "hf": (_hf_backend, _run_batched),
-    "native": (_native_backend, _run_native),
-    "openai": (_openai_backend, lambda b, convs, cfg, write, bar: _run_openai(b, convs, cfg.concurrency, write)),
-    "vllm": (_vllm_backend, _run_native),
-}
-
-
-def run(cfg: RegenerateConfig):
-    from eyas.data.prepare import report
-
-    return report(regenerate(cfg), cfg.json)
+# backend -> factory(cfg), for the backends this package builds; an engine's (vllm) is built by eyas.regenerate.
+FACTORIES = {"hf": _hf_backend, "native": _native_backend, "openai": _openai_backend}
+# backend -> runner(backend, conversations, cfg, write, bar); another engine slots in as one row.
+RUNNERS = {"hf": _run_batched, "native": _run_native, "vllm": _run_native,
+           "openai": lambda b, convs, cfg, write, bar: _run_openai(b, convs, cfg.concurrency, write)}

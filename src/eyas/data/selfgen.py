@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-_SENTINEL = "EYAS_SELF_PROMPT_SENTINEL"
+_SENTINEL = "EYAS-SELF-PROMPT-SENTINEL"
 PLACEHOLDER = "(not answered yet: `eyas regenerate` answers self-written prompts)"
 
 

@@ -6,6 +6,8 @@ import json
 import os
 from pathlib import Path
 
+from eyas import env
+
 SPEC_BENCH = "spec-bench"
 # Shipped with eyas (Apache-2.0, hemingkx/Spec-Bench; attribution in spec_bench/NOTICE.md).
 PACKAGED = Path(__file__).resolve().parent / "spec_bench" / "question.jsonl"
@@ -13,11 +15,11 @@ PACKAGED = Path(__file__).resolve().parent / "spec_bench" / "question.jsonl"
 
 def spec_bench_path() -> Path:
     """$EYAS_SPEC_BENCH when set (another copy or a subset), else the 480 questions packaged with eyas."""
-    env = os.environ.get("EYAS_SPEC_BENCH")
-    path = Path(env) if env else PACKAGED
+    given = env.get("EYAS_SPEC_BENCH")
+    path = Path(given) if given else PACKAGED
     if not path.is_file():
         raise FileNotFoundError(f"Spec-Bench questions not found at {path}" + (
-            " ($EYAS_SPEC_BENCH): unset it to use the packaged copy, or point it at question.jsonl" if env else
+            " ($EYAS_SPEC_BENCH): unset it to use the packaged copy, or point it at question.jsonl" if given else
             ": the eyas installation is missing its package data; reinstall eyas, or pass --bench FILE.jsonl"))
     return path
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from pydantic import Field
 
+from eyas import env
 from eyas.aux_layers import check_aux_layer_ids
 from eyas.config import StageConfig
 from eyas.decode import baseline_cache as bcache, vllm_reference
@@ -28,7 +29,8 @@ from eyas.decode.proposer import EagleProposer
 from eyas.decode.speculative import GenStats, SpecDecoder, ar_generate, warm_ar
 from eyas.decode.target_step import TargetRunner
 from eyas.decode.tree import TreeSpec
-from eyas.devices import DEVICE_HELP, DTYPE_HELP, Dtype, resolve_device, resolve_dtype
+from eyas.devices import resolve_device, resolve_dtype
+from eyas.flags import CacheDir, Device, JsonSwitch, ModelDtype, ResultsFile, Target, TrustRemoteCode
 from eyas.draft.io import load_draft, read_draft_config
 from eyas.progress import Progress
 from eyas.target import load_config, load_target, text_config
@@ -37,7 +39,7 @@ AUTO_PROBE = TreeSpec(total=80, depth=8, topk=10)   # recorded once; every small
 
 
 class EvalConfig(StageConfig):
-    target: str = Field(description="HF dir, hub id, .gguf or built-in name (smollm2-135m)")
+    target: Target
     draft: Path = Field(description="draft dir (eyas train run or eyas import output)")
     bench: str = Field(SPEC_BENCH, description="'spec-bench' or a JSONL file with question_id, category, turns")
     categories: list[str] | None = Field(None, description="only these categories")
@@ -46,11 +48,11 @@ class EvalConfig(StageConfig):
     temperature: float = Field(0.0, ge=0, description="0 = greedy (checked token-identical); >0 = rejection sampling")
     chain: int | None = Field(None, ge=1, description="chain of K drafted tokens (default 3 when --tree is not given)")
     tree: str | None = Field(None, description="'total=60,depth=7,topk=10' or 'auto' (cost model picks)")
-    device: str = Field("auto", description=DEVICE_HELP)
-    dtype: Dtype = Field("auto", description=DTYPE_HELP)
+    device: Device = "auto"
+    dtype: ModelDtype = "auto"
     compile: bool | None = Field(None, description="torch.compile reduce-overhead (CUDA graphs); default on for cuda")
-    json: bool = Field(False, description="print the full results as JSON instead of a table")
-    out: Path | None = Field(None, description="also write the full results JSON to this file")
+    json: JsonSwitch = False
+    out: ResultsFile = None
     plots: Path | None = Field(None, description="write PNG plots into this directory")
     seed: int = Field(0, description="sampling seed (temperature > 0)")
     baseline_cache: Path | None = Field(None, description="a directory: reuse the AR baseline of an earlier eval with "
@@ -66,8 +68,8 @@ class EvalConfig(StageConfig):
     warm_only: bool = Field(False, description="only compile and capture every setting's static shapes, decode and "
                             "time nothing: run beside training on a draft of the same config, so that the eval "
                             "after it finds inductor's on-disk caches warm")
-    cache_dir: Path | None = Field(None, description="cache for built-in targets")
-    trust_remote_code: bool = Field(False, description="allow the target's own modelling code")
+    cache_dir: CacheDir = None
+    trust_remote_code: TrustRemoteCode = False
 
 
 def turn_prompt(tokenizer, question: dict, answers: list[list[int]]) -> list[int]:
@@ -130,13 +132,13 @@ def commit() -> str | None:
 # What the speculative decoder's own CUDA graphs capture: torch.compile'd steps (fused kernels) or
 # eager ones (no compile time; the fallback if compilation misbehaves): EYAS_DECODE_INNER=eager.
 # EYAS_DECODE_GRAPHS=0 runs the rounds without CUDA graphs (diagnosis).
-_INNER = os.environ.get("EYAS_DECODE_INNER", "compiled")
-_GRAPHS = os.environ.get("EYAS_DECODE_GRAPHS", "1") != "0"
+_INNER = env.get("EYAS_DECODE_INNER")
+_GRAPHS = env.get("EYAS_DECODE_GRAPHS") != "0"
 # The target attends over a power-of-two bucket of the KV cache from this size up. Each bucket is one more
 # compile per step width at warm-up (~20 s each for SmolLM2 on an H200), so the default keeps them few
 # (Spec-Bench's capacity at 512 new tokens is 2049: buckets 1024 and 2049); EYAS_DECODE_MIN_BUCKET=1000000
 # attends over the whole capacity (the pre-bucket behaviour), smaller values give finer buckets.
-_MIN_BUCKET = int(os.environ.get("EYAS_DECODE_MIN_BUCKET", "1024"))
+_MIN_BUCKET = int(env.get("EYAS_DECODE_MIN_BUCKET"))
 
 
 class Session:

@@ -15,10 +15,10 @@ scratch region that the next round simply overwrites.
 
 from __future__ import annotations
 
-import os
 
 import torch
 
+from eyas import env
 from eyas.decode.target_step import raise_recompile_limit
 from eyas.decode.topk import topk_rows
 from eyas.decode.tree import Tree, TreeSpec
@@ -26,7 +26,7 @@ from eyas.draft.model import Eagle3Draft
 
 # EYAS_DRAFT_CACHE=copy: draft levels concatenate the cache with the new k/v (two copies of the cache per level)
 # instead of attending over it in place — the older path, kept as an escape hatch and as the reference to compare with
-_CACHE_COPY = os.environ.get("EYAS_DRAFT_CACHE", "inplace") == "copy"
+_CACHE_COPY = env.get("EYAS_DRAFT_CACHE") == "copy"
 
 
 class EagleProposer:

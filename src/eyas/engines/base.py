@@ -1,20 +1,37 @@
-"""The small interface every engine adapter shares, and the one way eyas talks to an engine's env.
+"""The Engine interface every serving engine (vLLM, SGLang) implements, and the one way eyas talks to its env.
 
-An engine lives in its own virtual environment (vLLM pins its own torch); eyas runs a worker script
-there with `python worker.py IN.json OUT.json` and reads the JSON it writes. Workers must import only
-the engine and the standard library (they run where eyas is not installed).
+An engine lives in its own virtual environment (each pins its own torch); eyas runs a worker script there with
+`python worker.py IN.json OUT.json` and reads the JSON it writes. Workers import only the engine and the
+standard library (they run where eyas is not installed).
+
+`Engine` is what serve-check, the served-speedup sweep (engines/speedup.py) and doctor call: the version and
+entry-point probe; `serve`: greedy decoding of token-id prompts with a draft export drafting a chain or an
+EAGLE-2 tree (eyas.decode.tree.TreeSpec), giving the outputs and the engine's own acceptance counters as
+`SpecStats`; `generate`: the same without a draft; `bench_request`: one engine's AR or speculative timing run
+(its worker's bench mode, serve_timing.py). `WorkerEngine` implements it over the engine's serve worker and
+probe_worker.py; an engine adds its entry-point table, how it is configured (`engine_request`), how its counters
+read (`spec_stats`) and how engines share a GPU (`share_memory`). Standard library only: the CLI imports
+EngineError from here.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from eyas import env as switches
+from eyas.engines.entry_points import EntryPoint, ProbeResult, check_signatures, version_status
+
+if TYPE_CHECKING:
+    from eyas.decode.tree import TreeSpec
 
 
 class EngineError(RuntimeError):
@@ -22,15 +39,70 @@ class EngineError(RuntimeError):
 
 
 @dataclass
-class ProbeResult:
-    entry_point: str          # e.g. "vllm.LLM.__init__"
-    ok: bool
-    detail: str               # what was expected / found
+class SpecStats:
+    """Acceptance from an engine's own counters: `steps` verification steps, `accepted` drafted tokens accepted,
+    `accepted_at[j]` steps that accepted more than j drafted tokens. τ counts the bonus token, as eyas's does."""
+    steps: int
+    accepted: int
+    accepted_at: list[int] = field(default_factory=list)
+
+    @property
+    def tau(self) -> float | None:
+        return 1.0 + self.accepted / self.steps if self.steps else None
+
+    @property
+    def accept_per_position(self) -> list[float]:
+        return [a / self.steps for a in self.accepted_at] if self.steps else []
+
+    def as_dict(self) -> dict:
+        return {"drafts": self.steps, "tau": self.tau, "accept_per_position": self.accept_per_position}
+
+
+@dataclass
+class Served:
+    """One serve / generate run: greedy outputs per prompt, the acceptance (None without a draft), timings, and
+    what the engine says it ran (`config`: its own view of the speculative settings)."""
+    outputs: list[list[int]]
+    stats: SpecStats | None
+    version: str | None
+    startup_s: float
+    generate_s: float
+    config: dict | None = None
+    logprobs: list | None = None      # per prompt, per generated token: [[token id, logprob], ...] best first
+
+
+class Engine(Protocol):
+    name: str                 # "vllm" | "sglang"
+    label: str                # "vLLM" | "SGLang"
+    export_format: str        # the `eyas export --format` it serves
+    trees: bool               # serves topk > 1 (vLLM removed tree drafting; SGLang keeps it)
+    python: Path              # its environment's interpreter
+    worker: Path              # its serve worker script (serve, generate, bench mode)
+
+    def version(self) -> str | None: ...
+
+    def probe(self, used_by: str | None = None) -> list[ProbeResult]: ...
+
+    def serve(self, target: str, export: str | os.PathLike, prompts: list[list[int]], max_new_tokens: int,
+              spec: TreeSpec | None = None, **options) -> Served: ...
+
+    def generate(self, target: str, prompts: list[list[int]], max_new_tokens: int, **options) -> Served: ...
+
+    def bench_request(self, target: str, export: str | None, spec: TreeSpec | None, **options) -> dict: ...
+
+    def spec_stats(self, counters: dict) -> SpecStats: ...
+
+    def share_memory(self, jobs: dict[str, str | None], target: str, engines_per_gpu: int, batch: int,
+                     max_model_len: int, dtype: str) -> dict[str, dict]: ...
+
+    def env(self) -> dict[str, str]: ...
+
+    def lock(self): ...
 
 
 def engine_python(python: str | os.PathLike | None, env_var: str, how_to: str) -> Path:
     """The interpreter of the engine's environment: --python, else $ENV_VAR; else an error saying how."""
-    cand = python or os.environ.get(env_var)
+    cand = python or switches.get(env_var)
     if not cand:
         raise EngineError(f"no engine environment given: pass --python PATH or set ${env_var}.\n{how_to}")
     p = Path(cand).expanduser()
@@ -67,3 +139,125 @@ def run_in_env(python: Path, worker: Path, payload: dict[str, Any], *, timeout: 
             tail = (Path(log).read_text()[-4000:] if log else (proc.stdout or "")[-4000:])
             raise EngineError(f"{worker.name} failed (exit {proc.returncode}) under {python}:\n{tail}")
         return json.loads(out.read_text())
+
+
+@contextmanager
+def engine_lock(name: str):
+    """One real engine of a kind at a time on a shared machine (`flock /tmp/eyas-NAME.lock` takes the same)."""
+    with open(f"/tmp/eyas-{name}.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+class WorkerEngine:
+    """`Engine` over two worker scripts in the engine's env: probe_worker.py (version, signatures) and the
+    engine's serve worker (serve, generate, bench mode). A subclass sets the class attributes and
+    `engine_request` (the worker's `engine` section) and `spec_stats` (its counters -> SpecStats)."""
+
+    name: ClassVar[str]
+    label: ClassVar[str]                          # as its users spell it: vLLM, SGLang
+    module: ClassVar[str]                         # the import that proves the engine is there
+    distributions: ClassVar[tuple[str, ...]]      # pip names that install it
+    env_var: ClassVar[str]                        # the switch naming its python (eyas.env)
+    how_to_create: ClassVar[str]
+    tested_versions: ClassVar[tuple[str, ...]]
+    entry_points: ClassVar[tuple[EntryPoint, ...]]
+    worker: ClassVar[Path]                        # its serve worker
+    export_format: ClassVar[str]
+    trees: ClassVar[bool]
+
+    def __init__(self, python: str | os.PathLike | None = None):
+        self.python = engine_python(python, self.env_var, self.how_to_create)
+        self._report: dict[str, Any] | None = None
+
+    # ---- version and entry points
+    def _run_probe(self, entry_points, *, do_import: bool, timeout: float) -> dict[str, Any]:
+        payload = {"engine": self.module, "distributions": list(self.distributions), "import": do_import,
+                   "entry_points": [{"name": ep.name, "module": ep.module, "qualname": ep.qualname, "kind": ep.kind}
+                                    for ep in entry_points]}
+        rep = run_in_env(self.python, Path(__file__).with_name("probe_worker.py"), payload, timeout=timeout,
+                         env={**self.env(), "VLLM_LOGGING_LEVEL": "ERROR"})
+        if rep.get("import_error"):
+            raise EngineError(f"`import {self.module}` failed under {self.python}: {rep['import_error']}\n"
+                              f"{self.how_to_create}")
+        return rep
+
+    def _probe_report(self, timeout: float = 600.0) -> dict[str, Any]:
+        """One worker run gives version + every signature (importing the engine is the slow part: once)."""
+        if self._report is None:
+            self._report = self._run_probe(self.entry_points, do_import=True, timeout=timeout)
+        return self._report
+
+    def version(self) -> str | None:
+        """The installed version from package metadata (about a second: the engine itself is not imported)."""
+        if self._report is not None:
+            return self._report.get("version")
+        return self._run_probe((), do_import=False, timeout=120).get("version")
+
+    def version_status(self, version: str | None) -> tuple[str, str]:
+        return version_status(version, self.tested_versions, self.label)
+
+    def probe(self, used_by: str | None = None) -> list[ProbeResult]:
+        """Every entry point's verdict; `used_by="extraction"` (or "serve-check") keeps one caller's."""
+        eps = [ep for ep in self.entry_points if used_by is None or used_by in ep.used_by]
+        return check_signatures(self._probe_report()["signatures"], eps)
+
+    def timings(self) -> dict[str, float]:
+        rep = self._probe_report()
+        return {"import_s": rep.get("import_s"), "probe_s": rep.get("probe_s")}
+
+    # ---- serving
+    def lock(self):
+        return engine_lock(self.name)
+
+    def env(self) -> dict[str, str]:
+        """Environment variables every worker run of this engine gets."""
+        return {}
+
+    def share_memory(self, jobs: dict[str, str | None], target: str, engines_per_gpu: int, batch: int,
+                     max_model_len: int, dtype: str) -> dict[str, dict]:
+        """Memory settings ({job: engine_request options}) for `engines_per_gpu` engines sharing a GPU."""
+        raise NotImplementedError
+
+    def engine_request(self, target: str, export: str | None, spec: TreeSpec | None, *, dtype: str,
+                       max_model_len: int, **options) -> dict:
+        raise NotImplementedError
+
+    def spec_stats(self, counters: dict) -> SpecStats:
+        raise NotImplementedError
+
+    def bench_request(self, target: str, export: str | None, spec: TreeSpec | None, **options) -> dict:
+        """The worker's `engine` section for one timing engine: the plain target (export None) or a draft."""
+        return self.engine_request(target, export, spec, **options)
+
+    def _run(self, engine: dict, prompts, max_new_tokens, *, logprobs: int = 0, timeout: float | None = None,
+             log: Path | None = None, env: dict | None = None) -> Served:
+        payload = {"engine": engine, "prompts": prompts, "max_tokens": max_new_tokens, "logprobs": logprobs}
+        doc = run_in_env(self.python, self.worker, payload, timeout=timeout, log=log,
+                         env={**self.env(), **(env or {})})
+        spec = engine.get("draft") is not None
+        return Served(outputs=doc["outputs"], stats=self.spec_stats(doc["counters"]) if spec else None,
+                      version=doc.get("version"), startup_s=doc["startup_s"], generate_s=doc["generate_s"],
+                      config=doc.get("speculative_config"), logprobs=doc.get("logprobs"))
+
+    def serve(self, target: str, export: str | os.PathLike, prompts: list[list[int]], max_new_tokens: int,
+              spec: TreeSpec | None = None, *, dtype: str = "fp32", max_model_len: int = 2048,
+              logprobs: int = 0, timeout: float | None = None, log: Path | None = None, **options) -> Served:
+        """Greedy decoding of `prompts` with the draft export `export` drafting `spec` (None: the export's own
+        setting, where the engine reads one from it). Raises EngineError when no drafting happened."""
+        engine = self.engine_request(target, str(export), spec, dtype=dtype, max_model_len=max_model_len,
+                                     **options)
+        served = self._run(engine, prompts, max_new_tokens, logprobs=logprobs, timeout=timeout, log=log)
+        if not served.stats or not served.stats.steps:
+            raise EngineError(f"{self.name} reported 0 verification steps: speculative decoding did not run")
+        return served
+
+    def generate(self, target: str, prompts: list[list[int]], max_new_tokens: int, *, dtype: str = "fp32",
+                 max_model_len: int = 2048, timeout: float | None = None, log: Path | None = None,
+                 **options) -> Served:
+        """Greedy decoding of `prompts` by the target alone."""
+        engine = self.engine_request(target, None, None, dtype=dtype, max_model_len=max_model_len, **options)
+        return self._run(engine, prompts, max_new_tokens, timeout=timeout, log=log)

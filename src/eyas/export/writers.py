@@ -18,15 +18,12 @@ from safetensors.torch import save_file
 
 from eyas import __version__
 from eyas.draft.io import load_draft
+from eyas.devices import resolve_dtype
 from eyas.draft.model import DraftConfig
 from eyas.export.contract import MIDLAYER, SPECULATORS, rename
 from eyas.export.files import ContractError, check_contract
 from eyas.export.formats import to_midlayer, to_speculators
 from eyas.target.load import resolve
-
-# --dtype of `eyas export` (eyas.devices vocabulary); auto keeps the draft's own dtype.
-DTYPES = {"auto": None, "bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
 
 def target_spec(meta: dict[str, Any]) -> str | None:
     """The target a draft was trained for, from its meta (a string, or a dict naming it)."""
@@ -156,11 +153,9 @@ def _write_dir(out: Path, config: dict, tensors: dict[str, torch.Tensor], card: 
 
 
 def _prepare(draft_dir, dtype: str, verifier: str | None, embed: str):
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype {dtype!r}: choose from {list(DTYPES)}")
+    cast = None if dtype == "auto" else resolve_dtype(dtype, "cpu")  # auto keeps the draft's own dtype
     model, meta = load_draft(draft_dir)
     dc = model.config
-    cast = DTYPES[dtype]
     sd = {k: (v.to(cast) if cast is not None and v.is_floating_point() else v).detach().cpu()
           for k, v in model.state_dict().items()}
     ver, archs = resolve_verifier(meta, dc, verifier)

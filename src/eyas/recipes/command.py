@@ -12,6 +12,7 @@ from pathlib import Path
 from pydantic import Field
 
 from eyas.config import StageConfig
+from eyas.flags import JsonSwitch
 from eyas.recipes import DONE, builtin_recipes, load_recipe, parse_duration, run_recipe
 from eyas.recipes.recipe import file_description
 
@@ -28,7 +29,7 @@ class RunConfig(StageConfig):
     fresh: bool = Field(False, description="forget OUT's recorded progress and start over (without it, another "
                         "recipe in OUT is refused)")
     show: bool = Field(False, description="print the recipe with its parameters (after --set) and exit")
-    json: bool = Field(False, description="print the result as JSON")
+    json: JsonSwitch = False
 
 
 def describe() -> str:

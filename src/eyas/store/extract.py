@@ -30,7 +30,8 @@ import torch
 
 from eyas.data import PreparedDataset
 from eyas.progress import Progress
-from eyas.store.format import DTYPES, MANIFEST, StoreError, bytes_per_token, encode_states, read_json
+from eyas.store.format import DTYPES, MANIFEST, StoreError, bytes_per_token, encode_states
+from eyas.store.reader import load_manifest
 from eyas.store.writer import (ShardPlan, ShardWriter, clean_temp_files, completed_shards, crash_point, merge,
                                samples_per_shard, store_lock)
 from eyas.target.capture import backbone_of, capture
@@ -181,7 +182,7 @@ def begin_store(dataset, out: str | os.PathLike, identity: dict[str, Any], *, sh
     hold_rank(out, rank)
     if (out / MANIFEST).is_file():
         try:
-            m = read_json(out / MANIFEST, "store manifest")
+            m = load_manifest(out)
         except StoreError:
             m = None                        # torn or damaged: rebuilt from the rank manifests below
         if m is not None and not all(m.get(k) == v for k, v in header.items()):
@@ -217,7 +218,7 @@ def release_rank(out: Path, rank: int) -> None:
 def _manifest_is_whole(out: Path, header: dict[str, Any], done: dict[int, dict[str, Any]]) -> bool:
     """manifest.json is there, readable, and lists exactly the verified shards (else merge rewrites it)."""
     try:
-        m = read_json(out / MANIFEST, "store manifest")
+        m = load_manifest(out)
     except StoreError:
         return False
     shards = m.get("shards")

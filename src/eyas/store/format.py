@@ -24,7 +24,7 @@ from typing import Any, get_args
 
 import torch
 
-from eyas.devices import StoreDtype
+from eyas.devices import StoreDtype, dtype_bytes
 
 FORMAT = "eyas-store"
 FORMAT_VERSION = 1
@@ -50,7 +50,7 @@ def bytes_per_token(hidden: int, num_aux: int, dtype: str) -> int:
     if dtype not in DTYPES:
         raise ValueError(f"store dtype {dtype!r}: choose one of {DTYPES}")
     vectors = num_aux + 1                      # k aux layers + the last hidden state
-    states = vectors * hidden * (2 if dtype == "bf16" else 1)
+    states = vectors * hidden * dtype_bytes(dtype)
     scales = vectors * 4 if dtype == "fp8" else 0
     return states + scales + 4 + 4 + 1
 

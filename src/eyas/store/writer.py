@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from eyas import env
 from eyas import __version__
 from eyas.faultpoints import pause_at
 from eyas.store.format import (FORMAT, FORMAT_VERSION, ID_DTYPE, MANIFEST, StoreError, atomic_write_json, fsync_dir,
@@ -316,7 +317,7 @@ class ShardWriter:
                 os.fsync(f.fileno())
             shard.parts.clear()
             del parts, cols
-            if os.environ.get("EYAS_STORE_PAUSE_AT") == "shard-partial":
+            if env.get("EYAS_STORE_PAUSE_AT") == "shard-partial":
                 os.truncate(tmp, nbytes // 2)          # as if the process died in the middle of write()
                 crash_point("shard-partial")
             crash_point("shard-before-rename")

@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
-from pydantic import Field
 
 from eyas.aux_layers import default_aux_layer_ids
 from eyas.config import StageConfig
+from eyas.flags import CacheDir, JsonSwitch, Target, TrustRemoteCode
 from eyas.target.layers import find_layout
 from eyas.target.load import build_meta, load_config
 
 
 class InspectConfig(StageConfig):
-    target: str = Field(description="HF dir, hub id, .gguf file or built-in name (smollm2-135m)")
-    cache_dir: Path | None = Field(None, description="cache for built-in targets (default $EYAS_CACHE or ~/.cache/eyas)")
-    trust_remote_code: bool = Field(False, description="allow the target's own modelling code")
-    json: bool = Field(False, description="print JSON instead of a table")
+    target: Target
+    cache_dir: CacheDir = None
+    trust_remote_code: TrustRemoteCode = False
+    json: JsonSwitch = False
 
 
 def describe(config) -> dict:

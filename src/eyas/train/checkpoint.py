@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 import torch
 
+from eyas import env
 from eyas.config import ConfigError
 from eyas.faultpoints import pause_at
 
@@ -179,7 +180,7 @@ def _crash_point(name: str) -> None:
     """Fault-injection hook (tests, bench/faults.py): EYAS_TRAIN_PAUSE_AT=name hangs here so the caller
     can kill the process at exactly this moment (announced in $EYAS_TRAIN_PAUSE_MARK);
     EYAS_TRAIN_DISK_FULL_AT=name fails here the way torch.save does on a full disk. A no-op otherwise."""
-    if os.environ.get("EYAS_TRAIN_DISK_FULL_AT") == name:
+    if env.get("EYAS_TRAIN_DISK_FULL_AT") == name:
         raise RuntimeError("[enforce fail at inline_container.cc:626] . PytorchStreamWriter failed writing file "
                            "data/0: file write failed (injected: no space left on device)")
     pause_at("TRAIN", name)

@@ -17,9 +17,9 @@ from typing import Any, Literal
 import torch
 from pydantic import Field
 
-from eyas.flags import AuxLayerIds
+from eyas.flags import AuxLayerIds, Device, DraftVocabSize, ModelDtype, Target
 from eyas.config import ConfigError, StageConfig, config_to_yaml
-from eyas.devices import DEVICE_HELP, Dtype, resolve_device, resolve_dtype
+from eyas.devices import resolve_device, resolve_dtype
 from eyas.draft.io import save_draft
 from eyas.draft.model import Eagle3Draft, draft_config_from_target
 from eyas.train import checkpoint as C
@@ -34,13 +34,14 @@ _RESUME_MUST_MATCH = ("seed", "batch_size", "grad_accum", "eval_fraction", "ttt_
 
 
 class TrainConfig(StageConfig):
-    target: str = Field(description="target model: HF dir, hub id, .gguf or built-in name")
+    target: Target
     out: Path = Field(description="RUN dir to write (a draft dir + checkpoints/, metrics.jsonl, tb/)")
     store: Path | None = Field(None, description="STORE dir (offline training from extracted hidden states)")
     data: Path | None = Field(None, description="PREPARED dir: rows for --online, and the draft vocab (d2t/t2d)")
     online: bool = Field(False, description="run the target on the fly over --data instead of reading a store")
     aux_layer_ids: AuxLayerIds | None = Field(None, description="target aux layers (default: the store's, else (2, N//2, N-3))")
-    draft_vocab_size: int | None = Field(None, ge=1, description="rebuild the draft vocab at this size from the PREPARED token counts")
+    draft_vocab_size: DraftVocabSize | None = Field(None, description="rebuild the draft vocab at this size from the "
+                                                    "PREPARED token counts (default: the PREPARED data's own)")
     ttt_steps: int = Field(7, ge=1, description="training-time-test steps unrolled per position")
     step_decay: float = Field(0.8, gt=0, description="loss weight of TTT step k is step_decay**k")
     tau_chain: int | None = Field(None, description="chain length K for the simulated tau (default: --ttt-steps)")
@@ -56,9 +57,12 @@ class TrainConfig(StageConfig):
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     grad_clip: float = Field(0.5, gt=0, description="gradient-norm clip")
     init_head: bool = Field(True, description="seed lm_head + final norm from the target's head rows for the draft vocab")
+    norm_before_residual: bool = Field(True, description="the draft layer's residual is hidden_norm's output (vLLM's "
+                                       "and speculators' default); --no-norm-before-residual keeps the residual "
+                                       "before hidden_norm, the only form SGLang serves (export --format sglang)")
     dtype: Literal["auto", "bf16", "fp32"] = Field("auto", description="autocast dtype (auto: bf16 on GPU, fp32 on CPU); master weights stay fp32")
-    target_dtype: Dtype = Field("auto", description="target weights (auto: bf16 on GPU, fp32 on CPU; bf16 uses AMX on recent Xeons)")
-    device: str = Field("auto", description=DEVICE_HELP)
+    target_dtype: ModelDtype = "auto"
+    device: Device = "auto"
     attention: Literal["auto", "dense", "flex"] = Field("auto", description="TTT mask kind (auto: flex on GPU, dense on CPU)")
     compile: bool | None = Field(None, description="torch.compile the hot paths: flex attention, the draft's decoder layer, "
                                  "the target's head and the draft's loss chunks, online also the target's decoder layers "
@@ -104,7 +108,8 @@ class Trainer:
         self.inp = open_inputs(cfg, self.device, target=target, store=store, dataset=dataset)
         tgt = self.inp.target
         d2t, t2d = self.inp.d2t, self.inp.t2d
-        dcfg = draft_config_from_target(tgt.config, aux_layer_ids=self.inp.aux_ids, draft_vocab_size=d2t.numel())
+        dcfg = draft_config_from_target(tgt.config, aux_layer_ids=self.inp.aux_ids, draft_vocab_size=d2t.numel(),
+                                        norm_before_residual=cfg.norm_before_residual)
         dcfg.extra["target"] = self.inp.target_name
         draft = Eagle3Draft(dcfg)
         draft.set_vocab_map(d2t, t2d)

@@ -13,12 +13,12 @@ Loss = sum_k decay^k * mean soft cross-entropy (forward KL up to the target entr
 
 from __future__ import annotations
 
-import os
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from eyas import env
 from eyas.draft.model import Eagle3Draft
 from eyas.train.loss import chunked_soft_ce
 from eyas.train.masks import TTTBlockMasks, document_ids, ttt_block_mask_reference, ttt_dense_mask
@@ -122,7 +122,7 @@ class TTTUnroll(nn.Module):
         # flex: one block analysis of the document layout serves the K steps' masks
         block_masks = None
         if self.attention == "flex":  # EYAS_TTT_MASK=reference: create_block_mask per step (the slow original)
-            block_masks = (TTTBlockMasks(doc) if os.environ.get("EYAS_TTT_MASK") != "reference"
+            block_masks = (TTTBlockMasks(doc) if env.get("EYAS_TTT_MASK") != "reference"
                            else lambda k: ttt_block_mask_reference(doc, k))
         hidden = draft.combine(aux)                                       # [B, T, H]
         past = None

@@ -1,13 +1,13 @@
-"""Record the signatures of eyas's vLLM entry points from vLLM's *source* (no import, no install).
+"""Record the signatures of eyas's engine entry points from the engine's *source* (no import, no install).
 
-    python -m eyas.engines.signatures.record SRC_ROOT --version 0.32.0 [--out DIR]
+    python -m eyas.engines.signatures.record SRC_ROOT --version 0.32.0 [--engine vllm|sglang] [--out DIR]
 
-SRC_ROOT is an unpacked vLLM release (the PyPI sdist or a checkout of the tag; it contains `vllm/`). The
-output, `vllm-VERSION.json`, has the same shape probe_worker.py reports from a live env, so
-`eyas.engines.vllm.check_signatures` judges both the same way. Functions give their parameters (the
-implementation, not `@overload` stubs; classmethods drop `cls` as inspect does); classes give their
-`__init__` or, for dataclass / msgspec / pydantic config classes, their annotated fields (bases defined in
-the same file first); `X = Literal[...]` aliases give their members, following aliases in the same file;
+SRC_ROOT is an unpacked release (vLLM: the PyPI sdist or a checkout of the tag, containing `vllm/`; SGLang: its
+unpacked wheel, containing `sglang/`). The output, `ENGINE-VERSION.json`, has the same shape probe_worker.py
+reports from a live env, so eyas.engines.entry_points.check_signatures judges both the same way. Functions give
+their parameters (the implementation, not `@overload` stubs; classmethods drop `cls` as inspect does); classes
+give their `__init__` or, for dataclass / msgspec / pydantic config classes, their annotated fields (bases
+defined in the same file first); `X = Literal[...]` aliases give their members, following aliases in the same file;
 "attrs" entries give a class's attribute names (methods, class fields, `self.X = ...` targets).
 """
 
@@ -20,16 +20,18 @@ import json
 import sys
 from pathlib import Path
 
-from eyas.engines.vllm import ENTRY_POINTS, SIGNATURES_DIR, EntryPoint
+from eyas.engines.adapters import ADAPTERS
+from eyas.engines.entry_points import SIGNATURES_DIR, EntryPoint
 
 
 class SourceTree:
-    """Parsed files of one vLLM release, each parsed at most once."""
+    """Parsed files of one engine release, each parsed at most once."""
 
-    def __init__(self, root: Path):
-        self.root = Path(root)
-        if not (self.root / "vllm").is_dir():
-            raise FileNotFoundError(f"{root}: no vllm/ package directory (expected an unpacked vLLM source)")
+    def __init__(self, root: Path, package: str = "vllm"):
+        self.root, self.package = Path(root), package
+        if not (self.root / package).is_dir():
+            raise FileNotFoundError(f"{root}: no {package}/ package directory (expected an unpacked {package} "
+                                    "source)")
         self._cache: dict[Path, ast.Module | None] = {}
 
     def parse(self, rel: str | Path) -> ast.Module | None:
@@ -45,7 +47,7 @@ class SourceTree:
         """The hinted file, the imported module's file, then every other file of the package."""
         mod = ep.module.replace(".", "/")
         first = [ep.source, mod + ".py", mod + "/__init__.py"]
-        rest = sorted(str(p.relative_to(self.root)) for p in (self.root / "vllm").rglob("*.py"))
+        rest = sorted(str(p.relative_to(self.root)) for p in (self.root / self.package).rglob("*.py"))
         seen, out = set(), []
         for rel in first + rest:
             if rel and rel not in seen and (self.root / rel).is_file():
@@ -187,13 +189,15 @@ def describe(ep: EntryPoint, tree: SourceTree) -> dict:
             return {"kind": "callable", "params": function_params(node), "file": rel}
         if isinstance(node, ast.ClassDef):
             return {"kind": "callable", "params": class_params(node, module), "file": rel}
-    return {"missing": f"{ep.qualname} is not defined anywhere in vllm/ of this release"}
+    return {"missing": f"{ep.qualname} is not defined anywhere in {tree.package}/ of this release"}
 
 
-def record(root: Path, version: str, entry_points=ENTRY_POINTS) -> dict:
-    tree = SourceTree(root)
-    return {"engine": "vllm", "version": version, "source": f"vLLM {version} source (PyPI sdist / git tag v{version})",
-            "signatures": {ep.name: describe(ep, tree) for ep in entry_points}}
+def record(root: Path, version: str, engine: str = "vllm", entry_points=None) -> dict:
+    adapter = ADAPTERS[engine]
+    tree = SourceTree(root, adapter.module)
+    where = "PyPI sdist / git tag" if engine == "vllm" else "PyPI wheel"
+    return {"engine": engine, "version": version, "source": f"{adapter.label} {version} source ({where})",
+            "signatures": {ep.name: describe(ep, tree) for ep in (entry_points or adapter.entry_points)}}
 
 
 def dumps(doc: dict) -> str:
@@ -205,13 +209,14 @@ def dumps(doc: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("src", type=Path, help="unpacked vLLM source root (contains vllm/)")
+    ap.add_argument("src", type=Path, help="unpacked source root (contains vllm/ or sglang/)")
     ap.add_argument("--version", required=True)
+    ap.add_argument("--engine", choices=sorted(ADAPTERS), default="vllm")
     ap.add_argument("--out", type=Path, default=SIGNATURES_DIR)
     args = ap.parse_args(argv)
-    doc = record(args.src, args.version)
+    doc = record(args.src, args.version, args.engine)
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"vllm-{args.version}.json"
+    path = args.out / f"{args.engine}-{args.version}.json"
     path.write_text(dumps(doc))
     absent = [k for k, v in doc["signatures"].items() if "missing" in v]
     print(f"wrote {path}: {len(doc['signatures'])} entry points, absent: {absent or 'none'}")
