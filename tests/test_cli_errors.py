@@ -74,7 +74,7 @@ def test_export_into_the_run_itself_is_refused(tmp_path, capsys):
     (run / "metrics.jsonl").write_text("{}\n")
     for out in (run, tmp_path):
         assert main(["export", "--draft", str(run), "--out", str(out), "--verifier", "tiny"]) == 1
-        assert "would delete the run" in capsys.readouterr().err
+        assert "would destroy an input" in capsys.readouterr().err
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "thesis.txt").write_text("x")

@@ -25,6 +25,19 @@ WEIGHTS_NAME = "model.safetensors"
 FORMAT = "eyas-draft"
 
 
+def nonfinite_keys(tensors: dict[str, torch.Tensor]) -> list[str]:
+    """The floating-point tensors holding a NaN or inf (a diverged run's weights): one owner check for train,
+    eval, export, serve-check and doctor."""
+    return [k for k, v in tensors.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+
+
+def check_finite(tensors: dict[str, torch.Tensor], where: str) -> None:
+    bad = nonfinite_keys(tensors)
+    if bad:
+        raise ValueError(f"{where}: {', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''} hold NaN or inf values: the "
+                         f"draft is unusable (did its training diverge?); train it again, e.g. with a lower --lr")
+
+
 def save_draft(model: Eagle3Draft, out: str | os.PathLike, meta: dict[str, Any] | None = None,
                dtype: torch.dtype | None = None) -> Path:
     out = Path(out)
@@ -84,6 +97,7 @@ def load_draft(path: str | os.PathLike, *, device: str | torch.device = "cpu",
     for k, v in model.state_dict().items():
         if tuple(sd[k].shape) != tuple(v.shape):
             raise ValueError(f"{path / WEIGHTS_NAME}: key {k} has shape {tuple(sd[k].shape)}, config says {tuple(v.shape)}")
+    check_finite(sd, str(path / WEIGHTS_NAME))
     if dtype is not None:
         sd = {k: v.to(dtype) if v.is_floating_point() else v for k, v in sd.items()}
     model.load_state_dict(sd, assign=True)

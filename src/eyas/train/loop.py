@@ -19,18 +19,27 @@ from pydantic import Field
 
 from eyas.flags import AuxLayerIds
 from eyas.config import ConfigError, StageConfig, config_to_yaml
-from eyas.devices import DEVICE_HELP, Dtype, resolve_device, resolve_dtype
-from eyas.draft.io import save_draft
+from eyas.devices import DEVICE_HELP, Dtype, dist_env, resolve_device, resolve_dtype
+from eyas.draft.io import nonfinite_keys, save_draft
 from eyas.draft.model import Eagle3Draft, draft_config_from_target
+from eyas.outputs import claim
 from eyas.train import checkpoint as C
 from eyas.train import dist as D
 from eyas.train.data import OfflineSource, OnlineSource, Plan
 from eyas.train.inputs import open_inputs
 from eyas.train.ttt import TargetHead, TTTUnroll, objective, simulated_tau, step_accuracy, token_loss
 
-# Fields that decide which rows each step sees: a resume with different values would not continue the run.
-_RESUME_MUST_MATCH = ("seed", "batch_size", "grad_accum", "eval_fraction", "ttt_steps", "max_length", "steps",
-                      "epochs", "lr", "store", "data", "online")
+# Fields that decide which rows each step sees and what it learns from them: a resume with other values would not
+# continue the run (the LR would re-enter warmup, the optimizer keep the old weight decay). Recorded with the run's
+# inputs by eyas.outputs; "store" and "data" are compared as paths too for runs made before such records.
+RUN_SETTINGS = ("seed", "batch_size", "grad_accum", "eval_fraction", "ttt_steps", "step_decay", "tau_chain",
+                "max_length", "steps", "epochs", "lr", "min_lr_ratio", "warmup_steps", "weight_decay", "grad_clip",
+                "draft_vocab_size", "aux_layer_ids", "online")
+_RESUME_MUST_MATCH = RUN_SETTINGS + ("store", "data")
+
+
+class TrainingDiverged(ValueError):
+    """A loss or weight that is not finite: the run stops before saving anything made from it."""
 
 
 class TrainConfig(StageConfig):
@@ -43,16 +52,16 @@ class TrainConfig(StageConfig):
     draft_vocab_size: int | None = Field(None, ge=1, description="rebuild the draft vocab at this size from the PREPARED token counts")
     ttt_steps: int = Field(7, ge=1, description="training-time-test steps unrolled per position")
     step_decay: float = Field(0.8, gt=0, description="loss weight of TTT step k is step_decay**k")
-    tau_chain: int | None = Field(None, description="chain length K for the simulated tau (default: --ttt-steps)")
-    max_length: int | None = Field(None, description="truncate rows to this many tokens")
-    pad_to: int | None = Field(None, description="pad every batch to this many tokens (default on GPU: the rows' max length, so compiled attention sees one shape; 0 = off)")
+    tau_chain: int | None = Field(None, ge=1, description="chain length K for the simulated tau (default: --ttt-steps)")
+    max_length: int | None = Field(None, ge=1, description="truncate rows to this many tokens")
+    pad_to: int | None = Field(None, ge=0, description="pad every batch to this many tokens (default on GPU: the rows' max length, so compiled attention sees one shape; 0 = off)")
     batch_size: int = Field(1, ge=1, description="rows per micro-batch per process")
     grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step")
-    steps: int | None = Field(None, description="optimizer steps (default: --epochs over the training split)")
+    steps: int | None = Field(None, ge=1, description="optimizer steps (default: --epochs over the training split)")
     epochs: float = Field(1.0, gt=0, description="epochs when --steps is not given")
     lr: float = Field(1e-4, gt=0, description="peak learning rate (AdamW, betas 0.9/0.95)")
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine decays to lr * this")
-    warmup_steps: int | None = Field(None, description="linear warmup steps (default: 3% of steps, at least 1)")
+    warmup_steps: int | None = Field(None, ge=0, description="linear warmup steps (default: 3% of steps, at least 1)")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     grad_clip: float = Field(0.5, gt=0, description="gradient-norm clip")
     init_head: bool = Field(True, description="seed lm_head + final norm from the target's head rows for the draft vocab")
@@ -67,7 +76,7 @@ class TrainConfig(StageConfig):
     logit_chunk: int = Field(2048, ge=1, description="tokens per chunk of full-vocab target logits")
     eval_fraction: float = Field(0.05, ge=0, lt=1, description="held-out share of rows")
     eval_every: int = Field(100, ge=1, description="evaluate the held-out split every N steps")
-    eval_batches: int | None = Field(None, description="cap on held-out batches per evaluation")
+    eval_batches: int | None = Field(None, ge=1, description="cap on held-out batches per evaluation")
     save_every: int = Field(500, ge=1, description="checkpoint every N steps")
     keep_checkpoints: int = Field(2, ge=1, description="checkpoints to keep")
     log_every: int = Field(10, ge=1, description="train metrics every N steps")
@@ -218,8 +227,17 @@ class Trainer:
                 "train": self.cfg.model_dump(mode="json"), "metrics": metrics or {}, "step": self.step,
                 "inputs": self.inp.describe()}
 
+    def _diverged(self, what: str) -> str:
+        last = C.latest_checkpoint(self.cfg.out)
+        return (f"training diverged at step {self.step}: {what}; nothing made from it was saved"
+                f"{f' (the last checkpoint, {last.name}, is finite)' if last else ''}. Lower --lr (now {self.cfg.lr}) "
+                f"or --grad-clip, or check the target's hidden states (`eyas doctor --store`)")
+
     def _draft_for_save(self, msd: dict) -> Eagle3Draft:
         sd = {k[len("draft."):]: v for k, v in msd.items() if k.startswith("draft.")}
+        bad = nonfinite_keys(sd)
+        if bad:   # the loss of the step before may still have been finite: the update made them so
+            raise TrainingDiverged(self._diverged(f"the draft's {', '.join(bad[:3])} hold NaN or inf values"))
         with torch.device("meta"):
             m = Eagle3Draft(self.draft.config)
         m.load_state_dict(sd, assign=True, strict=False)
@@ -281,10 +299,9 @@ class Trainer:
             save_draft(self._draft_for_save(msd), self.cfg.out, self.meta(metrics))
 
     def run(self) -> dict:
+        """Train into cfg.out, which `train` has claimed (eyas.outputs) on the main process."""
         cfg = self.cfg
         if self.d.main:
-            C.claim_run_dir(cfg.out, resume=cfg.resume, overwrite=cfg.overwrite)
-            cfg.out.mkdir(parents=True, exist_ok=True)
             C.clean_partial(cfg.out)
         self.d.barrier()
         if cfg.resume:
@@ -310,6 +327,8 @@ class Trainer:
         t_start = time.perf_counter()
         while self.step < self.total:
             st, n = self.train_step()
+            if not bool(torch.isfinite(st).all()):
+                raise TrainingDiverged(self._diverged(f"the loss is {token_loss(st)}"))
             window = st if window is None else window + st
             toks += n
             if bar is not None:
@@ -373,11 +392,22 @@ def _progress(total: int, initial: int, enabled: bool):
 def train(cfg: TrainConfig, *, target=None, store=None, dataset=None) -> dict:
     """Train and write the RUN dir; returns a summary. `target`/`store`/`dataset` inject in-memory
     objects (tests, the demo) in place of loading --target / --store / --data."""
-    t = Trainer(cfg, target=target, store=store, dataset=dataset)
+    if cfg.resume and cfg.overwrite:
+        raise ConfigError("--resume and --overwrite contradict each other: pick one")
+    held = None
+    if dist_env()[0] == 0:   # the main process owns the RUN dir (its lock held to the end, its settings recorded)
+        held = claim(cfg.out, "run", overwrite=cfg.overwrite, resume=cfg.resume,
+                     inputs={"target": cfg.target, "store": cfg.store, "data": cfg.data},
+                     settings={k: getattr(cfg, k) for k in RUN_SETTINGS})
     try:
-        return t.run()
+        t = Trainer(cfg, target=target, store=store, dataset=dataset)
+        try:
+            return t.run()
+        finally:
+            t.close()
     finally:
-        t.close()
+        if held is not None:
+            held.release()
 
 
 def run(cfg: TrainConfig) -> dict:
