@@ -9,7 +9,7 @@ from eyas.cli import COMMANDS, main
 
 USER_ERRORS = ["config", "store", "prepared", "contract", "checkpoint", "mask", "engine", "missing", "exists",
                "permission", "isdir", "disk-full", "key", "import", "unicode", "json", "recursion", "unpickling",
-               "memory", "multiline", "safetensors", "oom"]
+               "memory", "multiline", "safetensors", "oom", "cpu-oom", "safetensors-full"]
 
 
 @pytest.fixture
@@ -24,6 +24,16 @@ def test_user_errors_are_one_line(boom, capsys, kind):
     lines = cap.err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("eyas boom: error: ") and "Traceback" not in cap.err, cap.err
     assert len(lines[0]) > len("eyas boom: error: ") + 10
+
+
+def test_a_full_disk_and_an_out_of_memory_batch_say_so(boom, capsys):
+    # item 13: a full disk while writing safetensors said "damaged ... run `eyas doctor`"; item 10: a CPU batch
+    # out of memory was a traceback.
+    main(["boom", "--kind", "safetensors-full"])
+    err = capsys.readouterr().err
+    assert "disk full" in err and "damaged" not in err and "resumed" not in err   # boom resumes nothing
+    main(["boom", "--kind", "cpu-oom"])
+    assert "out of memory" in capsys.readouterr().err
 
 
 def test_os_errors_name_the_file_and_the_fix(boom, capsys):

@@ -29,6 +29,7 @@ from eyas.devices import DEVICE_HELP, fast_bf16, resolve_device
 from eyas.doctor import DoctorConfig, diagnose, render_table
 from eyas.export.commands import ExportConfig, run_export
 from eyas.extract import ExtractConfig, run as extract
+from eyas.outputs import claim
 from eyas.target import BUILTIN_TARGETS, resolve
 from eyas.train.loop import TrainConfig, run as train
 
@@ -76,6 +77,8 @@ class DemoConfig(StageConfig):
                                         "profile: on)")
     online: bool = Field(False, description="train online: the target's states computed inside each training step, "
                          "no extract stage and no store (gpu profile: on; its ~5M tokens would make a ~25 GB store)")
+    overwrite: bool = Field(False, description="--out holds something else eyas wrote, or regenerated conversations "
+                            "made with other settings: replace them")
 
 
 # The gpu profile: sizes for about 10 minutes on one H200, aiming at tree tau >= 3 (BENCHMARKS.md, issue #13). Its
@@ -129,6 +132,7 @@ def _data_stages(cfg: DemoConfig, device: str, data, paths: dict[str, Path], tim
     if cfg.regenerate:
         with _stage("regenerate", times):
             gen = dict(target=cfg.target, backend=cfg.regen_backend, max_new_tokens=cfg.regen_max_new_tokens,
+                       overwrite=cfg.overwrite,
                        batch_size=cfg.regen_batch_size, device=device,
                        max_prompt_tokens=cfg.regen_max_prompt_tokens or cfg.max_length // 2,
                        cache_dir=cache, seed=cfg.seed, json=True,
@@ -159,7 +163,14 @@ def _data_stages(cfg: DemoConfig, device: str, data, paths: dict[str, Path], tim
 def run(cfg: DemoConfig) -> int | dict:
     device = str(resolve_device(cfg.device))
     cfg = with_profile(cfg, device)
-    out = cfg.out.resolve()
+    # The demo owns --out (eyas.outputs): a directory of other files, or an input, is refused before any stage runs;
+    # its stages then own their own outputs inside it.
+    with claim(cfg.out, "demo", overwrite=cfg.overwrite,
+               inputs={"target": cfg.target, "data": cfg.data, "bench": cfg.bench}) as held:
+        return _run(cfg, device, held.path)
+
+
+def _run(cfg: DemoConfig, device: str, out: Path) -> int | dict:
     out.mkdir(parents=True, exist_ok=True)
     paths = {k: out / k for k in ("regenerated", "prepared", *(() if cfg.online else ("store",)), "run", "eval",
                                   "export")}

@@ -155,6 +155,8 @@ def test_store_of_another_target_with_the_same_config_is_refused(dirs, tmp_path,
                "--out", str(tmp_path / "r"), *COMMON])
     assert rc == 1 and "was extracted from target" in _one_line(capsys)
     assert not (tmp_path / "r" / "checkpoints").exists()
+    assert main(["doctor", "--target", str(other), "--store", str(root / "bf16")]) == 1     # doctor says so too
+    assert "other weights give other hidden states" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("change", [["--warmup-steps", "3"], ["--min-lr-ratio", "0.5"], ["--weight-decay", "0.5"],

@@ -17,6 +17,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from eyas import __version__
+from eyas.aux_layers import aux_layer_id_problems
 from eyas.draft.model import DraftConfig, Eagle3Draft, rope_inv_freq
 from eyas.vocab import require_draft_vocab
 
@@ -31,11 +32,36 @@ def nonfinite_keys(tensors: dict[str, torch.Tensor]) -> list[str]:
     return [k for k, v in tensors.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
 
 
+def nonfinite_weights(path: str | os.PathLike) -> list[str]:
+    """nonfinite_keys over a directory's safetensors files, one tensor in memory at a time (an embedding can be
+    GBs), each as a line naming the key."""
+    bad = []
+    for f in sorted(Path(path).glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as h:
+            bad += [f"{k}: holds NaN or inf values (did its training diverge?)" for k in h.keys()
+                    if nonfinite_keys({k: h.get_tensor(k)})]
+    return bad
+
+
 def check_finite(tensors: dict[str, torch.Tensor], where: str) -> None:
     bad = nonfinite_keys(tensors)
     if bad:
         raise ValueError(f"{where}: {', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''} hold NaN or inf values: the "
                          f"draft is unusable (did its training diverge?); train it again, e.g. with a lower --lr")
+
+
+def target_problems(*, vocab_size, target_hidden_size, aux_layer_ids, target_vocab: int, target_hidden: int,
+                    num_layers: int | None) -> list[str]:
+    """What makes a draft (its vocabulary, the hidden size its fc reads, its aux layer ids) unusable with a target:
+    one owner for eval and doctor."""
+    bad = []
+    if vocab_size != target_vocab:
+        bad.append(f"vocab mismatch: the draft was built for a {vocab_size}-token target vocabulary, the target "
+                   f"has {target_vocab}")
+    if target_hidden_size != target_hidden:
+        bad.append(f"hidden size mismatch: draft expects target hidden {target_hidden_size}, target has "
+                   f"{target_hidden}")
+    return bad + aux_layer_id_problems(aux_layer_ids, num_layers, key="the draft's aux layer ids")
 
 
 def save_draft(model: Eagle3Draft, out: str | os.PathLike, meta: dict[str, Any] | None = None,

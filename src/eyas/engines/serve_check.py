@@ -43,6 +43,7 @@ from eyas.engines.vllm import vllm_lock, vllm_python
 from eyas.export import ContractError, check_contract, import_draft, read_export
 from eyas.export.contract import SPECULATORS, rename
 from eyas.export.files import parse_config
+from eyas.outputs import claim, write_result
 from eyas.target import load_target
 
 WORKER = Path(__file__).with_name("vllm_serve_worker.py")
@@ -78,6 +79,8 @@ class ServeCheckConfig(StageConfig):
     run_anyway: bool = Field(False, description="start vLLM even when gates 1-2 found problems "
                                                 "(to see the τ gap they cause)")
     out: Path | None = Field(None, description="write the result JSON here")
+    overwrite: bool = Field(False, description="--out holds a file eyas did not write (or another command's): "
+                                               "replace it")
 
 
 def compare_with_source(config: dict, tensors: dict[str, torch.Tensor], source: Path) -> list[str]:
@@ -132,6 +135,14 @@ def run(cfg: ServeCheckConfig) -> int:
 
 
 def check(cfg: ServeCheckConfig) -> dict:
+    if cfg.out is None:
+        return _check(cfg)
+    with claim(cfg.out, "serve-check", overwrite=cfg.overwrite,   # before vLLM starts: a wrong --out fails at once
+               inputs={"draft": cfg.draft, "native_draft": cfg.native_draft, "bench": cfg.bench}):
+        return _check(cfg)
+
+
+def _check(cfg: ServeCheckConfig) -> dict:
     t_start = time.perf_counter()
     config, tensors = read_export(cfg.draft)
     problems = check_contract(config, tensors)
@@ -255,6 +266,5 @@ def served_divergences(runner, prompts: list[list[int]], served: list[list[int]]
 
 def _finish(cfg: ServeCheckConfig, result: dict) -> dict:
     if cfg.out:
-        Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(cfg.out).write_text(json.dumps(result, indent=2))
+        write_result(cfg.out, json.dumps(result, indent=2))
     return result

@@ -22,7 +22,7 @@ from eyas.config import ConfigError, StageConfig, config_to_yaml
 from eyas.devices import DEVICE_HELP, Dtype, dist_env, resolve_device, resolve_dtype
 from eyas.draft.io import nonfinite_keys, save_draft
 from eyas.draft.model import Eagle3Draft, draft_config_from_target
-from eyas.outputs import claim
+from eyas.outputs import claim, input_id
 from eyas.train import checkpoint as C
 from eyas.train import dist as D
 from eyas.train.data import OfflineSource, OnlineSource, Plan
@@ -111,6 +111,7 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
         self.inp = open_inputs(cfg, self.device, target=target, store=store, dataset=dataset)
+        self.target_sha = input_id(cfg.target)["sha256"]   # eval warns when the draft meets other weights
         tgt = self.inp.target
         d2t, t2d = self.inp.d2t, self.inp.t2d
         dcfg = draft_config_from_target(tgt.config, aux_layer_ids=self.inp.aux_ids, draft_vocab_size=d2t.numel())
@@ -223,7 +224,7 @@ class Trainer:
 
     # ---- checkpoints -----------------------------------------------------------------------------------
     def meta(self, metrics: dict | None) -> dict[str, Any]:
-        return {"target": self.inp.target_meta, "aux_layer_ids": self.inp.aux_ids,
+        return {"target": {**self.inp.target_meta, "sha256": self.target_sha}, "aux_layer_ids": self.inp.aux_ids,
                 "train": self.cfg.model_dump(mode="json"), "metrics": metrics or {}, "step": self.step,
                 "inputs": self.inp.describe()}
 
