@@ -102,3 +102,13 @@ def test_inputs_are_known_by_content(tmp_path):
 def test_a_result_file_is_whole_or_absent(tmp_path):
     p = write_result(tmp_path / "r" / "eval.json", '{"a": 1}')
     assert json.loads(p.read_text()) == {"a": 1} and [x.name for x in p.parent.iterdir()] == ["eval.json"]
+
+
+def test_a_stage_failing_before_it_writes_leaves_nothing(tmp_path):
+    with pytest.raises(RuntimeError):
+        with claim(tmp_path / "store", "store", settings={}):
+            raise RuntimeError("the engine is missing")
+    with pytest.raises(RuntimeError):
+        with claim(tmp_path / "o.jsonl", "regenerate", settings={}):
+            raise RuntimeError("no backend")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".o.jsonl.lock", ".store.lock"]

@@ -257,23 +257,40 @@ def lock_path(out: Path, name: str = "") -> Path:
 # ---------------------------------------------------------------- the claim
 @dataclass
 class Claim:
-    """A held output: `path` is the resolved place to write; `existing` says what was there ("free", "own")."""
+    """A held output: `path` is the resolved place to write; `existing` says what was there ("free", "own");
+    `created`: nothing was there before the claim (a stage that fails before writing leaves nothing either)."""
     path: Path
     kind: str
     existing: str
     record: dict | None
     lock: OutputLock | None
+    created: bool = False
 
-    def release(self) -> None:
+    def release(self, failed: bool = False) -> None:
+        if failed and self.created:
+            self._untouched_away()
         if self.lock is not None:
             self.lock.__exit__(None, None, None)
             self.lock = None
 
+    def _untouched_away(self) -> None:
+        """Remove what the claim itself made (the record, the directory) if the stage wrote nothing."""
+        k = KINDS[self.kind]
+        rec = record_path(self.path, k.is_dir)
+        if k.is_dir and self.path.is_dir() and not _entries(self.path):
+            rec.unlink(missing_ok=True)
+            try:
+                self.path.rmdir()
+            except OSError:
+                pass
+        elif not k.is_dir and not os.path.lexists(self.path):
+            rec.unlink(missing_ok=True)
+
     def __enter__(self) -> "Claim":
         return self
 
-    def __exit__(self, *exc) -> bool:
-        self.release()
+    def __exit__(self, exc_type, *exc) -> bool:
+        self.release(failed=exc_type is not None)
         return False
 
 
@@ -375,6 +392,7 @@ def claim(out: str | os.PathLike, kind: str, *, overwrite: bool = False, resume:
     k = KINDS[kind]
     given = Path(out).expanduser()
     path = given.resolve()
+    created = not os.path.lexists(path)
     inputs = inputs or {}
     refuse_inputs(path, given, inputs)
     state, what = inspect(path, kind)
@@ -406,7 +424,7 @@ def claim(out: str | os.PathLike, kind: str, *, overwrite: bool = False, resume:
             path.mkdir(parents=True, exist_ok=True)
         if record is not None:
             _atomic_json(record_path(path, k.is_dir), record)
-        return Claim(path, kind, state, record, held)
+        return Claim(path, kind, state, record, held, created)
     except BaseException:
         if held is not None:
             held.__exit__(None, None, None)

@@ -6,7 +6,7 @@ import re
 
 import pytest
 import torch
-from conftest import write_eval_dirs
+from conftest import random_draft, tiny_llama, write_eval_dirs
 
 from eyas.cli import main
 from eyas.decode.bench import load_bench
@@ -229,7 +229,6 @@ def test_eval_on_a_full_disk_leaves_no_empty_out_and_no_temp_file(tiny_dirs, tmp
 
 
 def test_eval_of_a_draft_for_another_hidden_size_or_vocabulary_is_one_line(tiny_dirs, tmp_path, capsys):
-    from conftest import random_draft, tiny_llama
     from eyas.draft.io import save_draft
     for name, model in (("vocab", tiny_llama(seed=3, vocab=96)), ("hidden", _wider())):
         d, _ = random_draft(model)

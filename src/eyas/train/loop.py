@@ -11,6 +11,7 @@ import json
 import math
 import random
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Literal
 
@@ -395,20 +396,15 @@ def train(cfg: TrainConfig, *, target=None, store=None, dataset=None) -> dict:
     objects (tests, the demo) in place of loading --target / --store / --data."""
     if cfg.resume and cfg.overwrite:
         raise ConfigError("--resume and --overwrite contradict each other: pick one")
-    held = None
-    if dist_env()[0] == 0:   # the main process owns the RUN dir (its lock held to the end, its settings recorded)
-        held = claim(cfg.out, "run", overwrite=cfg.overwrite, resume=cfg.resume,
-                     inputs={"target": cfg.target, "store": cfg.store, "data": cfg.data},
-                     settings={k: getattr(cfg, k) for k in RUN_SETTINGS})
-    try:
+    # the main process owns the RUN dir (its lock held to the end, its settings recorded)
+    with claim(cfg.out, "run", overwrite=cfg.overwrite, resume=cfg.resume,
+               inputs={"target": cfg.target, "store": cfg.store, "data": cfg.data},
+               settings={k: getattr(cfg, k) for k in RUN_SETTINGS}) if dist_env()[0] == 0 else nullcontext():
         t = Trainer(cfg, target=target, store=store, dataset=dataset)
         try:
             return t.run()
         finally:
             t.close()
-    finally:
-        if held is not None:
-            held.release()
 
 
 def run(cfg: TrainConfig) -> dict:
