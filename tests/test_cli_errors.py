@@ -51,6 +51,8 @@ def test_ctrl_c_exits_130_with_one_line(boom, capsys, kind):
     assert len(lines) == 1
     if kind == "interrupt":
         assert "--resume" in lines[0]
+    else:   # a bare Ctrl-C (before a stage's own handler) still says what happened and what to do
+        assert "interrupted" in lines[0] and "rerun" in lines[0]
 
 
 def test_a_bug_keeps_its_traceback(boom):

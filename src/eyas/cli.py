@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _print_result(getattr(module, fn_name)(cfg))
     except KeyboardInterrupt as e:  # Ctrl-C: what was done is kept; the message says how to continue
-        print(f"eyas {cmd}: {e or 'interrupted; finished work is kept: rerun the same command to continue'}",
+        print(f"eyas {cmd}: {str(e) or 'interrupted; finished work is kept: rerun the same command to continue'}",
               file=sys.stderr)
         return 130
     except Exception as e:  # noqa: BLE001 - sorted below: user-causable -> one line, bugs -> traceback

@@ -313,13 +313,7 @@ class Trainer:
         if self.d.main:
             (cfg.out / "train_config.yaml").write_text(config_to_yaml(cfg))
         self.tb = _tensorboard(cfg.out / "tb", self.step) if (cfg.tensorboard and self.d.main) else None
-        try:
-            return self._loop()
-        except KeyboardInterrupt:
-            last = C.latest_checkpoint(cfg.out)
-            raise C.Interrupted(f"interrupted at step {self.step}; "
-                                + (f"continue from {last.name} with the same command plus --resume" if last else
-                                   "no checkpoint was written yet: rerun with --overwrite to start over")) from None
+        return self._loop()
 
     def _loop(self) -> dict:
         cfg = self.cfg
@@ -400,11 +394,18 @@ def train(cfg: TrainConfig, *, target=None, store=None, dataset=None) -> dict:
     with claim(cfg.out, "run", overwrite=cfg.overwrite, resume=cfg.resume,
                inputs={"target": cfg.target, "store": cfg.store, "data": cfg.data},
                settings={k: getattr(cfg, k) for k in RUN_SETTINGS}) if dist_env()[0] == 0 else nullcontext():
-        t = Trainer(cfg, target=target, store=store, dataset=dataset)
+        t = None
         try:
+            t = Trainer(cfg, target=target, store=store, dataset=dataset)
             return t.run()
+        except KeyboardInterrupt:   # wherever Ctrl-C lands: one line saying how to continue
+            last = C.latest_checkpoint(cfg.out)
+            raise C.Interrupted(f"interrupted at step {t.step if t is not None and hasattr(t, 'step') else 0}; "
+                                + (f"continue from {last.name} with the same command plus --resume" if last else
+                                   "no checkpoint was written yet: rerun with --overwrite to start over")) from None
         finally:
-            t.close()
+            if t is not None:
+                t.close()
 
 
 def run(cfg: TrainConfig) -> dict:
