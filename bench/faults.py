@@ -1,11 +1,12 @@
-"""Fault-injection harness (issue #17): kill, corrupt and misserve eyas, then check nothing is lost or wrong.
+"""Fault-injection harness: kill, corrupt, misserve and misdirect eyas, then check nothing is lost or wrong.
 
-Five families, each fault classified by what the user ends up with:
+Nine families, each fault classified by what the user ends up with:
   survived   the final result equals a clean run's, byte for byte (or the right rows were written)
   detected   the tool refused or reported it (one line / a per-row error) and nothing wrong was kept
   wrong      it finished and the result differs from a clean run with no word said   (must be 0)
   lost       finished work or rows vanished without a report                          (must be 0)
   manual     only a hand edit (delete a file, kill a lock) gets the user going again  (must be 0)
+  traceback  a user's mistake ended in a traceback, not a line                         (must be 0)
 
   extract     SIGKILL/SIGTERM/SIGINT at random times and at the writer's named points; resume to the end
   train       the same around and inside save_checkpoint, plus a disk full inside torch.save
@@ -14,6 +15,7 @@ Five families, each fault classified by what the user ends up with:
               outside, prepared shards flipped, checkpoints truncated or replaced by a code-running pickle
   server      a loopback fake OpenAI server through 20 failure modes (redirects, 5xx, Retry-After, dribble,
               hang, bad bodies, key echo, ...)
+  collisions, resume, concurrent, non-finite: who owns an output and what training may save (fault_outputs.py)
 
   python bench/faults.py [--kills 20] [--quick] [--out bench/results/faults-cpu.json]
 """
@@ -39,7 +41,7 @@ import fault_procs as P  # noqa: E402
 from fake_openai import KEY, SERVER_MODES, Evil, FakeOpenAI, conversations, serve  # noqa: E402
 from fault_procs import one_line_error, run_to_end, start_and_kill  # noqa: E402
 
-OUTCOMES = ("survived", "detected", "wrong", "lost", "manual")
+OUTCOMES = ("survived", "detected", "wrong", "lost", "manual", "traceback")
 
 
 class Tally:
@@ -51,21 +53,15 @@ class Tally:
         row = self.rows.setdefault(family, {k: 0 for k in ("injected", *OUTCOMES, "pending")})
         row["injected"] += 1
         row[outcome] += 1
-        if outcome in ("wrong", "lost", "manual"):
+        if outcome in ("wrong", "lost", "manual", "traceback"):
             self.notes.append(f"{family}: {outcome}: {note}")
 
     def table(self) -> str:
-        head = f"{'family':<12}{'injected':>9}{'survived':>9}{'detected':>9}{'wrong':>7}{'lost':>6}{'manual':>7}"
-        lines = [head, "-" * len(head)]
-        tot = {k: 0 for k in ("injected", *OUTCOMES)}
-        for fam, r in self.rows.items():
-            lines.append(f"{fam:<12}{r['injected']:>9}{r['survived']:>9}{r['detected']:>9}{r['wrong']:>7}"
-                         f"{r['lost']:>6}{r['manual']:>7}")
-            for k in tot:
-                tot[k] += r[k]
-        lines.append(f"{'total':<12}{tot['injected']:>9}{tot['survived']:>9}{tot['detected']:>9}{tot['wrong']:>7}"
-                     f"{tot['lost']:>6}{tot['manual']:>7}")
-        return "\n".join(lines)
+        cols = ("injected", *OUTCOMES)
+        row = lambda name, r: f"{name:<12}" + "".join(f"{r[k]:>{len(k) + 1}}" for k in cols)
+        head = f"{'family':<12}" + "".join(f"{k:>{len(k) + 1}}" for k in cols)
+        tot = {k: sum(r[k] for r in self.rows.values()) for k in cols}
+        return "\n".join([head, "-" * len(head), *(row(f, r) for f, r in self.rows.items()), row("total", tot)])
 
 
 # ---------------------------------------------------------------- fixtures
@@ -442,12 +438,30 @@ def family_at_rest(tally, w, clean_store, clean_run, work):
             tally.add("at-rest", "manual", f"{name}: rc {r['rc']} {r['stderr'][-400:]}")
 
 
+def families_owned(tally, fams, w, store, run, work):
+    import fault_outputs as O
+    srv = serve(FakeOpenAI)
+    base = f"http://127.0.0.1:{srv.server_address[1]}/v1"
+    try:
+        if "collisions" in fams:
+            O.family_collisions(tally, w, store, run, work, base, train_cmd, extract_cmd)
+        if "resume" in fams:
+            O.family_resume(tally, w, store, run, work, base, train_cmd, extract_cmd)
+        if "concurrent" in fams:
+            O.family_concurrent(tally, w, store, work, base, train_cmd, extract_cmd, check_regenerated)
+        if "non-finite" in fams:
+            O.family_nonfinite(tally, w, store, run, work, train_cmd)
+    finally:
+        srv.shutdown()
+
+
 # ---------------------------------------------------------------- main
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kills", type=int, default=20, help="kills per family (extract, train, regenerate)")
     ap.add_argument("--rows", type=int, default=120, help="prepared rows (store size)")
-    ap.add_argument("--families", default="extract,train,regenerate,at-rest,server")
+    ap.add_argument("--families", default="extract,train,regenerate,at-rest,server,collisions,resume,concurrent,"
+                                           "non-finite")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work", type=Path, default=None, help="scratch dir (default: a temp dir, removed)")
     ap.add_argument("--out", type=Path, default=None, help="JSON result")
@@ -463,7 +477,8 @@ def main(argv=None) -> dict:
     try:
         w = make_world(work, args.rows)
         clean_store = family_extract(tally, w, work, args.kills if "extract" in fams else 0, rng)
-        if "train" in fams or "at-rest" in fams:
+        owned = fams & {"collisions", "resume", "concurrent", "non-finite"}
+        if "train" in fams or "at-rest" in fams or owned:
             clean_run = family_train(tally, w, clean_store, work, args.kills if "train" in fams else 0, rng)
         if "regenerate" in fams:
             family_regenerate(tally, work, args.kills, rng)
@@ -471,6 +486,8 @@ def main(argv=None) -> dict:
             family_at_rest(tally, w, clean_store, clean_run, work)
         if "server" in fams:
             family_server(tally, work)
+        if owned:
+            families_owned(tally, owned, w, clean_store, clean_run, work)
     finally:
         P.FORKER.close()
         if tmp is not None:

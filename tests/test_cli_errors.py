@@ -9,7 +9,7 @@ from eyas.cli import COMMANDS, main
 
 USER_ERRORS = ["config", "store", "prepared", "contract", "checkpoint", "mask", "engine", "missing", "exists",
                "permission", "isdir", "disk-full", "key", "import", "unicode", "json", "recursion", "unpickling",
-               "memory", "multiline", "safetensors", "oom"]
+               "memory", "multiline", "safetensors", "oom", "cpu-oom", "safetensors-full"]
 
 
 @pytest.fixture
@@ -24,6 +24,16 @@ def test_user_errors_are_one_line(boom, capsys, kind):
     lines = cap.err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("eyas boom: error: ") and "Traceback" not in cap.err, cap.err
     assert len(lines[0]) > len("eyas boom: error: ") + 10
+
+
+def test_a_full_disk_and_an_out_of_memory_batch_say_so(boom, capsys):
+    # item 13: a full disk while writing safetensors said "damaged ... run `eyas doctor`"; item 10: a CPU batch
+    # out of memory was a traceback.
+    main(["boom", "--kind", "safetensors-full"])
+    err = capsys.readouterr().err
+    assert "disk full" in err and "damaged" not in err and "resumed" not in err   # boom resumes nothing
+    main(["boom", "--kind", "cpu-oom"])
+    assert "out of memory" in capsys.readouterr().err
 
 
 def test_os_errors_name_the_file_and_the_fix(boom, capsys):
@@ -41,6 +51,8 @@ def test_ctrl_c_exits_130_with_one_line(boom, capsys, kind):
     assert len(lines) == 1
     if kind == "interrupt":
         assert "--resume" in lines[0]
+    else:   # a bare Ctrl-C (before a stage's own handler) still says what happened and what to do
+        assert "interrupted" in lines[0] and "rerun" in lines[0]
 
 
 def test_a_bug_keeps_its_traceback(boom):
@@ -74,7 +86,7 @@ def test_export_into_the_run_itself_is_refused(tmp_path, capsys):
     (run / "metrics.jsonl").write_text("{}\n")
     for out in (run, tmp_path):
         assert main(["export", "--draft", str(run), "--out", str(out), "--verifier", "tiny"]) == 1
-        assert "would delete the run" in capsys.readouterr().err
+        assert "would destroy an input" in capsys.readouterr().err
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "thesis.txt").write_text("x")

@@ -146,6 +146,16 @@ def test_demo_takes_every_builtin_target(name, tmp_path):
     assert cfg.target == name and cfg.online
 
 
+def test_demo_refuses_an_out_holding_other_files_before_any_stage(tmp_path, capsys):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "thesis.txt").write_text("years of work")
+    rc = main(["demo", "--target", "smollm2-135m", "--out", str(mine)])
+    captured = capsys.readouterr()
+    assert rc == 1 and "=== fetch ===" not in captured.out and "other files (thesis.txt)" in captured.err
+    assert sorted(p.name for p in mine.iterdir()) == ["thesis.txt"]
+
+
 def test_gpu_profile_fills_only_unset_fields():
     from eyas.config import build_config
     from eyas.demo import GPU_PROFILE, DemoConfig, with_profile

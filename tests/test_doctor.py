@@ -317,3 +317,26 @@ def test_prepared_dir_vocab_coverage(target, tmp_path):
     cov = checks["draft vocab coverage"]
     assert cov.status == "warn" and "10 draft tokens cover 50.0%" in cov.detail
     assert "10 tokens x" in checks["disk for store"].detail  # the store is sized from the PREPARED summary
+
+
+def test_truncated_target_weights_fail(tmp_path):
+    # item 13: doctor passed a target whose weights were cut short.
+    from transformers import LlamaForCausalLM
+    t = Path(write_target(tmp_path / "t", llama_config()))
+    LlamaForCausalLM(llama_config()).save_pretrained(t)
+    names = {c.name: c.status for c in diagnose(DoctorConfig(target=str(t)))}
+    assert names["target weights"] == "pass"
+    w = t / "model.safetensors"
+    w.write_bytes(w.read_bytes()[:-1000])
+    assert "cut short" in failures(diagnose(DoctorConfig(target=str(t))))["target weights"]
+
+
+def test_an_unwritable_store_location_fails(target, tmp_path, monkeypatch):
+    # item 13: doctor passed a --store nobody can write (checked with access(2); this test runs as root, so the
+    # answer for a read-only directory is stood in).
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    real = doctor.os.access
+    monkeypatch.setattr(doctor.os, "access", lambda p, m: False if Path(p) == ro else real(p, m))
+    got = failures(diagnose(DoctorConfig(target=target, store=ro / "store", max_samples=10, max_length=64)))
+    assert "not writable" in got["store location"]

@@ -54,6 +54,8 @@ def test_shared_concepts_take_the_shared_values(command):
             assert values and set(values) <= set(DTYPES), f"{flag}: {values} outside {DTYPES} (eyas.devices)"
         if name == "json":
             assert field.annotation is bool, f"{flag} must be a switch (write files with --out)"
+        if name == "overwrite":
+            assert field.annotation is bool and field.default is False, f"{flag}: a switch, off by default"
         if name == "device" or name.endswith("_device"):
             assert field.annotation is str and field.default == "auto", f"{flag}: str, default auto (eyas.devices)"
         if name == "aux_layer_ids":

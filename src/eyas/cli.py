@@ -152,18 +152,27 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _print_result(getattr(module, fn_name)(cfg))
     except KeyboardInterrupt as e:  # Ctrl-C: what was done is kept; the message says how to continue
-        print(f"eyas {cmd}: {e or 'interrupted; finished work is kept: rerun the same command to continue'}",
+        print(f"eyas {cmd}: {str(e) or 'interrupted; finished work is kept: rerun the same command to continue'}",
               file=sys.stderr)
         return 130
     except Exception as e:  # noqa: BLE001 - sorted below: user-causable -> one line, bugs -> traceback
-        line = explain(e)
+        line = explain(e, cmd)
         if line is None or env.get("EYAS_DEBUG"):
             raise
         print(f"eyas {cmd}: error: {line}", file=sys.stderr)
         return 1
 
 
-def explain(e: BaseException) -> str | None:
+# Commands whose finished work survives a failure and is continued by the same command run again.
+RESUMABLE = {"regenerate", "extract", "train"}
+
+
+def _disk_full(msg: str, cmd: str | None) -> str:
+    return f"disk full ({msg}); free space and rerun " + (
+        "(finished work is kept and resumed)" if cmd in RESUMABLE else "(nothing half-written was kept)")
+
+
+def explain(e: BaseException, cmd: str | None = None) -> str | None:
     """One line for a failure the user can cause (bad input, missing or damaged file, full disk, ...);
     None for anything else, which is a bug and keeps its traceback. EYAS_DEBUG=1 shows every traceback."""
     from eyas.engines.base import EngineError
@@ -174,7 +183,7 @@ def explain(e: BaseException) -> str | None:
     if isinstance(e, OSError):
         name = f"{e.filename}: " if getattr(e, "filename", None) and str(e.filename) not in msg else ""
         if e.errno == errno.ENOSPC:
-            return f"{name}disk full ({msg}); free space and rerun (finished work is kept and resumed)"
+            return name + _disk_full(msg, cmd)
         if isinstance(e, FileExistsError):
             return f"{name}{msg}; remove it or choose another --out"
         if isinstance(e, PermissionError):
@@ -185,8 +194,11 @@ def explain(e: BaseException) -> str | None:
     if isinstance(e, ImportError):
         return f"{msg}; install the missing package (pip install {e.name or 'it'}) or pick another option"
     if type(e).__name__ == "SafetensorError":
+        if "No space left" in msg or "os error 28" in msg:   # raised while writing one
+            return _disk_full(msg, cmd)
         return f"a .safetensors file is damaged or not safetensors ({msg}); re-create it, or run `eyas doctor`"
-    if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError":
+    if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" or (
+            isinstance(e, RuntimeError) and ("can't allocate memory" in msg or "out of memory" in msg.lower())):
         return f"out of memory ({msg[:200]}); lower --batch-size / --token-budget / --max-length"
     if type(e).__name__ == "UnpicklingError":
         return f"a file is not what it claims to be (unpickling refused: {msg[:200]}); re-create it"

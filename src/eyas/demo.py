@@ -35,6 +35,7 @@ from eyas.export.commands import ExportConfig, run_export
 from eyas.extract import ExtractConfig, run as extract
 from eyas.recipes import Runner, load_recipe, run_recipe
 from eyas.recipes.recipe import Recipe, file_params
+from eyas.outputs import claim
 from eyas.target import BUILTIN_TARGETS, resolve
 from eyas.train.loop import TrainConfig, run as train
 
@@ -82,6 +83,8 @@ class DemoConfig(StageConfig):
                                         "profile: on)")
     online: bool = Field(False, description="train online: the target's states computed inside each training step, "
                          "no extract stage and no store (gpu profile: on; its ~5M tokens would make a ~25 GB store)")
+    overwrite: bool = Field(False, description="--out holds something else eyas wrote, or regenerated conversations "
+                            "made with other settings: replace them")
 
 
 # The gpu profile (recipes/files/demo-gpu.yaml, which says why each size): fields the user did not set take it.
@@ -107,8 +110,12 @@ def run(cfg: DemoConfig) -> int | dict:
     start (a rerun redoes every stage; `eyas run demo-cpu --out DIR` resumes instead)."""
     device = str(resolve_device(cfg.device))
     profile = cfg.profile if cfg.profile != "auto" else ("gpu" if device.startswith("cuda") else "cpu")
-    given = {k: getattr(cfg, k) for k in cfg.model_fields_set if k not in ("out", "json", "profile")}
-    _, result = run_recipe(load_recipe(f"demo-{profile}", given), cfg.out, fresh=True)
+    given = {k: getattr(cfg, k) for k in cfg.model_fields_set if k not in ("out", "json", "profile", "overwrite")}
+    # The demo owns --out (eyas.outputs): a directory of other files, or an input, is refused before any stage runs;
+    # its stages then own their own outputs inside it.
+    with claim(cfg.out, "demo", overwrite=cfg.overwrite,
+               inputs={"target": cfg.target, "data": cfg.data, "bench": cfg.bench}) as held:
+        _, result = run_recipe(load_recipe(f"demo-{profile}", given), held.path, fresh=True)
     summary = {k: v for k, v in result.items() if k not in ("left", "files")}
     if cfg.json:
         return summary
@@ -222,7 +229,7 @@ def _timed(name: str, fn):
 def _regenerate(cfg: DemoConfig, device: str, data: Path, paths: dict[str, Path], cache) -> dict:
     """The openings, then the self-written prompts, answered by the target: {openings, self, data (their union)}."""
     gen = dict(target=cfg.target, backend=cfg.regen_backend, max_new_tokens=cfg.regen_max_new_tokens,
-               batch_size=cfg.regen_batch_size, device=device,
+               batch_size=cfg.regen_batch_size, device=device, overwrite=cfg.overwrite,
                max_prompt_tokens=cfg.regen_max_prompt_tokens or cfg.max_length // 2,
                cache_dir=cache, seed=cfg.seed, json=True, dtype="bf16" if fast_bf16(device) else "auto",
                **({"attention": cfg.regen_attention} if cfg.regen_backend == "native" else {}))

@@ -9,6 +9,7 @@ real run will use. Each check is pass / warn / fail / skip; every fail says how 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from collections import Counter
@@ -27,15 +28,17 @@ from eyas.data import MaskError, PreparedDataset, iter_conversations, render_wit
 from eyas.data.dataset import MANIFEST as PREPARED_MANIFEST
 from eyas.data.masks import template_hash
 from eyas.devices import StoreDtype, dtype_bytes
-from eyas.draft.io import read_draft_config
+from eyas.draft.io import nonfinite_keys, nonfinite_weights, read_draft_config, target_problems
 from eyas.draft.model import Eagle3Draft, draft_config_from_target
 from eyas.export import check_contract, detect_format, read_export
 from eyas.export.files import parse_config
 from eyas.flags import DRAFT_VOCAB_SIZE, AuxLayerIds, CacheDir, DraftVocabSize, JsonSwitch, Target, TrustRemoteCode
+from eyas.outputs import input_id, recorded_input, same_input
 from eyas.store import HiddenStateStore, bytes_per_token, config_hash, verify_store
 from eyas.store.extract import data_fingerprint
 from eyas.store.format import MANIFEST as STORE_MANIFEST, identity_mismatches
 from eyas.target import LayoutError, build_meta, find_layout, load_config, load_tokenizer
+from eyas.target.fastload import weight_file_problems
 from eyas.vocab import check_draft_vocab
 
 
@@ -146,10 +149,22 @@ def check_target(cfg: DoctorConfig, out: list[Check]) -> TargetFacts | None:
     if getattr(t, "vocab_size", V) != V:
         problems.append(f"config vocab_size {t.vocab_size} != lm_head rows {V}")
     params = sum(p.numel() for p in model.parameters())
+    check_weight_files(cfg.target, out)
     out.append(Check("hidden size / vocab", "fail" if problems else "pass",
                      "; ".join(problems) or f"hidden {H}, vocab {V}, {params / 1e9:,.2f}B parameters",
                      "fix the target's config.json" if problems else ""))
     return TargetFacts(config, n, H, V, params, _dtype_bytes(config), layout.paths)
+
+
+def check_weight_files(spec: str, out: list[Check]) -> None:
+    """A local target's weight files are whole (the config alone cannot tell; loading would fail hours later)."""
+    d = Path(str(spec)).expanduser()
+    if not d.is_dir() or not list(d.glob("*.safetensors")):
+        return
+    problems = weight_file_problems(d)
+    out.append(Check("target weights", "fail" if problems else "pass", "; ".join(problems[:3]) or
+                     f"{len(list(d.glob('*.safetensors')))} safetensors file(s) whole (sizes match their headers)",
+                     "copy the target's weights again" if problems else ""))
 
 
 def check_aux(cfg: DoctorConfig, facts: TargetFacts, draft_aux: list[int] | None, out: list[Check]) -> list[int]:
@@ -203,12 +218,14 @@ def read_draft(path: Path, out: list[Check]) -> DraftFacts | None:
             out.append(Check("draft", "fail", str(e), "re-train or re-import the draft with this eyas"))
             return None
         shapes, kind = _header_shapes(Path(path), ("fc.weight", "t2d")), "eyas draft"
+        errors = nonfinite_weights(Path(path))
     else:
         try:
             config, tensors = read_export(path)
             kind = detect_format(config, tensors)
             dc, errors = parse_config(config, kind, strict=False)
             errors = sorted(set(errors + check_contract(config, tensors)))
+            errors += [f"{k}: holds NaN or inf values" for k in nonfinite_keys(tensors)]
         except (OSError, ValueError, KeyError) as e:
             out.append(Check("draft", "fail", f"{path}: {e}", "point --draft at an eyas draft or an export"))
             return None
@@ -224,21 +241,17 @@ def read_draft(path: Path, out: list[Check]) -> DraftFacts | None:
 
 
 def check_draft(d: DraftFacts, ids: list[int], facts: TargetFacts, out: list[Check]) -> None:
-    bad, H, V, N = [], facts.hidden_size, facts.vocab_size, facts.num_layers
-    if d.vocab_size != V:
-        bad.append(f"vocab mismatch: the draft was built for a {d.vocab_size}-token target vocabulary, "
-                   f"the target has {V}")
+    H, V, N = facts.hidden_size, facts.vocab_size, facts.num_layers
+    bad = target_problems(vocab_size=d.vocab_size, target_hidden_size=d.target_hidden_size,
+                          aux_layer_ids=d.aux_layer_ids, target_vocab=V, target_hidden=H, num_layers=N)
+    aux_bad = aux_layer_id_problems(d.aux_layer_ids, N, key="the draft's aux layer ids")
     if d.t2d_len is not None and d.t2d_len != V:
         bad.append(f"vocab mismatch: t2d covers {d.t2d_len} target tokens, the target has {V}")
-    if d.target_hidden_size != H:
-        bad.append(f"hidden size mismatch: draft expects target hidden {d.target_hidden_size}, target has {H}")
-    aux_bad = aux_layer_id_problems(d.aux_layer_ids, N, key="the draft's aux layer ids")
-    bad += aux_bad
     if not aux_bad and list(ids) != d.aux_layer_ids:
         bad.append(f"aux layer ids differ: planned {list(ids)}, the draft was trained on {d.aux_layer_ids}")
     if not aux_layer_id_problems(list(ids)):
         bad += aux_layer_id_problems(list(ids), fc_in=d.fc_in, hidden_size=H, key="planned aux layer ids")
-    bad += [f"contract: {e}" for e in d.errors]
+    bad += [e if "NaN" in e else f"contract: {e}" for e in d.errors]
     out.append(Check(f"draft vs target", "fail" if bad else "pass", "; ".join(bad) or
                      f"{d.kind} at {d.path}: hidden {H}, vocab {V} (draft vocab {d.draft_vocab_size}), "
                      f"aux {d.aux_layer_ids}, fc width {d.fc_in}",
@@ -366,6 +379,11 @@ def check_store(cfg: DoctorConfig, facts: TargetFacts, ids: list[int], prepared:
                     "vocab_size": facts.vocab_size, "aux_layer_ids": list(ids),
                     "config_hash": config_hash(facts.config)}
             problems = identity_mismatches(tgt, {k: v for k, v in want.items() if k in tgt})
+            have, now = recorded_input(cfg.store, "target"), input_id(cfg.target, cache=cfg.cache_dir)
+            if have is not None and not same_input(have, now):
+                problems.append(f"the store was extracted from target {have.get('spec')} (content "
+                                f"{str(have.get('sha256'))[:12]}), --target {cfg.target} has content "
+                                f"{str(now.get('sha256'))[:12]}: other weights give other hidden states")
         out.append(Check("store", "fail" if problems else "pass", "; ".join(problems[:5]) +
                          (f" (+{len(problems) - 5} more)" if len(problems) > 5 else "") or
                          f"{cfg.store}: every shard verified (sha256, shapes, finite values)",
@@ -380,6 +398,9 @@ def check_store(cfg: DoctorConfig, facts: TargetFacts, ids: list[int], prepared:
     where = Path(cfg.store or ".").expanduser().resolve()
     while not where.exists():
         where = where.parent
+    if cfg.store is not None and not os.access(where, os.W_OK | os.X_OK):
+        out.append(Check("store location", "fail", f"--store {cfg.store}: {where} is not writable by this user",
+                         "choose a --store under a directory you can write"))
     free = shutil.disk_usage(where).free
     gib = 1 << 30
     status = "fail" if need > free else "warn" if need > 0.8 * free else "pass"

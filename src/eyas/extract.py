@@ -18,7 +18,8 @@ from eyas.config import StageConfig
 from eyas.data import PreparedDataset
 from eyas.devices import StoreDtype, dist_env, fast_bf16, resolve_device
 from eyas.flags import AuxLayerIds, CacheDir, Device, Target, TrustRemoteCode
-from eyas.store.extract import extract_to_store, remove_store
+from eyas.outputs import claim
+from eyas.store.extract import extract_to_store
 from eyas.store.format import StoreError, target_identity
 from eyas.target import load_config, load_target, text_config
 from eyas.target.compiled import compile_layers
@@ -61,12 +62,19 @@ def run(cfg: ExtractConfig) -> dict[str, Any]:
     config = load_config(cfg.target, cache=cfg.cache_dir, trust_remote_code=cfg.trust_remote_code)
     text = text_config(config)
     aux_ids = resolve_aux_layer_ids(cfg.aux_layer_ids, int(text.num_hidden_layers))
-    if cfg.overwrite:
-        if world > 1:
-            raise StoreError("--overwrite with several ranks would race; delete the --out directory first")
-        remove_store(cfg.out)   # only a store's own files; anything else in --out is refused
+    if cfg.overwrite and world > 1:
+        raise StoreError("--overwrite with several ranks would race; delete the --out directory first")
     if not Path(cfg.data).is_dir():
         raise FileNotFoundError(f"prepared dataset directory not found: {cfg.data}")
+    # The store's own per-rank locks (eyas.store.writer) guard its writers: the claim takes none of its own.
+    with claim(cfg.out, "store", overwrite=cfg.overwrite, lock=None, cache=cfg.cache_dir,
+               inputs={"target": cfg.target, "data": cfg.data},
+               settings={"store_dtype": cfg.store_dtype, "aux_layer_ids": aux_ids, "max_samples": cfg.max_samples,
+                         "shard_mb": cfg.shard_mb}):
+        return _extract(cfg, config, aux_ids, device, rank, world)
+
+
+def _extract(cfg: ExtractConfig, config, aux_ids: list[int], device, rank: int, world: int) -> dict[str, Any]:
     dataset = PreparedDataset(cfg.data, verify=True)  # a flipped token byte must not become a silent store
     if cfg.backend == "vllm":
         from eyas.engines.vllm_extract import extract_with_vllm

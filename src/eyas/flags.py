@@ -30,6 +30,7 @@ CONCEPTS = {
     "json": "switch: print the result as JSON instead of a table",
     "out": "where the command writes (a directory, or the results file)",
     "cache_dir": "cache for built-in targets and datasets",
+    "overwrite": "switch: replace an --out that is not this command's own resumable work (eyas.outputs)",
 }
 
 # Spellings that once named one of the concepts above (or would, in a new command): a config field with one
@@ -46,6 +47,8 @@ RETIRED = {
     "torch_dtype": "dtype",
     "output": "out",
     "output_dir": "out",
+    "force": "overwrite",
+    "clobber": "overwrite",
 }
 
 

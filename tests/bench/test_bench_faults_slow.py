@@ -1,5 +1,6 @@
 """The whole fault-injection harness (bench/faults.py): >= 20 kills each of extract, train (inside
-save_checkpoint too) and regenerate, damage at rest, 20 server modes. Minutes of CPU: -m slow."""
+save_checkpoint too) and regenerate, damage at rest, 20 server modes, and the output families (collisions,
+resume with other settings, concurrent writers, non-finite training). Minutes of CPU: -m slow."""
 
 import importlib.util
 import sys
@@ -20,5 +21,7 @@ def test_fault_harness_nothing_wrong_lost_or_manual(tmp_path):
     for fam in ("extract", "train", "regenerate"):
         assert res["table"][fam]["injected"] >= 20
     assert res["table"]["server"]["injected"] >= 15
+    for fam in ("collisions", "resume", "concurrent", "non-finite"):
+        assert res["table"][fam]["injected"] >= 8
     for fam, row in res["table"].items():
-        assert (row["wrong"], row["lost"], row["manual"]) == (0, 0, 0), (fam, res["notes"])
+        assert (row["wrong"], row["lost"], row["manual"], row["traceback"]) == (0, 0, 0, 0), (fam, res["notes"])

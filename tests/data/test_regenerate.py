@@ -175,3 +175,93 @@ def test_out_directory_gets_a_file_inside(data, tmp_path):
     (tmp_path / "d2").mkdir()
     s = regenerate(RegenerateConfig(target="t", data=str(data), out=tmp_path / "d2"), backend=Echo())
     assert s["out"] == str(tmp_path / "d2" / "regenerated.jsonl") and s["written"] == 4
+
+
+# ---------------------------------------------------------------- the output is owned (eyas.outputs)
+def test_out_that_is_the_input_or_links_to_it_is_refused_and_left_whole(data, tmp_path):
+    before = data.read_bytes()
+    with pytest.raises(ValueError, match="is the --data"):
+        regenerate(RegenerateConfig(target="t", data=str(data), out=data, overwrite=True), backend=Echo())
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(data)
+    with pytest.raises(ValueError, match=f"resolves to {data}"):
+        regenerate(RegenerateConfig(target="t", data=str(data), out=link), backend=Echo())
+    assert data.read_bytes() == before
+
+
+def test_a_foreign_file_is_refused_unless_overwrite(data, tmp_path):
+    out = tmp_path / "notes.jsonl"
+    out.write_text('{"messages": [{"role": "user", "content": "mine"}]}\n')
+    with pytest.raises(ValueError, match="already holds a file eyas did not write.*--overwrite"):
+        regenerate(RegenerateConfig(target="t", data=str(data), out=out), backend=Echo())
+    assert "mine" in out.read_text()
+    s = regenerate(RegenerateConfig(target="t", data=str(data), out=out, overwrite=True), backend=Echo())
+    assert s["written"] == 4 and "mine" not in out.read_text()
+
+
+def test_a_damaged_line_inside_an_output_loses_nothing(data, tmp_path):
+    out = tmp_path / "out.jsonl"
+    cfg = RegenerateConfig(target="t", data=str(data), out=out)
+    regenerate(cfg, backend=Echo())
+    lines = out.read_text().splitlines(keepends=True)
+    damaged = lines[0] + "not json\n" + "".join(lines[1:])
+    out.write_text(damaged)
+    with pytest.raises(ValueError, match=r"out.jsonl:2: not a written row.*nothing was changed"):
+        regenerate(cfg, backend=Echo())
+    assert out.read_text() == damaged
+
+
+@pytest.mark.parametrize("change", [{"temperature": 0.7}, {"max_new_tokens": 9}, {"target": "other"},
+                                    {"seed": 3}])
+def test_resume_with_other_settings_is_refused_naming_them(data, tmp_path, change):
+    out = tmp_path / "out.jsonl"
+    regenerate(RegenerateConfig(target="t", data=str(data), out=out, max_samples=2), backend=Echo())
+    before = out.read_text()
+    flag = "--" + next(iter(change)).replace("_", "-")
+    base = {"target": "t", "data": str(data), "out": out}
+    with pytest.raises(ValueError, match=f"started with other settings: {flag} "):
+        regenerate(RegenerateConfig(**{**base, **change}), backend=Echo())
+    assert out.read_text() == before
+    s = regenerate(RegenerateConfig(**{**base, **change}, overwrite=True), backend=Echo())
+    assert s["skipped"] == 0 and s["written"] == 4    # started over: no row of the first run is kept
+
+
+def test_resume_with_another_target_of_the_same_name_is_refused(data, tmp_path):
+    """The target is known by its content, not its path: B copied over A's directory is another target."""
+    a = make_target_dir(tmp_path / "tgt", "smollm2")
+    out = tmp_path / "out.jsonl"
+    regenerate(RegenerateConfig(target=str(a), data=str(data), out=out, max_samples=2), backend=Echo())
+    cfg = json.loads((a / "config.json").read_text())
+    (a / "config.json").write_text(json.dumps({**cfg, "rms_norm_eps": 1e-3}))
+    with pytest.raises(ValueError, match="--target .*content"):
+        regenerate(RegenerateConfig(target=str(a), data=str(data), out=out), backend=Echo())
+
+
+def test_tasks_resume_with_another_min_words_is_refused(tmp_path):
+    src = tmp_path / "answers.jsonl"
+    src.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"q{i}"},
+                                                    {"role": "assistant", "content": " ".join(["w"] * 50)}]}) + "\n"
+                           for i in range(3)))
+    out = tmp_path / "tasks.jsonl"
+    regenerate(RegenerateConfig(target="t", data=f"tasks:{src}", out=out, task_min_words=40), backend=Echo())
+    with pytest.raises(ValueError, match="--task-min-words 40 \\(now 60\\)"):
+        regenerate(RegenerateConfig(target="t", data=f"tasks:{src}", out=out, task_min_words=60), backend=Echo())
+
+
+def test_a_second_writer_on_the_same_out_is_refused(data, tmp_path):
+    from eyas.outputs import claim
+
+    out = tmp_path / "out.jsonl"
+    with claim(out, "regenerate"):                       # another process writing it (a second flock conflicts)
+        with pytest.raises(ValueError, match="another eyas process is writing it"):
+            regenerate(RegenerateConfig(target="t", data=str(data), out=out), backend=Echo())
+    assert regenerate(RegenerateConfig(target="t", data=str(data), out=out), backend=Echo())["written"] == 4
+
+
+def test_self_prompts_from_a_server_is_one_line(tmp_path, capsys):
+    from eyas.cli import main
+
+    rc = main(["regenerate", "--target", "m", "--data", "self:3", "--backend", "openai", "--out",
+               str(tmp_path / "o.jsonl")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and len(err) == 1 and "--backend native or hf" in err[0]

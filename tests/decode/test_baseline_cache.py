@@ -34,15 +34,39 @@ def strip(doc):
 def test_second_draft_reuses_the_baseline_and_measures_the_same(dirs, tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     first = evaluate.run(cfg(dirs, cache))
-    assert first["baseline"] == {"turns": 4, "from_cache": 0, "cache": str(cache)}
+    assert first["baseline"] == {"turns": 4, "from_cache": 0, "cache": str(cache), "cache_check": None}
     assert len(list(cache.glob("*.json"))) == 1
     plain = evaluate.run(cfg(dirs, None, draft="draft2"))              # no cache: the baseline generated
     calls = []
     real = evaluate.ar_generate
     monkeypatch.setattr(evaluate, "ar_generate", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(evaluate.bcache, "DRIFT", 1e9)      # tiny CPU turns time too noisily for the real bound
     cached = evaluate.run(cfg(dirs, cache, draft="draft2"))
-    assert calls == [] and cached["baseline"]["from_cache"] == 4
+    assert calls == [1] and cached["baseline"]["from_cache"] == 4    # one turn timed again here, nothing else
+    assert cached["baseline"]["cache_check"]["used"] and cached["baseline"]["cache_check"]["same_tokens"]
     assert strip(cached) == strip(plain) and cached["results"][0]["identical_rate"] == 1.0
+    assert "* AR baseline: 4 of 4 turns from the cache" in evaluate.table(cached)
+
+
+@pytest.mark.parametrize("damage", ["timings", "tokens"])
+def test_a_cache_whose_turn_does_not_time_or_decode_alike_here_is_not_used(dirs, tmp_path, damage, capsys):
+    # item 5: a cache built beside a busy loop gave 0.88x where a fresh measurement gave 0.42x.
+    cache = tmp_path / "cache"
+    evaluate.run(cfg(dirs, cache))
+    f = next(cache.glob("*.json"))
+    doc = json.loads(f.read_text())
+    for t in doc["turns"]:
+        if damage == "timings":
+            t["stats"]["t_total"] *= 50           # another process, 50x slower: any speedup would look 50x better
+        else:
+            t["ids"] = [0] + t["ids"][1:]
+    f.write_text(json.dumps(doc))
+    again = evaluate.run(cfg(dirs, cache, draft="draft2"))
+    check = again["baseline"]["cache_check"]
+    assert again["baseline"]["from_cache"] == 0 and not check["used"]
+    assert (check["apart"] > 10) if damage == "timings" else not check["same_tokens"]
+    assert "AR baseline: timed here; the cached one was not used" in evaluate.table(again)
+    assert again["results"][0]["speedup"] < 10
 
 
 @pytest.mark.parametrize("change", ["max_new_tokens", "temperature", "weights", "questions", "foreign_file"])

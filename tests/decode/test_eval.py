@@ -6,7 +6,7 @@ import re
 
 import pytest
 import torch
-from conftest import write_eval_dirs
+from conftest import random_draft, tiny_llama, write_eval_dirs
 
 from eyas.cli import main
 from eyas.decode.bench import load_bench
@@ -211,3 +211,120 @@ def test_logit_gap_calls_a_two_ulp_gap_a_tie():
     assert r["index"] == 1 and r["ulp"] == 0.125 and r["tie"]
     logits[0, 0, 5] = 20.0 - (TIE_ULPS + 1) * 0.125
     assert not logit_gap(runner, [1, 2], [7, 3], [7, 5])["tie"]
+
+
+# ---------------------------------------------------------------- refused or said, never quietly wrong
+def _eval(tiny_dirs, *extra, draft="draft", bench=None):
+    return main(["eval", "--target", str(tiny_dirs / "target"), "--draft", str(tiny_dirs / draft), "--bench",
+                 str(bench or tiny_dirs / "bench.jsonl"), "--max-new-tokens", "4", "--chain", "2", "--device", "cpu",
+                 "--recheck", "0", *extra])
+
+
+def _err_line(capsys):
+    err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("eyas eval: error")]
+    assert len(err) == 1, err
+    return err[0]
+
+
+def test_eval_out_is_never_an_input_nor_a_foreign_file(tiny_dirs, tmp_path, capsys):
+    bench = tmp_path / "bench.jsonl"
+    bench.write_bytes((tiny_dirs / "bench.jsonl").read_bytes())
+    assert _eval(tiny_dirs, "--out", str(bench), "--overwrite", bench=bench) == 1
+    assert "is the --bench" in _err_line(capsys) and bench.read_bytes() == (tiny_dirs / "bench.jsonl").read_bytes()
+    notes = tmp_path / "notes.json"
+    notes.write_text('{"mine": 1}')
+    assert _eval(tiny_dirs, "--out", str(notes)) == 1
+    assert "already holds a file eyas did not write" in _err_line(capsys) and "mine" in notes.read_text()
+    assert _eval(tiny_dirs, "--out", str(notes), "--overwrite") == 0
+    assert "results" in json.loads(notes.read_text())
+
+
+def test_eval_on_a_full_disk_leaves_no_empty_out_and_no_temp_file(tiny_dirs, tmp_path, capsys, monkeypatch):
+    # item 13: a full disk left a 0-byte --out and a stale *.tmpPID, and the message promised resumption.
+    import errno
+    from pathlib import Path
+    real = Path.write_text
+
+    def full(self, text, *a, **k):
+        if ".tmp" in self.name:
+            real(self, "", *a, **k)
+            raise OSError(errno.ENOSPC, "No space left on device", str(self))
+        return real(self, text, *a, **k)
+
+    monkeypatch.setattr(Path, "write_text", full)
+    out = tmp_path / "e" / "eval.json"
+    assert _eval(tiny_dirs, "--out", str(out)) == 1
+    line = _err_line(capsys)
+    assert "disk full" in line and "resumed" not in line
+    assert not out.exists() and [p.name for p in out.parent.iterdir() if "tmp" in p.name] == []
+
+
+def test_eval_of_a_draft_for_another_hidden_size_or_vocabulary_is_one_line(tiny_dirs, tmp_path, capsys):
+    from eyas.draft.io import save_draft
+    for name, model in (("vocab", tiny_llama(seed=3, vocab=96)), ("hidden", _wider())):
+        d, _ = random_draft(model)
+        save_draft(d, tiny_dirs / f"other-{name}", {"target": "other"})
+        assert _eval(tiny_dirs, draft=f"other-{name}") == 1
+        assert f"{name} size mismatch" in _err_line(capsys) if name == "hidden" else "vocab mismatch" in \
+            _err_line(capsys)
+
+
+def _wider():
+    from transformers import LlamaConfig, LlamaForCausalLM
+    return LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=48, intermediate_size=64, num_hidden_layers=4,
+                                        num_attention_heads=4, num_key_value_heads=2)).eval()
+
+
+def test_a_repeated_question_id_is_refused(tmp_path):
+    # item 11: a duplicate id made a lossless decode report identical 0.50 and --recheck blame numerics.
+    p = tmp_path / "q.jsonl"
+    p.write_text('{"question_id": 7, "category": "a", "turns": ["x"]}\n{"question_id": 7, "category": "b", '
+                 '"turns": ["y"]}\n')
+    with pytest.raises(ValueError, match=r"q.jsonl:2: question_id 7 repeats line 1"):
+        load_bench(p)
+
+
+def test_a_prompt_past_the_context_is_refused_and_a_long_answer_warned(tiny_dirs, tmp_path, capsys):
+    long = tmp_path / "long.jsonl"
+    long.write_text(json.dumps({"question_id": 1, "category": "a", "turns": ["word " * 300]}) + "\n")
+    assert _eval(tiny_dirs, bench=long) == 1
+    assert "more than the target's max_position_embeddings (512)" in _err_line(capsys)
+    edge = tmp_path / "edge.jsonl"
+    edge.write_text(json.dumps({"question_id": 1, "category": "a", "turns": ["w" * 491]}) + "\n")
+    assert _eval(tiny_dirs, "--json", bench=edge) == 0
+    out = capsys.readouterr()
+    assert "may pass the target's max_position_embeddings" in out.err
+    assert json.loads(out.out)["warnings"]
+
+
+def test_a_draft_trained_for_other_weights_is_warned(tiny_dirs, tmp_path, capsys):
+    from eyas.draft.io import load_draft, save_draft
+    from eyas.outputs import input_id
+    d, meta = load_draft(tiny_dirs / "draft")
+    save_draft(d, tmp_path / "d", {"target": {"name": "A", "sha256": "0" * 64}})
+    assert main(["eval", "--target", str(tiny_dirs / "target"), "--draft", str(tmp_path / "d"), "--bench",
+                 str(tiny_dirs / "bench.jsonl"), "--max-new-tokens", "4", "--chain", "2", "--device", "cpu",
+                 "--json"]) == 0
+    out = capsys.readouterr()
+    assert "the draft was trained for target A" in out.err and json.loads(out.out)["warnings"]
+    save_draft(d, tmp_path / "d", {"target": {"name": "A", "sha256": input_id(tiny_dirs / "target")["sha256"]}})
+    assert main(["eval", "--target", str(tiny_dirs / "target"), "--draft", str(tmp_path / "d"), "--bench",
+                 str(tiny_dirs / "bench.jsonl"), "--max-new-tokens", "4", "--chain", "2", "--device", "cpu",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["warnings"] == []
+
+
+def test_a_non_finite_draft_is_refused_by_eval_export_and_doctor(tiny_dirs, tmp_path, capsys):
+    # item 4: a draft full of NaN was accepted by doctor, export and eval (τ 1.00).
+    from eyas.draft.io import load_draft, save_draft
+    d, _ = load_draft(tiny_dirs / "draft")
+    with torch.no_grad():
+        d.fc.weight[0, 0] = float("nan")
+    save_draft(d, tmp_path / "nan", {"target": "tiny"})
+    base = ["--target", str(tiny_dirs / "target"), "--draft", str(tmp_path / "nan")]
+    assert main(["eval", *base, "--bench", str(tiny_dirs / "bench.jsonl"), "--device", "cpu"]) == 1
+    assert "fc.weight hold NaN or inf" in capsys.readouterr().err
+    assert main(["export", "--draft", str(tmp_path / "nan"), "--out", str(tmp_path / "x"), "--verifier", "t"]) == 1
+    assert "fc.weight hold NaN or inf" in capsys.readouterr().err
+    assert main(["doctor", *base]) == 1
+    assert "NaN" in capsys.readouterr().out

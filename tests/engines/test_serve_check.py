@@ -212,3 +212,11 @@ def test_divergence_is_a_cross_engine_near_tie_only_when_both_engines_margins_ar
     # without vLLM's logprobs (an older worker) nothing changes: no evidence, still unexplained
     r = served_divergences(runner, [[1]], served, greedy)
     assert r["served_divergences"][0]["near_tie"] is False and r["served_unexplained_divergences"] == 1
+
+
+def test_serve_check_out_is_claimed_before_the_engine_starts(tmp_path, capsys):
+    from eyas.cli import main
+    notes = tmp_path / "notes.json"
+    notes.write_text("mine")
+    assert main(["serve-check", "--draft", str(tmp_path / "export"), "--out", str(notes)]) == 1
+    assert "already holds a file eyas did not write" in capsys.readouterr().err and notes.read_text() == "mine"

@@ -200,3 +200,95 @@ def test_full_vocab_draft_exports_without_vocab_map(tiny):
     assert any(e.startswith("d2t/t2d: present") for e in check_contract(cfg, tensors))
     back, _ = load_draft(import_draft(out, tiny["root"] / "back-full"))
     assert torch.equal(draft_logits(d), draft_logits(back))
+
+
+# ---------------------------------------------------------------- import owns its output, trusts no input
+def _bin_dir(vllm_export, path, tensors=None, config=None):
+    path.mkdir(parents=True, exist_ok=True)
+    cfg, t = read_export(vllm_export)
+    torch.save(tensors if tensors is not None else t, path / "pytorch_model.bin")
+    (path / "config.json").write_text(json.dumps(config if config is not None else cfg))
+    return path
+
+
+def test_import_reads_a_plain_bin(tiny, vllm_export):
+    src = _bin_dir(vllm_export, tiny["root"] / "bin-ok")
+    back, _ = load_draft(import_draft(src, tiny["root"] / "bin-ok-in"))
+    assert torch.equal(draft_logits(tiny["draft"]), draft_logits(back))
+
+
+def test_import_refuses_a_bin_before_inflating_it(tiny, vllm_export, tmp_path):
+    # item 8: a 195 KB .bin allocated 200 MB before any shape check.
+    import zipfile
+    src = _bin_dir(vllm_export, tmp_path / "deflated")
+    raw = src / "pytorch_model.bin"
+    packed = tmp_path / "packed.bin"
+    with zipfile.ZipFile(raw) as zin, zipfile.ZipFile(packed, "w", zipfile.ZIP_DEFLATED) as zout:
+        for info in zin.infolist():
+            zout.writestr(info.filename, zin.read(info.filename))
+    packed.replace(raw)
+    with pytest.raises(ValueError, match="compressed, which torch.save never writes"):
+        import_draft(src, tmp_path / "o1")
+    cfg, t = read_export(vllm_export)
+    big = _bin_dir(vllm_export, tmp_path / "big", tensors={**t, "pad": torch.zeros(2_000_000)})
+    with pytest.raises(ValueError, match="more than the .* a draft of this config.json can need"):
+        import_draft(big, tmp_path / "o2")
+    assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
+
+
+@pytest.mark.parametrize("edit, key", [({"rope_theta": 0}, "rope_theta"), ({"rms_norm_eps": -1}, "rms_norm_eps"),
+                                       ({"num_key_value_heads": 3}, "num_key_value_heads"),
+                                       ({"hidden_size": 0}, "hidden_size")])
+def test_import_refuses_impossible_config_values(tiny, vllm_export, tmp_path, edit, key):
+    src = tmp_path / "src"
+    import shutil
+    shutil.copytree(vllm_export, src)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["transformer_layer_config"].update(edit)
+    cfg["transformer_layer_config"].pop("rope_parameters", None)
+    (src / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=f"transformer_layer_config.{key}"):
+        import_draft(src, tmp_path / "o")
+
+
+def test_import_of_a_config_that_is_a_list_is_one_line(tiny, vllm_export, tmp_path, capsys):
+    import shutil
+    src = shutil.copytree(vllm_export, tmp_path / "src")
+    (src / "config.json").write_text("[1, 2]")
+    assert main(["import", "--src", str(src), "--out", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds a JSON list" in err[0]
+
+
+def test_import_never_writes_over_its_source_or_a_training_run(tiny, vllm_export, tmp_path, capsys):
+    import shutil
+    src = shutil.copytree(vllm_export, tmp_path / "src")
+    before = {p.name: p.read_bytes() for p in src.iterdir()}
+    assert main(["import", "--src", str(src), "--out", str(src), "--overwrite"]) == 1
+    assert "is the --src" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in src.iterdir()} == before
+    run = tmp_path / "run"
+    save_draft(tiny["draft"], run, {"target": str(tiny["target_dir"]), "train": {"lr": 1e-4}})
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    cfg_before = (run / "config.json").read_text()
+    assert main(["import", "--src", str(src), "--out", str(run)]) == 1
+    assert "already holds a training run" in capsys.readouterr().err
+    assert (run / "config.json").read_text() == cfg_before
+    assert main(["import", "--src", str(src), "--out", str(run), "--overwrite"]) == 0
+    assert not (run / "metrics.jsonl").exists()
+
+
+def test_import_does_not_fetch_a_built_in_verifier_it_was_not_asked_for(tiny, vllm_export, tmp_path, monkeypatch):
+    # item 13: a checkpoint whose verifier names the built-in model downloaded and converted it unasked.
+    import eyas.target.load as L
+    src = export_vllm(tiny["draft_dir"], tmp_path / "src", embed="include")
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["speculators_config"]["verifier"]["name_or_path"] = "smollm2-135m"
+    cfg.pop("eyas")
+    (src / "config.json").write_text(json.dumps(cfg))
+    monkeypatch.setenv("EYAS_CACHE", str(tmp_path / "cache"))
+    fetched = []
+    monkeypatch.setattr(L, "fetch_package", lambda *a, **k: fetched.append(a) or (_ for _ in ()).throw(
+        AssertionError("fetched")))
+    out = import_draft(src, tmp_path / "o", aux_layer_ids=[2, 4, 5])
+    assert fetched == [] and load_draft(out)[1]["target"] == "smollm2-135m"

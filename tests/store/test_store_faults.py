@@ -141,3 +141,14 @@ def test_overwrite_deletes_only_a_store(clean, tiny_target, prepared, tmp_path, 
     assert extract(tiny_target, prepared, s)["status"].startswith("complete")
     assert main(["extract", "--target", str(tiny_target), "--data", str(prepared), "--out", str(s), "--overwrite",
                  "--device", "cpu", "--shard-mb", "0.03", "--token-budget", "96"]) == 0
+
+
+def test_a_symlinked_shard_is_called_a_link(clean, tmp_path):
+    # item 13: a linked shard was refused with "5527587 bytes on disk, the manifest says 5527587".
+    d = copy(clean, tmp_path / "s")
+    shard = d / "shard-00001.safetensors"
+    shard.rename(tmp_path / "elsewhere.safetensors")
+    shard.symlink_to(tmp_path / "elsewhere.safetensors")
+    first = json.loads((d / "manifest.json").read_text())["shards"][1]["first"]
+    with pytest.raises(StoreError, match="is a symbolic link .*elsewhere.safetensors"):
+        HiddenStateStore(d)[first]

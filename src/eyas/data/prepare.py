@@ -28,6 +28,7 @@ from eyas.data.masks import ChatRenderer, MaskError, render_text, template_hash
 from eyas.flags import DRAFT_VOCAB_SIZE, CacheDir, DraftVocabSize, JsonSwitch, Target, TrustRemoteCode
 from eyas.data.sources import (ASSISTANT_FIRST_DEFAULT, AssistantFirst, Record, iter_conversations, reason_category,
                                resolve_data)
+from eyas.outputs import claim, empty
 from eyas.target.load import load_config, load_tokenizer
 from eyas.vocab import build_draft_vocab
 
@@ -122,29 +123,21 @@ def _config_key(cfg: PrepareConfig, data_path: Path, tpl_hash: str) -> str:
 
 
 def _prepare_out(out: Path, key: str, overwrite: bool) -> dict | None:
-    """The existing summary when `out` already holds this exact dataset; else make `out` ready to write."""
-    if (out / MANIFEST).is_file():
+    """The existing summary when `out` (claimed: eyas.outputs) already holds this exact dataset; else empty it."""
+    if (out / MANIFEST).is_file() and not overwrite:
         try:
             old = read_manifest(out)
         except ValueError:
             old = {}
-        if old.get("config_key") == key and not overwrite:
+        if old.get("config_key") == key:
             return old
-        if not overwrite:
-            raise ValueError(f"{out} already holds a different prepared dataset; pass --overwrite to replace it")
-    elif out.is_dir() and not overwrite and any(not _ours(f) for f in out.iterdir()):
-        raise ValueError(f"{out} exists and holds other files; choose a new --out or pass --overwrite")
-    out.mkdir(parents=True, exist_ok=True)
-    for f in out.iterdir():  # only files this stage writes (a crashed run's leftovers); anything else stays
-        if _ours(f):
-            f.unlink()
+        raise ValueError(f"{out} already holds a different prepared dataset; pass --overwrite to replace it")
+    empty(out)  # the claim made sure it holds a prepared dataset's files only (a crashed run's leftovers)
     return None
 
 
-def _ours(f: Path) -> bool:
-    name = f.name.removesuffix(".tmp")
-    return f.is_file() and (name in (MANIFEST, VOCAB, REJECTS) or
-                            (name.startswith("rows-") and name.endswith(".safetensors")))
+# What `prepare` records as its settings: the flags that change the dataset (inputs are recorded by content).
+_NOT_SETTINGS = {"target", "data", "chat_template", "out", "json", "overwrite", "workers", "batch_size", "cache_dir"}
 
 
 def _records(cfg: PrepareConfig) -> Iterator[Record]:
@@ -188,11 +181,19 @@ def prepare(cfg: PrepareConfig) -> dict:
     renderer = ChatRenderer(tokenizer, template)  # raises MaskError early when there is no template
     tpl_hash = template_hash(tokenizer, template)
     key = _config_key(cfg, data_path, tpl_hash)
-    out = Path(cfg.out)
-    existing = _prepare_out(out, key, cfg.overwrite)
-    if existing is not None:
-        return {**existing["summary"], "reused": True}
+    with claim(cfg.out, "prepared", overwrite=cfg.overwrite, cache=cfg.cache_dir,
+               inputs={"target": cfg.target, "data": data_path, "chat_template": cfg.chat_template},
+               settings=cfg.model_dump(mode="json", exclude=_NOT_SETTINGS)) as held:
+        existing = _prepare_out(held.path, key, cfg.overwrite)
+        if existing is not None:
+            return {**existing["summary"], "reused": True}
+        return _prepare(cfg, held.path, data_path, tokenizer, renderer, V, tpl_hash, key, t0)
 
+
+def _prepare(cfg: PrepareConfig, out: Path, data_path: Path, tokenizer, renderer, V: int, tpl_hash: str, key: str,
+             t0: float) -> dict:
+    """The data stage into a claimed, empty `out`."""
+    template = cfg.chat_template.read_text() if cfg.chat_template else None
     counts: Counter = Counter()
     freq = np.zeros(V, dtype=np.int64)
     writer = PreparedWriter(out, cfg.shard_rows)

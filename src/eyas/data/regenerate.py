@@ -26,6 +26,7 @@ from eyas.data.selfgen import done_rows, self_prompts
 from eyas.data.sources import ASSISTANT_FIRST_DEFAULT, AssistantFirst, Record, iter_conversations, self_source_size
 from eyas.data.tasks import task_source_path, write_task_prompts
 from eyas.flags import CacheDir, Device, JsonSwitch, ModelDtype, Target, TrustRemoteCode
+from eyas.outputs import claim
 from eyas.progress import Progress
 
 
@@ -82,7 +83,14 @@ class RegenerateConfig(StageConfig):
                                           "naming the logs of those not up")
     cache_dir: CacheDir = None
     trust_remote_code: TrustRemoteCode = False
+    overwrite: bool = Field(False, description="--out holds something else, or conversations made with other settings: "
+                            "delete it (and its sidecars) and start over")
     json: JsonSwitch = False
+
+
+# What decides the written rows: a resume with other values would mix two runs' answers in one file.
+_SETTINGS = ("backend", "model", "max_new_tokens", "max_prompt_tokens", "temperature", "top_p", "seed", "dtype",
+             "self_max_new_tokens", "self_temperature", "task_min_words", "assistant_first")
 
 
 class Conversation:
@@ -123,17 +131,29 @@ class Conversation:
 
 def regenerate(cfg: RegenerateConfig, backend=None) -> dict:
     """Run the stage; `backend` may be passed in (tests, or callers holding a loaded model)."""
-    t0 = time.perf_counter()
     out = Path(cfg.out)
     if out.is_dir():  # `--out D2` naming a directory: the conversations go in a file inside it
         out = out / "regenerated.jsonl"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    n_self = self_source_size(cfg.data)
+    if n_self is not None and backend is None and cfg.backend not in ("hf", "native"):
+        raise ValueError(f"--data {cfg.data}: self-written prompts need the target loaded here (--backend native "
+                         f"or hf), not --backend {cfg.backend}")
+    tasks_src = task_source_path(cfg.data)
+    data_in = "self" if n_self is not None else tasks_src or cfg.data   # self:N grows with N: its rows stay the same
+    with claim(out, "regenerate", overwrite=cfg.overwrite, inputs={"target": cfg.target, "data": data_in},
+               settings={k: getattr(cfg, k) for k in _SETTINGS}, cache=cfg.cache_dir) as held:
+        return {**_regenerate(cfg, held.path, backend, n_self, tasks_src), "out": str(out)}
+
+
+def _regenerate(cfg: RegenerateConfig, out: Path, backend, n_self: int | None, src: Path | None) -> dict:
+    """The stage on a claimed output (eyas.outputs: its lock held, its settings recorded)."""
+    t0 = time.perf_counter()
     errors_path = out.with_name(out.name + ".errors.jsonl")
     done = done_rows(out)
     backend = backend or _make_backend(cfg)
     data, limit = cfg.data, cfg.max_samples
-    if (n := self_source_size(cfg.data)) is not None:  # the target writes its own prompts first (resumable)
-        if not hasattr(backend, "model"):
+    if (n := n_self) is not None:  # the target writes its own prompts first (resumable)
+        if not hasattr(backend, "tok") or not hasattr(backend, "model"):
             raise ValueError(f"--data {cfg.data}: self-written prompts need the target loaded here "
                              "(--backend native or hf), not a server")
         data = out.with_name(out.name + ".self-prompts.jsonl")
@@ -141,7 +161,7 @@ def regenerate(cfg: RegenerateConfig, backend=None) -> dict:
                      seed=cfg.seed)
         limit = min(n, limit or n)
     tasks = None
-    if (src := task_source_path(cfg.data)) is not None:  # long-input tasks over PATH's answers (rewritten: deterministic)
+    if src is not None:  # long-input tasks over PATH's answers (rewritten: deterministic)
         data = out.with_name(out.name + ".task-prompts.jsonl")
         tasks = write_task_prompts(src, data, limit, min_words=cfg.task_min_words)
         limit = tasks["written"]

@@ -22,20 +22,30 @@ PLACEHOLDER = "(not answered yet: `eyas regenerate` answers self-written prompts
 
 
 def done_rows(out: Path) -> set[int]:
-    """Rows already written; a torn last line (killed mid-write) is cut off so appends stay valid JSONL."""
+    """Rows already written. Only a torn last line (killed mid-write: no newline at its end) is cut off, so appends
+    stay valid JSONL; any other line that is not a row is damage, refused with its line number and nothing cut."""
     if not out.is_file():
         return set()
-    done, good = set(), 0
+    done, good, newline = set(), 0, True
     with open(out, "rb") as f:
-        for line in f:
+        for n, line in enumerate(f, 1):
             try:
-                done.add(int(json.loads(line)["row"]))
-            except (ValueError, KeyError, TypeError):
-                break
+                row = json.loads(line)
+                done.add(int(row["row"]))
+            except (ValueError, KeyError, TypeError, IndexError) as e:
+                if line.endswith(b"\n"):
+                    raise ValueError(f"{out}:{n}: not a written row ({type(e).__name__}: {str(e)[:80]}); nothing "
+                                     f"was changed: repair or delete that line, or pass --overwrite to start "
+                                     f"over") from None
+                break                                 # the torn last line
             good += len(line)
-    if good != out.stat().st_size:
+            newline = line.endswith(b"\n")
+    if good != out.stat().st_size or not newline:
         with open(out, "r+b") as f:
             f.truncate(good)
+            if not newline:                           # a whole last row whose newline never came
+                f.seek(good)
+                f.write(b"\n")
     return done
 
 

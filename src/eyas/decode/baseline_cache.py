@@ -1,11 +1,16 @@
 """A file cache of `eyas eval`'s AR baseline, so many drafts of one target are measured against one baseline.
 
 The baseline (the target alone, greedy or sampled) is half of an eager Spec-Bench eval's time and does not depend
-on the draft: a scaling curve evaluates a dozen drafts of the same target on the same questions. An entry is reused
-only when everything the baseline's tokens and timings depend on is the same: the target's weights (a sample of
-every tensor), dtype, device and software, the runner's settings (compile, inner mode, KV buckets, capacity), the
-questions and their prompts' template, new tokens, temperature, seed and stop ids. Anything else misses and the
-baseline is generated (and stored) again, so a stale entry cannot be read.
+on the draft: a scaling curve evaluates a dozen drafts of the same target on the same questions. An entry is found
+only when everything the baseline's tokens depend on is the same: the target's weights (a sample of every tensor),
+dtype, device and software, the runner's settings (compile, inner mode, KV buckets, capacity), the questions and
+their prompts' template, new tokens, temperature, seed and stop ids. Anything else misses and the baseline is
+generated (and stored) again, so a stale entry cannot be read.
+
+Its tokens are the baseline's identity; its timings are wall-clock, true only of the process that measured them
+(another host, thread count or a busy neighbour changes them, and no key can see that). So before an entry is used,
+`retime` decodes one of its turns again in this process: different tokens, or a rate more than DRIFT apart, and the
+whole baseline is timed here instead. A speedup is only ever divided by timings this process has confirmed.
 """
 
 from __future__ import annotations
@@ -13,12 +18,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import torch
 
 from eyas.decode.speculative import GenStats
+from eyas.outputs import write_result
+
+DRIFT = 0.25   # a cached turn timed more than this far (relative) from its re-timing here is not trusted
 
 
 def weights_sample(model: torch.nn.Module, per_tensor: int = 256) -> str:
@@ -60,12 +67,27 @@ def load(root: Path, key: dict) -> dict[tuple, tuple[list[int], GenStats]]:
 
 
 def save(root: Path, key: dict, baseline: dict[tuple, tuple[list[int], GenStats]]) -> Path:
-    """Write every turn of `baseline` atomically (two evals finishing at once: the last complete file wins)."""
+    """Write every turn of `baseline` atomically (two evals finishing at once: the last complete file wins; a full
+    disk leaves the old file and no temp file)."""
     root.mkdir(parents=True, exist_ok=True)
-    p = _path(root, key)
     turns = [{"question_id": q, "turn": t, "ids": ids, "stats": dataclasses.asdict(st)}
              for (q, t), (ids, st) in baseline.items()]
-    tmp = p.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps({"key": key, "turns": turns}))
-    tmp.replace(p)
-    return p
+    return write_result(_path(root, key), json.dumps({"key": key, "turns": turns}))
+
+
+def rate(st: GenStats) -> float:
+    return st.new_tokens / st.t_total if st.t_total else 0.0
+
+
+def retime(cached: dict[tuple, tuple[list[int], GenStats]], generate) -> dict:
+    """Decode the cached first turn with the most tokens again (`generate(key) -> (ids, stats)`, in this process)
+    and say whether the entry holds here: the same tokens, and a rate within DRIFT of the cached one."""
+    firsts = [k for k in cached if k[1] == 0] or list(cached)
+    key = max(firsts, key=lambda k: (cached[k][1].new_tokens, str(k)))
+    ids, st = generate(key)
+    then, now = rate(cached[key][1]), rate(st)
+    apart = abs(now - then) / then if then else float("inf")
+    same = ids == cached[key][0]
+    return {"question_id": key[0], "turn": key[1], "cached_tokens_per_s": round(then, 2),
+            "tokens_per_s_here": round(now, 2), "apart": round(apart, 4), "same_tokens": same,
+            "used": same and apart <= DRIFT}

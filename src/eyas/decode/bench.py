@@ -31,7 +31,7 @@ def load_bench(name_or_path: str | os.PathLike = SPEC_BENCH, categories: list[st
     path = spec_bench_path() if str(name_or_path) == SPEC_BENCH else Path(name_or_path)
     if not path.is_file():
         raise FileNotFoundError(f"--bench {name_or_path}: no such file (use 'spec-bench' or a JSONL path)")
-    rows = []
+    rows, seen_ids = [], {}
     # split on "\n" only: str.splitlines() also splits inside strings at U+2028/U+0085, which JSON leaves raw
     for i, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
         if not line.strip():
@@ -46,7 +46,13 @@ def load_bench(name_or_path: str | os.PathLike = SPEC_BENCH, categories: list[st
         turns = row["turns"]
         if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
             raise ValueError(f"{path}:{i}: 'turns' must be a non-empty list of strings")
-        rows.append({"question_id": row["question_id"], "category": str(row["category"]), "turns": turns})
+        qid = row["question_id"]
+        if not isinstance(qid, (str, int)) or isinstance(qid, bool):
+            raise ValueError(f"{path}:{i}: question_id must be a string or an integer, got {qid!r}")
+        if qid in seen_ids:   # ids key the baseline each speculative turn is compared with: two would mix
+            raise ValueError(f"{path}:{i}: question_id {qid!r} repeats line {seen_ids[qid]}; make the ids unique")
+        seen_ids[qid] = i
+        rows.append({"question_id": qid, "category": str(row["category"]), "turns": turns})
     if categories:
         known = sorted({r["category"] for r in rows})
         unknown = sorted(set(categories) - set(known))

@@ -11,6 +11,7 @@ import json
 import os
 import platform
 import subprocess
+import sys
 import time
 import zlib
 from pathlib import Path
@@ -19,7 +20,6 @@ import torch
 from pydantic import Field
 
 from eyas import env
-from eyas.aux_layers import check_aux_layer_ids
 from eyas.config import StageConfig
 from eyas.decode import baseline_cache as bcache, vllm_reference
 from eyas.decode.bench import SPEC_BENCH, load_bench
@@ -31,7 +31,8 @@ from eyas.decode.target_step import TargetRunner
 from eyas.decode.tree import TreeSpec
 from eyas.devices import resolve_device, resolve_dtype
 from eyas.flags import CacheDir, Device, JsonSwitch, ModelDtype, ResultsFile, Target, TrustRemoteCode
-from eyas.draft.io import load_draft, read_draft_config
+from eyas.draft.io import load_draft, read_draft_config, read_draft_meta, target_problems
+from eyas.outputs import claim, input_id, write_result
 from eyas.progress import Progress
 from eyas.target import load_config, load_target, text_config
 
@@ -68,6 +69,8 @@ class EvalConfig(StageConfig):
     warm_only: bool = Field(False, description="only compile and capture every setting's static shapes, decode and "
                             "time nothing: run beside training on a draft of the same config, so that the eval "
                             "after it finds inductor's on-disk caches warm")
+    overwrite: bool = Field(False, description="--out holds a file eyas did not write (or another command's): "
+                                               "replace it")
     cache_dir: CacheDir = None
     trust_remote_code: TrustRemoteCode = False
 
@@ -150,6 +153,7 @@ class Session:
         self.target, self.draft, self.questions = target, draft, questions
         self.min_bucket = min_bucket or _MIN_BUCKET
         self.baseline_cache, self._cache_key, self.cached_turns = baseline_cache, None, 0
+        self.cache_check: dict | None = None   # the cached baseline's re-timing here (bcache.retime)
         self.max_new, self.temperature, self.seed = max_new_tokens, temperature, seed
         self.device = target.layout.lm_head.weight.device if device is None else torch.device(device)
         self.compile = (self.device.type == "cuda") if compile_graphs is None else compile_graphs
@@ -183,6 +187,13 @@ class Session:
     def _gen(self, key):
         return torch.Generator().manual_seed(zlib.crc32(repr((self.seed,) + key).encode()))
 
+    def _timed_turn(self, key: tuple) -> tuple[list[int], GenStats]:
+        """A first turn's baseline, decoded and timed in this process (the baseline cache's check)."""
+        q = next(q for q in self.questions if q["question_id"] == key[0])
+        prompt = turn_prompt(self.target.tokenizer, q, [])
+        return ar_generate(self.runner, prompt, self.max_new, temperature=self.temperature, eos_ids=self.eos,
+                           generator=self._gen(key))
+
     def turns(self) -> int:
         return sum(len(q["turns"]) for q in self.questions)
 
@@ -192,8 +203,11 @@ class Session:
             self._cache_key = bcache.cache_key(self, {"compile": self.compile, "inner": _INNER, "graphs": _GRAPHS,
                                                       "min_bucket": self.min_bucket})
             cached = bcache.load(self.baseline_cache, self._cache_key)
-            self.baseline.update(cached)
-            self.cached_turns = len(cached)
+            if cached:   # its timings are only used once this process has timed one of its turns alike
+                self.cache_check = bcache.retime(cached, self._timed_turn)
+                if self.cache_check["used"]:
+                    self.baseline.update(cached)
+                    self.cached_turns = len(cached)
         made = len(self.baseline)
         todo = self.turns() - sum(1 for q in self.questions for t in range(len(q["turns"]))
                                   if (q["question_id"], t) in self.baseline)
@@ -338,8 +352,16 @@ def load_pair(target, draft, device, dtype_name, cache=None, trust_remote_code=F
     if isinstance(draft, (str, os.PathLike)):   # the draft's config is checked before any weight loads
         dc = read_draft_config(draft)
         if isinstance(target, (str, os.PathLike)):
-            n = int(text_config(load_config(target, cache=cache, trust_remote_code=trust_remote_code)).num_hidden_layers)
-            check_aux_layer_ids(dc.aux_layer_ids, n, key=f"{draft}: aux_layer_ids")
+            t = text_config(load_config(target, cache=cache, trust_remote_code=trust_remote_code))
+            sizes = (int(t.vocab_size), int(t.hidden_size), int(t.num_hidden_layers))
+        else:
+            sizes = (target.layout.vocab_size, target.layout.hidden_size, target.layout.num_layers)
+        bad = target_problems(vocab_size=dc.vocab_size, target_hidden_size=dc.target_hidden_size,
+                              aux_layer_ids=dc.aux_layer_ids, target_vocab=sizes[0], target_hidden=sizes[1],
+                              num_layers=sizes[2])
+        if bad:
+            raise ValueError(f"--draft {draft} does not fit --target {getattr(target, 'source', target)}: "
+                             f"{'; '.join(bad)}; evaluate it with the target it was trained for")
     if isinstance(target, (str, os.PathLike)):
         target = load_target(target, dtype=dtype, device=dev, cache=cache, trust_remote_code=trust_remote_code,
                              attn_implementation="sdpa")
@@ -354,6 +376,14 @@ def run(cfg: EvalConfig, reuse: dict | None = None) -> dict | int:
     if not (Path(cfg.draft) / "config.json").is_file():  # before the target loads (minutes on a busy CPU)
         raise FileNotFoundError(f"--draft {cfg.draft}: " + ("no such directory" if not Path(cfg.draft).exists() else
                                 "no config.json in it") + " (give an `eyas train --out` dir or an `eyas import` dir)")
+    if cfg.out is None:
+        return _run(cfg, reuse)
+    with claim(cfg.out, "eval", overwrite=cfg.overwrite,    # before anything loads: a wrong --out fails at once
+               inputs={"draft": cfg.draft, "bench": cfg.bench, "target": cfg.target}):
+        return _run(cfg, reuse)
+
+
+def _run(cfg: EvalConfig, reuse: dict | None) -> dict | int:
     pair_key = (cfg.target, str(cfg.draft), cfg.device, cfg.dtype)
     if reuse is not None and reuse.get("pair_key") == pair_key:
         target, draft = reuse["pair"]
@@ -363,6 +393,7 @@ def run(cfg: EvalConfig, reuse: dict | None = None) -> dict | int:
             reuse.clear()
             reuse.update(pair_key=pair_key, pair=(target, draft), session={})
     questions = load_bench(cfg.bench, cfg.categories, cfg.per_category)
+    warnings = pairing_warnings(cfg, target, questions)
     s = Session(target, draft, questions, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                 compile_graphs=cfg.compile, seed=cfg.seed, reuse=None if reuse is None else reuse["session"],
                 baseline_cache=cfg.baseline_cache, min_bucket=cfg.min_bucket)
@@ -396,9 +427,10 @@ def run(cfg: EvalConfig, reuse: dict | None = None) -> dict | int:
     for r in results:   # eyas's speed over vLLM's AR for the same architecture, GPU and dtype, where measured
         r["speedup_vs_vllm_ar"] = vllm_reference.versus(r["tokens_per_s"], ref)
     out = {"target": cfg.target, "draft": str(cfg.draft), "bench": cfg.bench, "questions": len(questions),
-           "hardware": hw, "commit": commit(), "results": results, "vllm_reference": ref,
+           "hardware": hw, "commit": commit(), "results": results, "vllm_reference": ref, "warnings": warnings,
            "baseline": {"turns": len(s.baseline), "from_cache": s.cached_turns,
-                        "cache": str(cfg.baseline_cache) if cfg.baseline_cache else None}}
+                        "cache": str(cfg.baseline_cache) if cfg.baseline_cache else None,
+                        "cache_check": s.cache_check}}
     if cfg.temperature <= 0 and any(rounds for _, rounds in by_spec):
         out["cost_model"] = {"costs": costs.to_dict(),
                              "predicted_vs_measured": _predicted_vs_measured(by_spec, results, costs)}
@@ -409,12 +441,39 @@ def run(cfg: EvalConfig, reuse: dict | None = None) -> dict | int:
         from eyas.decode.plots import write_plots
         out["plots"] = write_plots(results, cfg.plots)
     if cfg.out:
-        cfg.out.parent.mkdir(parents=True, exist_ok=True)
-        cfg.out.write_text(json.dumps(out, indent=2, default=str))
+        write_result(cfg.out, json.dumps(out, indent=2, default=str))
     if cfg.json:
         return out
     print(table(out))
     return 0
+
+
+def pairing_warnings(cfg: EvalConfig, target, questions: list[dict]) -> list[str]:
+    """What makes the numbers describe something else than asked, each printed as it is found: a draft trained for
+    other target weights, a prompt past the target's context. A prompt that cannot fit at all is refused."""
+    out = []
+    trained = (read_draft_meta(cfg.draft).get("target") or {})
+    have = trained.get("sha256") if isinstance(trained, dict) else None
+    now = input_id(cfg.target, cache=cfg.cache_dir).get("sha256")
+    if have and now and have != now:
+        out.append(f"the draft was trained for target {trained.get('name')} (content {have[:12]}), not for "
+                   f"--target {cfg.target} (content {now[:12]}): its τ and speedup describe a pairing it was not "
+                   f"made for")
+    mpe = getattr(text_config(target.config), "max_position_embeddings", None)
+    if mpe:
+        for q in questions:
+            n = len(turn_prompt(target.tokenizer, q, []))
+            if n > mpe:
+                raise ValueError(f"--bench {cfg.bench}: question {q['question_id']!r} is {n} tokens, more than the "
+                                 f"target's max_position_embeddings ({mpe}); leave it out (--categories, or a "
+                                 f"shorter bench file)")
+            if n + cfg.max_new_tokens > mpe:
+                out.append(f"question {q['question_id']!r}: {n} prompt tokens + --max-new-tokens "
+                           f"{cfg.max_new_tokens} may pass the target's max_position_embeddings ({mpe})")
+                break
+    for w in out:
+        print(f"eyas eval: warning: {w}", file=sys.stderr)
+    return out
 
 
 def _warm_only(cfg: EvalConfig, s: Session, specs: list[TreeSpec]) -> dict | int:
@@ -427,8 +486,7 @@ def _warm_only(cfg: EvalConfig, s: Session, specs: list[TreeSpec]) -> dict | int
     out = {"warm_only": True, "target": cfg.target, "draft": str(cfg.draft), "compiled": s.compile,
            "kv_buckets": list(s.runner.buckets), "seconds": seconds, "total_s": round(time.perf_counter() - t0, 2)}
     if cfg.out:
-        cfg.out.parent.mkdir(parents=True, exist_ok=True)
-        cfg.out.write_text(json.dumps(out, indent=2))
+        write_result(cfg.out, json.dumps(out, indent=2))
     if cfg.json:
         return out
     print(f"warmed {', '.join(seconds)} in {out['total_s']} s (compiled: {s.compile})")
@@ -440,15 +498,18 @@ def table(out: dict) -> str:
     ref, hw = out.get("vllm_reference"), out.get("hardware", {})
     rows = [("setting", "τ", "accept by position", "tok/s", "AR tok/s", "speedup", *(("vs vLLM AR",) if ref else ()),
              "identical")]
+    b = out.get("baseline") or {}
+    mark = "*" if b.get("from_cache") else ""
     for r in out["results"]:
         ident = r.get("identical_rate")
         vs = (f"{r['speedup_vs_vllm_ar']:.2f}x",) if ref else ()
         rows.append((r["setting"], f"{r['tau']:.3f}", " ".join(f"{a:.2f}" for a in r["accept_per_position"]),
-                     f"{r['tokens_per_s']:.1f}", f"{r['baseline_tokens_per_s']:.1f}", f"{r['speedup']:.2f}x", *vs,
+                     f"{r['tokens_per_s']:.1f}", f"{r['baseline_tokens_per_s']:.1f}{mark}", f"{r['speedup']:.2f}x", *vs,
                      "-" if ident is None else f"{ident:.2f}"))
     cats = sorted({c for r in out["results"] for c in r["per_category"]})
     lines = [f"{out['questions']} questions from {out['bench']}, target {out['target']}, draft {out['draft']}", ""]
-    lines += _columns(rows) + [vllm_reference.reference_line(ref, hw.get("gpu") or hw.get("device")), ""]
+    lines += _columns(rows) + [vllm_reference.reference_line(ref, hw.get("gpu") or hw.get("device"))]
+    lines += [line for line in [baseline_line(b)] if line] + [""]
     crow = [("category",) + tuple(r["setting"] for r in out["results"])]
     crow += [(c,) + tuple(f"{r['per_category'][c]['tau']:.2f}" if c in r["per_category"] else "-"
                           for r in out["results"]) for c in cats]
@@ -459,6 +520,20 @@ def table(out: dict) -> str:
     if out.get("plots"):
         lines += ["", "plots: " + ", ".join(out["plots"])]
     return "\n".join(lines)
+
+
+def baseline_line(b: dict) -> str:
+    """Where the AR baseline came from, when it was not simply decoded here."""
+    check = b.get("cache_check") or {}
+    if b.get("from_cache"):
+        return (f"* AR baseline: {b['from_cache']} of {b['turns']} turns from the cache {b.get('cache')}; their timings "
+                f"held when this process timed turn {check.get('question_id')}/{check.get('turn')} again "
+                f"({check.get('apart', 0):.0%} apart)")
+    if check:
+        why = "other tokens" if not check.get("same_tokens") else f"{check.get('apart', 0):.0%} apart"
+        return (f"AR baseline: timed here; the cached one was not used (its turn {check.get('question_id')}/"
+                f"{check.get('turn')} timed again here: {why})")
+    return ""
 
 
 def _columns(rows: list[tuple]) -> list[str]:

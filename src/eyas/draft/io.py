@@ -17,12 +17,51 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from eyas import __version__
+from eyas.aux_layers import aux_layer_id_problems
 from eyas.draft.model import DraftConfig, Eagle3Draft, rope_inv_freq
 from eyas.vocab import require_draft_vocab
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 FORMAT = "eyas-draft"
+
+
+def nonfinite_keys(tensors: dict[str, torch.Tensor]) -> list[str]:
+    """The floating-point tensors holding a NaN or inf (a diverged run's weights): one owner check for train,
+    eval, export, serve-check and doctor."""
+    return [k for k, v in tensors.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+
+
+def nonfinite_weights(path: str | os.PathLike) -> list[str]:
+    """nonfinite_keys over a directory's safetensors files, one tensor in memory at a time (an embedding can be
+    GBs), each as a line naming the key."""
+    bad = []
+    for f in sorted(Path(path).glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as h:
+            bad += [f"{k}: holds NaN or inf values (did its training diverge?)" for k in h.keys()
+                    if nonfinite_keys({k: h.get_tensor(k)})]
+    return bad
+
+
+def check_finite(tensors: dict[str, torch.Tensor], where: str) -> None:
+    bad = nonfinite_keys(tensors)
+    if bad:
+        raise ValueError(f"{where}: {', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''} hold NaN or inf values: the "
+                         f"draft is unusable (did its training diverge?); train it again, e.g. with a lower --lr")
+
+
+def target_problems(*, vocab_size, target_hidden_size, aux_layer_ids, target_vocab: int, target_hidden: int,
+                    num_layers: int | None) -> list[str]:
+    """What makes a draft (its vocabulary, the hidden size its fc reads, its aux layer ids) unusable with a target:
+    one owner for eval and doctor."""
+    bad = []
+    if vocab_size != target_vocab:
+        bad.append(f"vocab mismatch: the draft was built for a {vocab_size}-token target vocabulary, the target "
+                   f"has {target_vocab}")
+    if target_hidden_size != target_hidden:
+        bad.append(f"hidden size mismatch: draft expects target hidden {target_hidden_size}, target has "
+                   f"{target_hidden}")
+    return bad + aux_layer_id_problems(aux_layer_ids, num_layers, key="the draft's aux layer ids")
 
 
 def save_draft(model: Eagle3Draft, out: str | os.PathLike, meta: dict[str, Any] | None = None,
@@ -84,6 +123,7 @@ def load_draft(path: str | os.PathLike, *, device: str | torch.device = "cpu",
     for k, v in model.state_dict().items():
         if tuple(sd[k].shape) != tuple(v.shape):
             raise ValueError(f"{path / WEIGHTS_NAME}: key {k} has shape {tuple(sd[k].shape)}, config says {tuple(v.shape)}")
+    check_finite(sd, str(path / WEIGHTS_NAME))
     if dtype is not None:
         sd = {k: v.to(dtype) if v.is_floating_point() else v for k, v in sd.items()}
     model.load_state_dict(sd, assign=True)

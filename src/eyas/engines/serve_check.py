@@ -49,6 +49,7 @@ from eyas.export import ContractError, check_contract, import_draft, read_export
 from eyas.export.contract import MIDLAYER, SPECULATORS, rename
 from eyas.export.files import detect_format, parse_config
 from eyas.flags import Device, ResultsFile
+from eyas.outputs import claim, write_result
 from eyas.target import load_target
 from eyas.target.load import resolve
 
@@ -108,6 +109,8 @@ class ServeCheckConfig(StageConfig):
     run_anyway: bool = Field(False, description="start the engine even when gates 1-2 found problems "
                                                 "(to see the τ gap they cause)")
     out: ResultsFile = None
+    overwrite: bool = Field(False, description="--out holds a file eyas did not write (or another command's): "
+                                               "replace it")
 
 
 def compare_with_source(config: dict, tensors: dict[str, torch.Tensor], source: Path, fmt: str) -> list[str]:
@@ -174,6 +177,14 @@ def run(cfg: ServeCheckConfig) -> int:
 
 
 def check(cfg: ServeCheckConfig) -> dict:
+    if cfg.out is None:
+        return _check(cfg)
+    with claim(cfg.out, "serve-check", overwrite=cfg.overwrite,   # before vLLM starts: a wrong --out fails at once
+               inputs={"draft": cfg.draft, "native_draft": cfg.native_draft, "bench": cfg.bench}):
+        return _check(cfg)
+
+
+def _check(cfg: ServeCheckConfig) -> dict:
     t_start = time.perf_counter()
     adapter = ADAPTERS[cfg.engine]
     config, tensors = read_export(cfg.draft)
@@ -299,6 +310,5 @@ def served_divergences(runner, prompts: list[list[int]], served: list[list[int]]
 
 def _finish(cfg: ServeCheckConfig, result: dict) -> dict:
     if cfg.out:
-        Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(cfg.out).write_text(json.dumps(result, indent=2))
+        write_result(cfg.out, json.dumps(result, indent=2))
     return result

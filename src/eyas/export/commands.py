@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 from typing import Literal
 
@@ -30,6 +28,8 @@ class ExportConfig(StageConfig):
         "auto", description="embed_tokens in the export: auto omits it only when bit-identical to the target's "
                             "(the engine then shares the target's)")
     dtype: Dtype = Field("auto", description="weight dtype on disk (auto: keep the draft's)")
+    overwrite: bool = Field(False, description="--out holds something else eyas wrote (a run, a store, ...): "
+                                               "replace it")
 
 
 class ImportConfig(StageConfig):
@@ -39,38 +39,14 @@ class ImportConfig(StageConfig):
                                                    "ids (default: the verifier named in the checkpoint)")
     aux_layer_ids: AuxLayerIds | None = Field(None, description="override aux layer ids (eyas convention: residual "
                                                               "entering layer k)")
-
-
-# What an export dir holds (export/writers.py): only such a dir may be replaced by a new export.
-_EXPORT_FILES = {"config.json", "model.safetensors", "README.md"}
-
-
-def check_export_out(draft: Path, out: Path) -> None:
-    """Refuse an --out whose replacement would delete something that is not an earlier export: the draft
-    or run itself (or a dir holding it), or any directory with other files in it."""
-    d, o = Path(draft).resolve(), Path(out).resolve()
-    if o == d or o in d.parents:
-        raise ValueError(f"--out {out} is the draft/run dir --draft {draft} (or holds it): exporting there would "
-                         f"delete the run; choose another --out, e.g. {Path(out) / 'export-vllm'}")
-    if not os.path.lexists(out):
-        return
-    if Path(out).is_symlink() or not Path(out).is_dir():
-        raise ValueError(f"--out {out} exists and is not a directory; choose another --out")
-    names = {p.name for p in Path(out).iterdir()}
-    try:
-        ours = "eyas" in json.loads((Path(out) / "config.json").read_text())
-    except (OSError, ValueError):
-        ours = False
-    if names and not (ours and names <= _EXPORT_FILES):
-        extra = sorted(names - _EXPORT_FILES) or sorted(names)
-        raise ValueError(f"--out {out} exists and is not an earlier eyas export (it holds {', '.join(extra[:5])}"
-                         f"{' ...' if len(extra) > 5 else ''}); nothing was deleted: choose a new or empty --out")
+    overwrite: bool = Field(False, description="--out holds something else eyas wrote (a training run, an "
+                                               "export, ...): replace it")
 
 
 def run_export(cfg: ExportConfig) -> dict:
-    check_export_out(cfg.draft, cfg.out)
     fn = export_vllm if cfg.format == "vllm" else export_sglang
-    out = fn(cfg.draft, cfg.out, chain=cfg.chain, verifier=cfg.verifier, embed=cfg.embed, dtype=cfg.dtype)
+    out = fn(cfg.draft, cfg.out, chain=cfg.chain, verifier=cfg.verifier, embed=cfg.embed, dtype=cfg.dtype,
+             overwrite=cfg.overwrite)
     config, tensors = read_export(out)
     return {"out": str(out), "format": cfg.format, "tensors": len(tensors),
             "verifier": (config.get("speculators_config") or {}).get("verifier", {}).get("name_or_path"),
@@ -78,7 +54,7 @@ def run_export(cfg: ExportConfig) -> dict:
 
 
 def run_import(cfg: ImportConfig) -> dict:
-    out = import_draft(cfg.src, cfg.out, target=cfg.target, aux_layer_ids=cfg.aux_layer_ids)
+    out = import_draft(cfg.src, cfg.out, target=cfg.target, aux_layer_ids=cfg.aux_layer_ids, overwrite=cfg.overwrite)
     meta = read_draft_meta(out)
     return {"out": str(out), "format": meta["imported_from"]["format"], "target": meta.get("target"),
             "aux_layer_ids": meta["draft"]["aux_layer_ids"],

@@ -30,7 +30,12 @@ def read_export(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, torc
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
         raise FileNotFoundError(f"{path}: no config.json (not a draft/export directory)")
-    config = json.loads(cfg_file.read_text())
+    try:
+        config = json.loads(cfg_file.read_text())
+    except ValueError as e:
+        raise ValueError(f"{cfg_file}: not JSON ({e})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{cfg_file}: holds a JSON {type(config).__name__}, not a config mapping")
     shards = sorted(path.glob("*.safetensors"))
     bins = sorted(path.glob("pytorch_model*.bin"))
     tensors: dict[str, torch.Tensor] = {}
@@ -42,14 +47,63 @@ def read_export(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, torc
                 raise ValueError(f"{s}: keys {sorted(dup)[:5]} also appear in another shard")
             tensors.update(part)
     elif bins:
+        budget = weight_budget(config)
         for b in bins:
-            part = torch.load(b, map_location="cpu", weights_only=True)
+            check_bin(b, budget)
+            part = torch.load(b, map_location="cpu", weights_only=True, mmap=True)
             if not isinstance(part, dict):
                 raise ValueError(f"{b}: expected a state dict, found {type(part).__name__}")
             tensors.update(part)
     else:
         raise FileNotFoundError(f"{path}: no *.safetensors or pytorch_model*.bin weights")
     return config, tensors
+
+
+# Sizes no draft has (a vocabulary past 4M tokens, a hidden size past 65536): a config claiming one is refused.
+_MAX_DIM = {"hidden_size": 1 << 16, "vocab_size": 1 << 22, "intermediate_size": 1 << 18, "draft_vocab_size": 1 << 22,
+            "target_hidden_size": 1 << 16}
+
+
+def weight_budget(config: dict[str, Any]) -> int:
+    """Bytes a draft with this config can hold at most (every tensor the contract names, 8 bytes an element,
+    generous factors): a .bin whose records add up to more is refused before anything is allocated."""
+    layer = config.get("transformer_layer_config") if isinstance(config.get("transformer_layer_config"), dict) \
+        else config
+    fallback = {"intermediate_size": "4h", "draft_vocab_size": "vocab_size", "target_hidden_size": "hidden_size"}
+    dims: dict[str, int] = {}
+    for k, cap in _MAX_DIM.items():
+        v = config.get(k, layer.get(k))
+        if v is None and k in fallback:
+            v = 4 * dims["hidden_size"] if fallback[k] == "4h" else dims[fallback[k]]
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 < v <= cap:
+            raise ValueError(f"config.json: {k} {v!r} is not a size a draft can have (1..{cap:,})")
+        dims[k] = v
+    H, I, V = dims["hidden_size"], dims["intermediate_size"], dims["vocab_size"]
+    Vd, Ht = dims["draft_vocab_size"], dims["target_hidden_size"]
+    elements = V * H + Vd * H + 8 * Ht * H + 16 * H * H + 6 * H * I + 2 * (V + Vd) + 64 * H
+    return 8 * elements + (1 << 20)
+
+
+def check_bin(path: Path, budget: int) -> None:
+    """A PyTorch zip checkpoint whose records are stored (torch.save never compresses) and add up to at most
+    `budget` bytes: checked from the zip's directory alone, so a crafted file cannot inflate in memory."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            records = z.infolist()
+    except (zipfile.BadZipFile, OSError) as e:
+        raise ValueError(f"{path}: not a PyTorch zip checkpoint ({e}); re-save it with torch.save, or convert it to "
+                         f"safetensors") from None
+    packed = [r.filename for r in records if r.compress_type != zipfile.ZIP_STORED]
+    if packed:
+        raise ValueError(f"{path}: records {packed[:3]} are compressed, which torch.save never writes; refused "
+                         f"before inflating them (convert the checkpoint to safetensors)")
+    big = max(records, key=lambda r: r.file_size, default=None)
+    total = sum(r.file_size for r in records)
+    if total > budget:
+        raise ValueError(f"{path}: its records hold {total:,} bytes (largest {big.filename}: {big.file_size:,}), more "
+                         f"than the {budget:,} a draft of this config.json can need; refused before loading")
 
 
 def detect_format(config: dict[str, Any], tensors: dict[str, torch.Tensor] | None = None) -> str:

@@ -97,12 +97,13 @@ class _Reader:
 
 
 def _rope_from(doc: dict[str, Any]) -> tuple[float, dict | None]:
-    params = doc.get("rope_parameters") or {}
+    params = doc.get("rope_parameters") if isinstance(doc.get("rope_parameters"), dict) else {}
     theta = params.get("rope_theta", doc.get("rope_theta", 10000.0))
     scaling = doc.get("rope_scaling") or {k: v for k, v in params.items() if k != "rope_theta"} or None
-    if scaling and scaling.get("rope_type", scaling.get("type")) == "default":
+    if not isinstance(scaling, dict) or scaling.get("rope_type", scaling.get("type")) == "default":
         scaling = None
-    return float(theta), scaling
+    ok = isinstance(theta, (int, float)) and not isinstance(theta, bool)
+    return float(theta) if ok else float("nan"), scaling   # nan: reported as not a positive finite base
 
 
 def _llama_to_dc(r: _Reader, *, vd, target_hidden, aux, nbr, nbfc) -> DraftConfig | None:
@@ -121,11 +122,33 @@ def _llama_to_dc(r: _Reader, *, vd, target_hidden, aux, nbr, nbfc) -> DraftConfi
         r.errors.append(f"{r.where}num_hidden_layers: {layers}; eyas drafts (and this contract) have exactly 1 layer")
     if r.doc.get("model_type", "llama") != "llama":
         r.errors.append(f"{r.where}model_type: {r.doc.get('model_type')!r}; only the llama EAGLE-3 draft is supported")
+    theta, scaling = _rope_from(r.doc)
+    r.errors += _impossible(r.where, fields, vd, target_hidden, theta)
     if r.errors or any(v is None for v in (vd, target_hidden, aux, nbr)):
         return None
-    theta, scaling = _rope_from(r.doc)
     return DraftConfig(**fields, draft_vocab_size=vd, target_hidden_size=target_hidden, aux_layer_ids=list(aux),
                        rope_theta=theta, rope_scaling=scaling, norm_before_residual=nbr, norm_before_fc=nbfc)
+
+
+def _impossible(where: str, f: dict[str, Any], vd, target_hidden, theta: float) -> list[str]:
+    """Values no draft can have: a zero width, a non-positive epsilon or RoPE base, heads that do not group."""
+    errs = []
+    sizes = {k: f[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+                               "head_dim", "vocab_size", "max_position_embeddings")}
+    sizes.update(draft_vocab_size=vd, target_hidden_size=target_hidden)
+    errs += [f"{where}{k}: {v}; must be a positive size" for k, v in sizes.items() if isinstance(v, int) and v <= 0]
+    eps = f.get("rms_norm_eps")
+    if isinstance(eps, float) and not 0 < eps < 1:
+        errs.append(f"{where}rms_norm_eps: {eps}; must be in (0, 1)")
+    if not (0 < theta < float("inf")):
+        errs.append(f"{where}rope_theta: {theta}; must be a positive finite base")
+    nh, nkv = f.get("num_attention_heads"), f.get("num_key_value_heads")
+    if isinstance(nh, int) and isinstance(nkv, int) and nh > 0 and nkv > 0 and nh % nkv:
+        errs.append(f"{where}num_key_value_heads: {nkv} does not divide num_attention_heads {nh}")
+    V = f.get("vocab_size")
+    if isinstance(vd, int) and isinstance(V, int) and vd > V > 0:
+        errs.append(f"draft_vocab_size: {vd} is larger than the vocabulary ({V})")
+    return errs
 
 
 def from_speculators(cfg: dict[str, Any], *, strict: bool,

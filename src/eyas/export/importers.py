@@ -24,12 +24,20 @@ from eyas.draft.model import Eagle3Draft
 from eyas.export.contract import IGNORABLE_SUFFIXES, SPECULATORS, check_tensors, rename, to_eyas_key
 from eyas.export.files import ContractError, detect_format, parse_config, read_export
 from eyas.export.writers import target_embedding
+from eyas.cache import cache_dir
+from eyas.outputs import claim
 from eyas.target import load_config, resolve, text_config
+from eyas.target.load import BUILTIN_TARGETS
 
 
-def _target_dir(spec: str | None) -> Path | None:
+def _target_dir(spec: str | None, *, fetch: bool) -> Path | None:
+    """The target's local directory. A built-in name is fetched and converted only when the user named it
+    (`fetch`): a name read from the checkpoint uses the converted copy if there is one, and nothing else."""
     if not spec:
         return None
+    if spec in BUILTIN_TARGETS and not fetch:
+        built = cache_dir() / "models" / spec
+        return built if (built / ".complete").is_file() else None
     try:
         p = Path(resolve(spec).path)
     except FileNotFoundError:
@@ -44,13 +52,22 @@ def _target_layers(tdir: Path | None) -> int | None:
 
 
 def import_draft(src: str | os.PathLike, out: str | os.PathLike, *, target: str | None = None,
-                 aux_layer_ids: list[int] | None = None) -> Path:
-    src = Path(src)
+                 aux_layer_ids: list[int] | None = None, overwrite: bool = False) -> Path:
+    """Import `src` into the eyas draft dir `out` (claimed through eyas.outputs: never the source, a target or
+    another command's output unless --overwrite)."""
+    with claim(out, "draft", overwrite=overwrite, inputs={"src": src, "target": target}) as held:
+        _import(Path(src), held.path, target, aux_layer_ids)
+    return Path(out)
+
+
+def _import(src: Path, out: Path, target: str | None, aux_layer_ids: list[int] | None) -> Path:
     config, tensors = read_export(src)
     fmt = detect_format(config, tensors)
-    verifier = ((config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
-    spec = target or (config.get("eyas") or {}).get("target") or verifier
-    tdir = _target_dir(spec) or _target_dir(verifier)
+    sc = config.get("speculators_config") if isinstance(config.get("speculators_config"), dict) else {}
+    verifier = (sc.get("verifier") if isinstance(sc.get("verifier"), dict) else {}).get("name_or_path")
+    eyas_meta = config.get("eyas") if isinstance(config.get("eyas"), dict) else {}
+    spec = target or eyas_meta.get("target") or verifier
+    tdir = _target_dir(spec, fetch=bool(target)) or _target_dir(verifier, fetch=False)
 
     n_layers = _target_layers(tdir)
     default_aux = list(aux_layer_ids) if aux_layer_ids else None

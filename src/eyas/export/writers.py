@@ -23,6 +23,7 @@ from eyas.draft.model import DraftConfig
 from eyas.export.contract import MIDLAYER, SPECULATORS, rename
 from eyas.export.files import ContractError, check_contract
 from eyas.export.formats import to_midlayer, to_speculators
+from eyas.outputs import claim
 from eyas.target.load import resolve
 
 def target_spec(meta: dict[str, Any]) -> str | None:
@@ -173,8 +174,9 @@ def _prepare(draft_dir, dtype: str, verifier: str | None, embed: str):
 
 
 def _check_and_write(fmt: str, config: dict, sd: dict[str, torch.Tensor], draft_dir, out, meta, dc: DraftConfig,
-                     verifier: str, chain: int, note: str) -> Path:
-    """Provenance (engines ignore the extra key; serve-check and import read it), rename, check, write."""
+                     verifier: str, chain: int, note: str, overwrite: bool = False) -> Path:
+    """Provenance (engines ignore the extra key; serve-check and import read it), rename, check, write into
+    `out` as claimed by eyas.outputs (an earlier export is replaced; the draft, or anything else, is not)."""
     src = Path(draft_dir).resolve()
     config["eyas"] = {"eyas_version": __version__, "source_draft": str(src), "target": target_spec(meta),
                       "embed_tokens": note}
@@ -182,21 +184,23 @@ def _check_and_write(fmt: str, config: dict, sd: dict[str, torch.Tensor], draft_
     errors = check_contract(config, tensors)
     if errors:
         raise ContractError(f"refusing to write {out}", errors)
-    return _write_dir(Path(out), config, tensors, model_card(fmt, meta, dc, verifier, chain, note, src))
+    with claim(out, "export", overwrite=overwrite, inputs={"draft": draft_dir}) as held:
+        _write_dir(held.path, config, tensors, model_card(fmt, meta, dc, verifier, chain, note, src))
+    return Path(out)
 
 
 def export_vllm(draft_dir: str | os.PathLike, out: str | os.PathLike, *, chain: int = 3, verifier: str | None = None,
-                embed: str = "auto", dtype: str = "auto") -> Path:
+                embed: str = "auto", dtype: str = "auto", overwrite: bool = False) -> Path:
     """Speculators-format dir that `vllm serve OUT` (or `LLM(model=OUT)`) serves with no other flag."""
     if chain < 1:
         raise ValueError(f"chain (speculative tokens) must be >= 1, got {chain}")
     _, meta, dc, sd, ver, archs, note, fdtype = _prepare(draft_dir, dtype, verifier, embed)
     config = to_speculators(dc, chain=chain, verifier=ver, verifier_arch=archs, dtype=fdtype)
-    return _check_and_write(SPECULATORS, config, sd, draft_dir, out, meta, dc, ver, chain, note)
+    return _check_and_write(SPECULATORS, config, sd, draft_dir, out, meta, dc, ver, chain, note, overwrite)
 
 
 def export_sglang(draft_dir: str | os.PathLike, out: str | os.PathLike, *, chain: int = 3, verifier: str | None = None,
-                  embed: str = "auto", dtype: str = "auto") -> Path:
+                  embed: str = "auto", dtype: str = "auto", overwrite: bool = False) -> Path:
     """SGLang `LlamaForCausalLMEagle3` dir (keys midlayer.*, eagle_config aux ids in SGLang's convention)."""
     _, meta, dc, sd, ver, archs, note, fdtype = _prepare(draft_dir, dtype, verifier, embed)
     problems = []
@@ -214,4 +218,4 @@ def export_sglang(draft_dir: str | os.PathLike, out: str | os.PathLike, *, chain
     if problems:
         raise ContractError(f"refusing to write {out}", problems)
     config = to_midlayer(dc, dtype=fdtype)
-    return _check_and_write(MIDLAYER, config, sd, draft_dir, out, meta, dc, ver, chain, note)
+    return _check_and_write(MIDLAYER, config, sd, draft_dir, out, meta, dc, ver, chain, note, overwrite)

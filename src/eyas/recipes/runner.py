@@ -44,11 +44,22 @@ def step_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (src, os.environ.get("PYTHONPATH"))))}
 
 
+def _claimed_by_demo(path: Path) -> bool:
+    """`eyas demo` claims its OUT itself (eyas.outputs) before its recipe runs there."""
+    from eyas.outputs import read_record
+    return (read_record(path, True) or {}).get("kind") == "demo" or (path / "summary.json").is_file()
+
+
 class Runner:
     def __init__(self, work: Path, budget_s: float | None = None, fresh: bool = False):
-        self.work = Path(work)
+        self.work = Path(work).expanduser().resolve()   # a symlinked OUT is where it points
+        foreign = [] if not self.work.is_dir() or (self.work / STATE).is_file() else sorted(
+            e.name for e in self.work.iterdir() if not e.name.startswith("."))
+        if foreign and not _claimed_by_demo(self.work):
+            raise RecipeError(f"--out {work} holds other files ({', '.join(foreign[:5])}), not a recipe run: "
+                              f"choose another --out")
         self.work.mkdir(parents=True, exist_ok=True)
-        self._lock = open(self.work / ".run.lock", "w")   # one call at a time in an OUT (released by close)
+        self._lock = open(self.work / ".recipe.lock", "w")   # one call at a time in an OUT (released by close)
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -19,8 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,24 +36,6 @@ from eyas.target.capture import backbone_of, capture
 
 
 # ---------------------------------------------------------------- data
-
-
-def remove_store(out: Path) -> None:
-    """--overwrite: delete a store's own files, and refuse when --out holds anything else (a typo in
-    --out must not delete a user's directory)."""
-    out = Path(out)
-    if not out.exists():
-        return
-    if not out.is_dir():
-        raise StoreError(f"--out {out} is a file, not a store directory; choose another --out")
-    ours = re.compile(r"(manifest\.json|rank-\d+\.json|shard-\d+\.safetensors)(\..*\.?tmp|\.tmp)?|\.lock-.*|"
-                      r"\.vllm-states|vllm-extract\.log")
-    other = sorted(p.name for p in out.iterdir() if not ours.fullmatch(p.name))
-    if other:
-        raise StoreError(f"--overwrite: {out} is not only a store (it also holds {', '.join(other[:5])}"
-                         f"{' ...' if len(other) > 5 else ''}); nothing was deleted. Choose another --out or "
-                         f"remove those files yourself")
-    shutil.rmtree(out)
 
 
 def data_fingerprint(dataset) -> dict[str, Any]:

@@ -91,7 +91,10 @@ class HiddenStateStore:
             path = self.root / s["file"]
             # Each shard is hashed once, when first opened: a same-size bit flip would otherwise train.
             if self.check_sha and path.is_file():
-                if path.is_symlink() or path.stat().st_size != s["bytes"]:
+                if path.is_symlink():
+                    raise StoreError(f"{path}: is a symbolic link (to {os.readlink(path)}), not the shard extract "
+                                     f"wrote; re-run `eyas extract` on this store to redo it")
+                if path.stat().st_size != s["bytes"]:
                     raise StoreError(f"{path}: {path.stat().st_size} bytes on disk, the manifest says {s['bytes']} "
                                      f"(truncated or replaced); re-run `eyas extract` on this store to redo it")
                 if sha256_file(path) != s["sha256"]:

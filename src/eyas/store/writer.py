@@ -28,6 +28,7 @@ import torch
 from eyas import env
 from eyas import __version__
 from eyas.faultpoints import pause_at
+from eyas.outputs import OutputLock
 from eyas.store.format import (FORMAT, FORMAT_VERSION, ID_DTYPE, MANIFEST, StoreError, atomic_write_json, fsync_dir,
                                open_new, read_json, sha256_file, shard_name, write_safetensors)
 
@@ -162,29 +163,14 @@ def merge(out: Path, header: dict[str, Any], plan: ShardPlan) -> dict[str, Any] 
 
 
 # ---------------------------------------------------------------- locks
-class store_lock:
-    """An exclusive flock on STORE/.lock-NAME: one writer per rank (two `extract` runs on one --out would
-    race), one merge at a time. The kernel drops it when the process dies: a kill never leaves a lock
-    that needs a manual delete."""
+class store_lock(OutputLock):
+    """An exclusive flock on STORE/.lock-NAME (eyas.outputs.OutputLock): one writer per rank (two `extract` runs
+    on one --out would race), one merge at a time. A kill never leaves a lock that needs a manual delete."""
 
     def __init__(self, out: Path, name: str, *, wait: bool = True):
-        self.path, self.wait, self.fd = Path(out) / f".lock-{name}", wait, None
-
-    def __enter__(self):
-        import fcntl
-
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | (0 if self.wait else fcntl.LOCK_NB))
-        except BlockingIOError:
-            os.close(self.fd)
-            raise StoreError(f"{self.path.parent}: another `eyas extract` is writing this store "
-                             f"({self.path.name} is locked); wait for it to finish, or use another --out") from None
-        return self
-
-    def __exit__(self, *exc):
-        os.close(self.fd)               # closing drops the flock
-        return False
+        path = Path(out) / f".lock-{name}"
+        super().__init__(path, f"{path.parent}: another `eyas extract` is writing this store ({path.name} is "
+                               f"locked); wait for it to finish, or use another --out", wait=wait, error=StoreError)
 
 
 # ---------------------------------------------------------------- shard writer

@@ -51,6 +51,28 @@ def safetensors_files(path: str | os.PathLike) -> list[Path]:
     return files
 
 
+def weight_file_problems(d: str | os.PathLike) -> list[str]:
+    """A dir's safetensors files whose size is not what their own header says (a copy cut short, a full disk),
+    read from the headers alone."""
+    problems = []
+    for f in sorted(Path(d).glob("*.safetensors")):
+        try:
+            with open(f, "rb") as fh:
+                n = int.from_bytes(fh.read(8), "little")
+                header = json.loads(fh.read(n)) if 0 < n < (1 << 27) else None
+        except (OSError, ValueError):
+            header = None
+        if not isinstance(header, dict):
+            problems.append(f"{f.name}: no readable safetensors header")
+            continue
+        ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)
+                and isinstance(v.get("data_offsets"), list) and len(v["data_offsets"]) == 2]
+        want = 8 + n + max(ends, default=0)
+        if f.stat().st_size != want:
+            problems.append(f"{f.name}: {f.stat().st_size:,} bytes on disk, its header needs {want:,} (cut short?)")
+    return problems
+
+
 def read_safetensors(files: list[Path], *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
                      workers: int = 8) -> dict[str, torch.Tensor]:
     """All tensors of `files`, read in parallel (each thread its own mmap handle and slice of keys)."""

@@ -9,7 +9,7 @@ injection (bench/faults.py) can provoke:
   - state.pt is read with weights_only=True: a crafted pickle cannot run code on `--resume`;
   - on resume metrics.jsonl is cut back to the checkpoint's step, so steps are never logged twice;
   - a fresh run refuses a RUN dir that already holds a run (checkpoints or metrics) unless told
-    `--resume` (continue it) or `--overwrite` (delete that run's files first).
+    `--resume` (continue it) or `--overwrite` (delete that run's files first): eyas.outputs, kind "run".
 """
 
 from __future__ import annotations
@@ -26,15 +26,12 @@ from typing import Any, Callable
 import torch
 
 from eyas import env
-from eyas.config import ConfigError
 from eyas.faultpoints import pause_at
 
 CHECKPOINTS = "checkpoints"
 STATE = "state.pt"
 METRICS = "metrics.jsonl"
 _STEP = re.compile(r"step-(\d+)")
-# What a RUN dir holds that `--overwrite` may delete (the best draft at the top level included).
-_RUN_FILES = (CHECKPOINTS, METRICS, "tb", "train_config.yaml", "config.json", "model.safetensors")
 
 
 class CheckpointError(ValueError):
@@ -90,29 +87,7 @@ def clean_partial(out: Path) -> None:
             p.unlink()
 
 
-# ---------------------------------------------------------------- the RUN dir
-def claim_run_dir(out: Path, *, resume: bool, overwrite: bool) -> None:
-    """Refuse to start a fresh run over another one; `--overwrite` deletes that run's files (only those)."""
-    out = Path(out)
-    if resume and overwrite:
-        raise ConfigError("--resume and --overwrite contradict each other: pick one")
-    if resume:
-        return
-    held = [n for n in (CHECKPOINTS, METRICS) if (out / n).exists()]
-    if held and not overwrite:
-        last = latest_checkpoint(out)
-        raise ConfigError(f"{out} already holds a training run ({', '.join(held)}"
-                          f"{f'; last checkpoint {last.name}' if last else ''}): pass --resume to continue it, "
-                          f"or --overwrite to delete it and start over, or choose a new --out")
-    if overwrite:
-        for name in _RUN_FILES:
-            p = out / name
-            if p.is_dir() and not p.is_symlink():
-                shutil.rmtree(p)
-            elif p.exists() or p.is_symlink():
-                p.unlink()
-
-
+# ---------------------------------------------------------------- the RUN dir (claimed through eyas.outputs)
 def truncate_metrics(out: Path, step: int) -> None:
     """Keep the log lines of steps <= `step` (the checkpoint resumed from); a torn last line goes too."""
     path = Path(out) / METRICS
@@ -161,18 +136,34 @@ def save_checkpoint(out: Path, step: int, write_draft: Callable[[Path], Any], st
     return ck
 
 
+# What state.pt holds, each with its type: a file of the right keys but other values is not a checkpoint either.
+_STATE_TYPES = {"optimizer": dict, "scheduler": dict, "rng": dict, "step": int, "config": dict,
+                "best_tau": (int, float), "history": list}
+
+
 def load_state(ck: Path) -> dict:
     """state.pt of a checkpoint, loaded as plain tensors and containers (no code can run)."""
     path = Path(ck) / STATE
+    way_out = (f"delete {Path(ck).name} to resume from the one before it, or start over with --overwrite")
     try:
         st = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, AttributeError) as e:
+    except pickle.UnpicklingError:   # PyTorch's own text advises weights_only=False, i.e. running the file's code
+        raise CheckpointError(f"{path}: not a loadable eyas checkpoint (it holds objects other than tensors and "
+                              f"plain containers, which are never unpickled); {way_out}") from None
+    except (RuntimeError, EOFError, ValueError, AttributeError) as e:
         raise CheckpointError(f"{path}: not a loadable eyas checkpoint ({type(e).__name__}: "
-                              f"{str(e).splitlines()[0][:200] if str(e) else ''}); delete {Path(ck).name} to resume "
-                              f"from the one before it, or start over with --overwrite") from None
-    missing = [k for k in ("optimizer", "scheduler", "rng", "step", "config") if not isinstance(st, dict) or k not in st]
+                              f"{str(e).splitlines()[0][:200] if str(e) else ''}); {way_out}") from None
+    if not isinstance(st, dict):
+        raise CheckpointError(f"{path}: holds a {type(st).__name__}, not an eyas checkpoint; {way_out}")
+    missing = [k for k in _STATE_TYPES if k not in st]
     if missing:
         raise CheckpointError(f"{path}: missing keys {missing}; not an eyas checkpoint")
+    wrong = [f"{k} is a {type(st[k]).__name__}" for k, t in _STATE_TYPES.items()
+             if not isinstance(st[k], t) or (t is int and isinstance(st[k], bool))]
+    if not wrong and st["step"] < 0:
+        wrong = [f"step is {st['step']}"]
+    if wrong:
+        raise CheckpointError(f"{path}: {'; '.join(wrong)}, not what an eyas checkpoint holds; {way_out}")
     return st
 
 

@@ -108,10 +108,14 @@ def collate(rows: list[dict], max_length: int | None = None, keys=ROW_KEYS, pad_
     return out
 
 
-def checked_rows(source, ids: list[int], what: str) -> list[dict]:
+def checked_rows(source, ids: list[int], what: str, vocab_size: int | None = None) -> list[dict]:
     rows = [source[i] for i in ids]
     for i, row in zip(ids, rows):
         check_row(row, f"{what} row {i}")
+        ids_ = row["input_ids"]
+        if vocab_size is not None and ids_.numel() and (int(ids_.max()) >= vocab_size or int(ids_.min()) < 0):
+            raise ValueError(f"{what} row {i}: token id {int(ids_.max())} outside the target vocabulary (size "
+                             f"{vocab_size}); was the data prepared for another tokenizer?")
     return rows
 
 
@@ -146,7 +150,7 @@ class OnlineSource:
         return len(self.dataset)
 
     def batch(self, ids: list[int], device) -> dict[str, torch.Tensor]:
-        rows = checked_rows(self.dataset, ids, "prepared")
+        rows = checked_rows(self.dataset, ids, "prepared", self.layout.vocab_size)
         b = {k: v.to(device) for k, v in collate(rows, self.max_length, pad_to=self.pad_to).items()}
         aux, last, _ = target_states(self.model, self.layout, b["input_ids"], self.aux_ids,
                                      position_ids=b["position_ids"])

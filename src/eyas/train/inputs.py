@@ -17,6 +17,7 @@ from eyas.aux_layers import KEY as AUX_KEY, check_aux_layer_ids, resolve_aux_lay
 from eyas.data import PreparedDataset
 from eyas.data.dataset import VOCAB
 from eyas.devices import resolve_dtype
+from eyas.outputs import input_id, recorded_input, same_input
 from eyas.store import HiddenStateStore, StoreError, config_hash
 from eyas.store.format import MANIFEST
 from eyas.target import load_config, load_target, text_config
@@ -98,13 +99,25 @@ def check_same_data(store, dataset, cfg) -> None:
                              f"from, or re-run `eyas extract` on this data")
 
 
+def check_store_target(store: Path, target: str) -> None:
+    """The store's record names the target it was extracted from by content: another target's weights (even of
+    the same config) give hidden states this target never makes."""
+    have = recorded_input(store, "target")
+    now = input_id(target)
+    if have is not None and not same_input(have, now):
+        raise ValueError(f"store {store} was extracted from target {have.get('spec')} (content "
+                         f"{str(have.get('sha256'))[:12]}), not from --target {target} (content "
+                         f"{str(now.get('sha256'))[:12]}); pass the store's target, or extract a store for this one")
+
+
 def open_inputs(cfg, device: torch.device, *, target=None, store=None, dataset=None) -> Inputs:
     if cfg.online and cfg.data is None and dataset is None:
         raise ValueError("--online needs --data PREPARED (the rows the target runs over)")
     if not cfg.online and cfg.store is None and store is None:
         raise ValueError("pass --store STORE (offline) or --data PREPARED --online")
     if dataset is None and cfg.data is not None:
-        dataset = PreparedDataset(cfg.data)
+        # online every row is read from it: a shard that changed since `prepare` must fail here, as in extract
+        dataset = PreparedDataset(cfg.data, verify=cfg.online)
     # The flags and the draft vocab are checked against the target's config before any weight loads.
     loaded = target is None
     tcfg = text_config(load_config(cfg.target)) if loaded else None
@@ -120,11 +133,13 @@ def open_inputs(cfg, device: torch.device, *, target=None, store=None, dataset=N
                              device=device if cfg.online else "cpu")
     layout = target.layout
     if not cfg.online and store is None:
-        # The store must come from this very network (config hash), not just the same shapes.
+        # The store must come from this very network (config hash) and these weights (its record), not just the
+        # same shapes.
         try:
             store = HiddenStateStore(cfg.store, expect={"config_hash": config_hash(target.config)})
         except StoreError as e:  # one clear CLI line, like every other input error
             raise ValueError(str(e)) from None
+        check_store_target(cfg.store, cfg.target)
     if store is not None and dataset is not None and not cfg.online:
         check_same_data(store, dataset, cfg)
     manifest = dict(getattr(store, "manifest", None) or {}) if store is not None else {}

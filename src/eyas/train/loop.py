@@ -11,6 +11,7 @@ import json
 import math
 import random
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,18 +20,27 @@ from pydantic import Field
 
 from eyas.flags import AuxLayerIds, Device, DraftVocabSize, ModelDtype, Target
 from eyas.config import ConfigError, StageConfig, config_to_yaml
-from eyas.devices import resolve_device, resolve_dtype
-from eyas.draft.io import save_draft
+from eyas.devices import dist_env, resolve_device, resolve_dtype
+from eyas.draft.io import nonfinite_keys, save_draft
 from eyas.draft.model import Eagle3Draft, draft_config_from_target
+from eyas.outputs import claim, input_id
 from eyas.train import checkpoint as C
 from eyas.train import dist as D
 from eyas.train.data import OfflineSource, OnlineSource, Plan
 from eyas.train.inputs import open_inputs
 from eyas.train.ttt import TargetHead, TTTUnroll, objective, simulated_tau, step_accuracy, token_loss
 
-# Fields that decide which rows each step sees: a resume with different values would not continue the run.
-_RESUME_MUST_MATCH = ("seed", "batch_size", "grad_accum", "eval_fraction", "ttt_steps", "max_length", "steps",
-                      "epochs", "lr", "store", "data", "online")
+# Fields that decide which rows each step sees and what it learns from them: a resume with other values would not
+# continue the run (the LR would re-enter warmup, the optimizer keep the old weight decay). Recorded with the run's
+# inputs by eyas.outputs; "store" and "data" are compared as paths too for runs made before such records.
+RUN_SETTINGS = ("seed", "batch_size", "grad_accum", "eval_fraction", "ttt_steps", "step_decay", "tau_chain",
+                "max_length", "steps", "epochs", "lr", "min_lr_ratio", "warmup_steps", "weight_decay", "grad_clip",
+                "draft_vocab_size", "aux_layer_ids", "online")
+_RESUME_MUST_MATCH = RUN_SETTINGS + ("store", "data")
+
+
+class TrainingDiverged(ValueError):
+    """A loss or weight that is not finite: the run stops before saving anything made from it."""
 
 
 class TrainConfig(StageConfig):
@@ -44,16 +54,16 @@ class TrainConfig(StageConfig):
                                                     "PREPARED token counts (default: the PREPARED data's own)")
     ttt_steps: int = Field(7, ge=1, description="training-time-test steps unrolled per position")
     step_decay: float = Field(0.8, gt=0, description="loss weight of TTT step k is step_decay**k")
-    tau_chain: int | None = Field(None, description="chain length K for the simulated tau (default: --ttt-steps)")
-    max_length: int | None = Field(None, description="truncate rows to this many tokens")
-    pad_to: int | None = Field(None, description="pad every batch to this many tokens (default on GPU: the rows' max length, so compiled attention sees one shape; 0 = off)")
+    tau_chain: int | None = Field(None, ge=1, description="chain length K for the simulated tau (default: --ttt-steps)")
+    max_length: int | None = Field(None, ge=1, description="truncate rows to this many tokens")
+    pad_to: int | None = Field(None, ge=0, description="pad every batch to this many tokens (default on GPU: the rows' max length, so compiled attention sees one shape; 0 = off)")
     batch_size: int = Field(1, ge=1, description="rows per micro-batch per process")
     grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step")
-    steps: int | None = Field(None, description="optimizer steps (default: --epochs over the training split)")
+    steps: int | None = Field(None, ge=1, description="optimizer steps (default: --epochs over the training split)")
     epochs: float = Field(1.0, gt=0, description="epochs when --steps is not given")
     lr: float = Field(1e-4, gt=0, description="peak learning rate (AdamW, betas 0.9/0.95)")
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine decays to lr * this")
-    warmup_steps: int | None = Field(None, description="linear warmup steps (default: 3% of steps, at least 1)")
+    warmup_steps: int | None = Field(None, ge=0, description="linear warmup steps (default: 3% of steps, at least 1)")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     grad_clip: float = Field(0.5, gt=0, description="gradient-norm clip")
     init_head: bool = Field(True, description="seed lm_head + final norm from the target's head rows for the draft vocab")
@@ -71,7 +81,7 @@ class TrainConfig(StageConfig):
     logit_chunk: int = Field(2048, ge=1, description="tokens per chunk of full-vocab target logits")
     eval_fraction: float = Field(0.05, ge=0, lt=1, description="held-out share of rows")
     eval_every: int = Field(100, ge=1, description="evaluate the held-out split every N steps")
-    eval_batches: int | None = Field(None, description="cap on held-out batches per evaluation")
+    eval_batches: int | None = Field(None, ge=1, description="cap on held-out batches per evaluation")
     save_every: int = Field(500, ge=1, description="checkpoint every N steps")
     keep_checkpoints: int = Field(2, ge=1, description="checkpoints to keep")
     log_every: int = Field(10, ge=1, description="train metrics every N steps")
@@ -106,6 +116,7 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
         self.inp = open_inputs(cfg, self.device, target=target, store=store, dataset=dataset)
+        self.target_sha = input_id(cfg.target)["sha256"]   # eval warns when the draft meets other weights
         tgt = self.inp.target
         d2t, t2d = self.inp.d2t, self.inp.t2d
         dcfg = draft_config_from_target(tgt.config, aux_layer_ids=self.inp.aux_ids, draft_vocab_size=d2t.numel(),
@@ -219,12 +230,21 @@ class Trainer:
 
     # ---- checkpoints -----------------------------------------------------------------------------------
     def meta(self, metrics: dict | None) -> dict[str, Any]:
-        return {"target": self.inp.target_meta, "aux_layer_ids": self.inp.aux_ids,
+        return {"target": {**self.inp.target_meta, "sha256": self.target_sha}, "aux_layer_ids": self.inp.aux_ids,
                 "train": self.cfg.model_dump(mode="json"), "metrics": metrics or {}, "step": self.step,
                 "inputs": self.inp.describe()}
 
+    def _diverged(self, what: str) -> str:
+        last = C.latest_checkpoint(self.cfg.out)
+        return (f"training diverged at step {self.step}: {what}; nothing made from it was saved"
+                f"{f' (the last checkpoint, {last.name}, is finite)' if last else ''}. Lower --lr (now {self.cfg.lr}) "
+                f"or --grad-clip, or check the target's hidden states (`eyas doctor --store`)")
+
     def _draft_for_save(self, msd: dict) -> Eagle3Draft:
         sd = {k[len("draft."):]: v for k, v in msd.items() if k.startswith("draft.")}
+        bad = nonfinite_keys(sd)
+        if bad:   # the loss of the step before may still have been finite: the update made them so
+            raise TrainingDiverged(self._diverged(f"the draft's {', '.join(bad[:3])} hold NaN or inf values"))
         with torch.device("meta"):
             m = Eagle3Draft(self.draft.config)
         m.load_state_dict(sd, assign=True, strict=False)
@@ -286,10 +306,9 @@ class Trainer:
             save_draft(self._draft_for_save(msd), self.cfg.out, self.meta(metrics))
 
     def run(self) -> dict:
+        """Train into cfg.out, which `train` has claimed (eyas.outputs) on the main process."""
         cfg = self.cfg
         if self.d.main:
-            C.claim_run_dir(cfg.out, resume=cfg.resume, overwrite=cfg.overwrite)
-            cfg.out.mkdir(parents=True, exist_ok=True)
             C.clean_partial(cfg.out)
         self.d.barrier()
         if cfg.resume:
@@ -299,13 +318,7 @@ class Trainer:
         if self.d.main:
             (cfg.out / "train_config.yaml").write_text(config_to_yaml(cfg))
         self.tb = _tensorboard(cfg.out / "tb", self.step) if (cfg.tensorboard and self.d.main) else None
-        try:
-            return self._loop()
-        except KeyboardInterrupt:
-            last = C.latest_checkpoint(cfg.out)
-            raise C.Interrupted(f"interrupted at step {self.step}; "
-                                + (f"continue from {last.name} with the same command plus --resume" if last else
-                                   "no checkpoint was written yet: rerun with --overwrite to start over")) from None
+        return self._loop()
 
     def _loop(self) -> dict:
         cfg = self.cfg
@@ -315,6 +328,8 @@ class Trainer:
         t_start = time.perf_counter()
         while self.step < self.total:
             st, n = self.train_step()
+            if not bool(torch.isfinite(st).all()):
+                raise TrainingDiverged(self._diverged(f"the loss is {token_loss(st)}"))
             window = st if window is None else window + st
             toks += n
             if bar is not None:
@@ -378,11 +393,24 @@ def _progress(total: int, initial: int, enabled: bool):
 def train(cfg: TrainConfig, *, target=None, store=None, dataset=None) -> dict:
     """Train and write the RUN dir; returns a summary. `target`/`store`/`dataset` inject in-memory
     objects (tests, the demo) in place of loading --target / --store / --data."""
-    t = Trainer(cfg, target=target, store=store, dataset=dataset)
-    try:
-        return t.run()
-    finally:
-        t.close()
+    if cfg.resume and cfg.overwrite:
+        raise ConfigError("--resume and --overwrite contradict each other: pick one")
+    # the main process owns the RUN dir (its lock held to the end, its settings recorded)
+    with claim(cfg.out, "run", overwrite=cfg.overwrite, resume=cfg.resume,
+               inputs={"target": cfg.target, "store": cfg.store, "data": cfg.data},
+               settings={k: getattr(cfg, k) for k in RUN_SETTINGS}) if dist_env()[0] == 0 else nullcontext():
+        t = None
+        try:
+            t = Trainer(cfg, target=target, store=store, dataset=dataset)
+            return t.run()
+        except KeyboardInterrupt:   # wherever Ctrl-C lands: one line saying how to continue
+            last = C.latest_checkpoint(cfg.out)
+            raise C.Interrupted(f"interrupted at step {t.step if t is not None and hasattr(t, 'step') else 0}; "
+                                + (f"continue from {last.name} with the same command plus --resume" if last else
+                                   "no checkpoint was written yet: rerun with --overwrite to start over")) from None
+        finally:
+            if t is not None:
+                t.close()
 
 
 def run(cfg: TrainConfig) -> dict:

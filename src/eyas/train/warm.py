@@ -17,6 +17,8 @@ import random
 import time
 from pathlib import Path
 
+from eyas.outputs import claim
+
 WARM_STEPS = 3   # step 1 compiles the forward and backward; the rest catch graphs that first differ at step 2
 
 
@@ -40,17 +42,21 @@ def stand_in_conversations(path: Path, tokenizer, *, rows: int, max_length: int,
 def warm_only(cfg, train) -> dict:
     """Train WARM_STEPS steps of cfg's shapes on stand-in rows under cfg.out (nothing else is written), with the
     real run's `train` (loop.train: passed in, as loop is where this is called from)."""
-    from eyas.data.prepare import PrepareConfig, prepare
-    from eyas.target.load import load_tokenizer
-
     if not cfg.online:
         raise ValueError("--warm-only warms an online run (--online): an offline run's shapes come from its store")
     if not cfg.max_length or not cfg.draft_vocab_size:
         raise ValueError("--warm-only needs --max-length and --draft-vocab-size: the real run's row length and "
                          "draft vocabulary (its data does not exist yet)")
     t0 = time.perf_counter()
-    work = Path(cfg.out)
-    work.mkdir(parents=True, exist_ok=True)
+    with claim(cfg.out, "run", inputs={"target": cfg.target, "data": cfg.data}, settings={"warm_only": True}) as held:
+        return _warm(cfg, train, held.path, t0)
+
+
+def _warm(cfg, train, work: Path, t0: float) -> dict:
+    """warm_only into its claimed directory: stand-in.jsonl, prepared/ and run/ (each claimed by its stage)."""
+    from eyas.data.prepare import PrepareConfig, prepare
+    from eyas.target.load import load_tokenizer
+
     # enough packed rows for WARM_STEPS batches after the held-out share, 2 conversations to a row
     need = (WARM_STEPS + 2) * cfg.batch_size * cfg.grad_accum
     rows = int(2 * need / (1 - cfg.eval_fraction)) + 4
