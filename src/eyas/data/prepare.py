@@ -27,6 +27,7 @@ from eyas.data.dataset import (FORMAT, MANIFEST, REJECTS, VERSION, VOCAB, Prepar
 from eyas.data.masks import ChatRenderer, MaskError, render_text, template_hash
 from eyas.data.sources import (ASSISTANT_FIRST_DEFAULT, AssistantFirst, Record, iter_conversations, reason_category,
                                resolve_data)
+from eyas.target.layers import text_config
 from eyas.target.load import load_config, load_tokenizer
 from eyas.vocab import build_draft_vocab
 
@@ -181,7 +182,9 @@ def prepare(cfg: PrepareConfig) -> dict:
     template = cfg.chat_template.read_text() if cfg.chat_template else None
     tokenizer = load_tokenizer(cfg.target, cache=cfg.cache_dir, trust_remote_code=cfg.trust_remote_code)
     try:
-        V = int(load_config(cfg.target, cache=cfg.cache_dir, trust_remote_code=cfg.trust_remote_code).vocab_size)
+        # a wrapper's (Llava, Kimi-K2.5) vocabulary is its text model's
+        V = int(text_config(load_config(cfg.target, cache=cfg.cache_dir,
+                                        trust_remote_code=cfg.trust_remote_code)).vocab_size)
     except (OSError, ValueError, AttributeError, TypeError):
         V = len(tokenizer)  # a tokenizer-only directory: its own size is the vocabulary
     renderer = ChatRenderer(tokenizer, template)  # raises MaskError early when there is no template
