@@ -70,9 +70,12 @@ class EntryPoint:
     kwargs_into: str | None = None                 # entry point whose parameters a **kwargs is forwarded to
     values: tuple[str, ...] = ()                   # kind == "values": members that must be present
     reads_only: bool = False                       # eyas only reads these fields (never constructs it)
+    architectures: tuple[str, ...] = ()            # probed only for targets of these architectures (() = always)
 
 
 _CONN = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
+_MODELS = "vllm.model_executor.models"
+KIMI_K25 = ("KimiK25ForConditionalGeneration",)
 _CONN_FILE = "vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py"
 _SPEC = "vllm.transformers_utils.configs.speculators"
 
@@ -167,7 +170,63 @@ ENTRY_POINTS: tuple[EntryPoint, ...] = (
                _CONN_FILE, keywords=("req_id", "filename", "token_ids", "block_ids"), reads_only=True),
     EntryPoint(f"{_CONN}.extract_from_kv_cache", _CONN, "extract_from_kv_cache", "vllm extraction (eyas_connector)",
                _CONN_FILE, positional=("kv_cache", "slot_mapping", "num_tokens")),
+    # --- a Kimi-K2.5 target (probed only for one): vLLM builds the wrapper from its own config classes, puts the
+    # DeepSeek-V2/V3 text model at `language_model` (decoder layers language_model.model.layers, the checkpoint's
+    # names), and captures EAGLE-3 aux states through the wrapper's set_aux_hidden_state_layers, which forwards to
+    # the text model (hidden + residual entering each layer; the id N = num_layers gives the last state).
+    EntryPoint(f"{_MODELS}.registry._MULTIMODAL_MODELS", f"{_MODELS}.registry", "_MULTIMODAL_MODELS",
+               "serve-check, vllm extraction, regenerate of a Kimi-K2.5 target (the architecture vLLM serves)",
+               "vllm/model_executor/models/registry.py", kind="values", values=KIMI_K25, architectures=KIMI_K25),
+    EntryPoint(f"{_MODELS}.kimi_k25.KimiK25ForConditionalGeneration", f"{_MODELS}.kimi_k25",
+               "KimiK25ForConditionalGeneration", "EAGLE-3 serving / vllm extraction of a Kimi-K2.5 target (aux "
+               "states through the wrapper; the checkpoint prefixes the toy writes)", "vllm/model_executor/models/kimi_k25.py",
+               kind="attrs", values=("language_model", "vision_tower", "mm_projector", "hf_to_vllm_mapper",
+                                     "load_weights", "set_aux_hidden_state_layers",
+                                     "get_eagle3_aux_hidden_state_layers", "compute_logits"),
+               architectures=KIMI_K25),
+    EntryPoint(f"{_MODELS}.deepseek_v2.DeepseekV2ForCausalLM", f"{_MODELS}.deepseek_v2", "DeepseekV2ForCausalLM",
+               "a Kimi-K2.5 target's text model (language_model)", "vllm/model_executor/models/deepseek_v2.py",
+               kind="attrs", values=("model", "lm_head", "set_aux_hidden_state_layers"), architectures=KIMI_K25),
+    EntryPoint(f"{_MODELS}.deepseek_v2.DeepseekV2Model", f"{_MODELS}.deepseek_v2", "DeepseekV2Model",
+               "a Kimi-K2.5 target's decoder (language_model.model: layers, norm, aux capture)",
+               "vllm/model_executor/models/deepseek_v2.py", kind="attrs",
+               values=("embed_tokens", "layers", "norm", "aux_hidden_state_layers"), architectures=KIMI_K25),
+    # vLLM 0.26 reads the config with its own KimiK25Config (media_placeholder_token_id, init_pos_emb_*), 0.32 with
+    # transformers' Kimi_K25Config (image_token_id, pos_emb_*): the toy writes both spellings; either way without
+    # remote code, through this registry.
+    EntryPoint("vllm.transformers_utils.config._CONFIG_REGISTRY", "vllm.transformers_utils.config", "_CONFIG_REGISTRY",
+               "a Kimi-K2.5 target's config.json read without remote code", "vllm/transformers_utils/config.py",
+               kind="values", values=("kimi_k25",), architectures=KIMI_K25),
+    EntryPoint("vllm.transformers_utils.processors.kimi_k25_vision_fused.KimiK25FusedVisionProcessor",
+               "vllm.transformers_utils.processors.kimi_k25_vision_fused", "KimiK25FusedVisionProcessor",
+               "a Kimi-K2.5 target's preprocessor_config.json (media_proc_cfg)",
+               "vllm/transformers_utils/processors/kimi_k25_vision_fused.py", keywords=("media_proc_cfg",),
+               reads_only=True, architectures=KIMI_K25),
 )
+
+# Where vLLM's model keeps the decoder layers of a wrapped target (eyas finds its own by structure).
+SERVED_LAYERS = {"KimiK25ForConditionalGeneration": "language_model.model.layers (DeepseekV2ForCausalLM)"}
+
+
+# Text model types vLLM runs with DeepseekV2Model, whose aux capture adds the residual entering layer k: before layer
+# 0 that residual is None, so aux id 0 fails there (Llama-family models capture it).
+NO_AUX_ID_ZERO = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2")
+
+
+def aux_layer_id_problems_in_vllm(config, ids: list[int]) -> list[str]:
+    """Aux ids vLLM's model for `config` cannot capture (valid ids otherwise)."""
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    kind = getattr(text, "model_type", None)
+    if 0 in ids and kind in NO_AUX_ID_ZERO:
+        return [f"aux id 0: vLLM runs a {kind} text model with DeepseekV2Model, which captures hidden + residual "
+                f"and has no residual before layer 0 (it would fail at the first forward)"]
+    return []
+
+
+def entry_points_for(architectures=()) -> tuple[EntryPoint, ...]:
+    """The entry points every caller uses plus those of a target of these architectures."""
+    archs = set(architectures or ())
+    return tuple(ep for ep in ENTRY_POINTS if not ep.architectures or archs & set(ep.architectures))
 
 
 def _check_callable(ep: EntryPoint, params: list[list], sigs: dict[str, dict]) -> list[str]:
@@ -214,10 +273,11 @@ def _check_callable(ep: EntryPoint, params: list[list], sigs: dict[str, dict]) -
     return problems
 
 
-def check_signatures(sigs: dict[str, dict], entry_points=ENTRY_POINTS) -> list[ProbeResult]:
-    """Judge signatures (live from probe_worker, or recorded from a release's source) against eyas's calls."""
+def check_signatures(sigs: dict[str, dict], entry_points=None) -> list[ProbeResult]:
+    """Judge signatures (live from probe_worker, or recorded from a release's source) against eyas's calls;
+    entry_points defaults to those every caller uses (entry_points_for(): no architecture's own)."""
     results = []
-    for ep in entry_points:
+    for ep in entry_points_for() if entry_points is None else entry_points:
         sig = sigs.get(ep.name)
         if sig is None or "missing" in sig:
             why = (sig or {}).get("missing", "not reported by the probe")
@@ -264,8 +324,9 @@ class VllmAdapter:
 
     name = "vllm"
 
-    def __init__(self, python: str | os.PathLike | None = None):
+    def __init__(self, python: str | os.PathLike | None = None, architectures=()):
         self.python = engine_python(python, ENV_VAR, HOW_TO_CREATE)
+        self.entry_points = entry_points_for(architectures)
         self._report: dict[str, Any] | None = None
 
     def _run_worker(self, entry_points, *, do_import: bool, timeout: float) -> dict[str, Any]:
@@ -283,7 +344,7 @@ class VllmAdapter:
     def _probe_report(self, timeout: float = 600.0) -> dict[str, Any]:
         """One worker run gives version + every signature (importing vLLM is the slow part, so do it once)."""
         if self._report is None:
-            self._report = self._run_worker(ENTRY_POINTS, do_import=True, timeout=timeout)
+            self._report = self._run_worker(self.entry_points, do_import=True, timeout=timeout)
         return self._report
 
     def version(self) -> str | None:
@@ -294,7 +355,7 @@ class VllmAdapter:
 
     def probe(self, used_by: str | None = None) -> list[ProbeResult]:
         """Every entry point's verdict; `used_by="extraction"` (or "serve-check") keeps one caller's."""
-        eps = [ep for ep in ENTRY_POINTS if used_by is None or used_by in ep.used_by]
+        eps = [ep for ep in self.entry_points if used_by is None or used_by in ep.used_by]
         return check_signatures(self._probe_report()["signatures"], eps)
 
     def timings(self) -> dict[str, float]:
