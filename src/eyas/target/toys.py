@@ -60,9 +60,11 @@ KIMI_TEXT = dict(
     rope_scaling={"type": "yarn", "factor": 64.0, "original_max_position_embeddings": 64, "beta_fast": 32.0,
                   "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0},
     torch_dtype="bfloat16")
-# MoonViT as vLLM's KimiK25VisionConfig reads it (hidden_size, ...) plus the real config's vt_* spellings.
+# MoonViT as vLLM 0.26's KimiK25VisionConfig reads it (hidden_size, init_pos_emb_*), as transformers' Kimi_K25VisionConfig
+# (vLLM 0.32) reads it (pos_emb_*, hidden_act), and the real config's vt_* spellings.
 KIMI_VISION = dict(
     patch_size=14, init_pos_emb_height=16, init_pos_emb_width=16, init_pos_emb_time=4, pos_emb_type="divided_fixed",
+    pos_emb_height=16, pos_emb_width=16, pos_emb_time=4, hidden_act="gelu_pytorch_tanh",
     num_attention_heads=2, num_hidden_layers=1, hidden_size=64, intermediate_size=128, merge_kernel_size=[2, 2],
     video_attn_type="spatial_temporal", merge_type="sd2_tpool", mm_projector_type="patchmerger", mm_hidden_size=64,
     projector_hidden_act="gelu", projector_ln_eps=1e-5, vt_hidden_size=64, vt_num_hidden_layers=1,
@@ -234,7 +236,8 @@ def _kimi(tok, size: str) -> tuple[dict, dict[str, tuple[int, ...]], dict]:
     special = dict(bos_token_id=ids["[BOS]"], eos_token_id=ids[END], pad_token_id=ids["[PAD]"])
     text = dict(KIMI_TEXT, vocab_size=VOCAB, **special, **(TINY_TEXT if size == "tiny" else {}))
     config = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25", **special,
-              "ignore_index": -100, "media_placeholder_token_id": ids["<|media_pad|>"], "text_config": text,
+              "ignore_index": -100, "media_placeholder_token_id": ids["<|media_pad|>"],   # vLLM 0.26's name
+              "image_token_id": ids["<|media_pad|>"], "text_config": text,                  # transformers' name
               "vision_config": dict(KIMI_VISION, text_hidden_size=text["hidden_size"]), "tie_word_embeddings": False,
               "torch_dtype": "bfloat16", "use_unified_vision_chunk": True,
               "video_placeholder": "<|kimi_k25_video_placeholder|>"}
