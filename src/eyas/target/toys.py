@@ -326,7 +326,7 @@ def toy_conversations(n: int, seed: int = 0) -> list[dict]:
     rng = random.Random(seed)
     rows = []
     for i in range(n):
-        prompt = " ".join(rng.choice(words) for _ in range(rng.randint(6, 24)))
+        prompt = " ".join(rng.choice(words) for _ in range(rng.randint(4, 14)))
         rows.append({"id": f"toy-{i}", "messages": [{"role": "user", "content": prompt[:1].upper() + prompt[1:] + "?"},
                                                     {"role": "assistant", "content": "..."}]})
     return rows
