@@ -72,6 +72,9 @@ class ServeCheckConfig(StageConfig):
     device: str = Field("auto", description="device of the native side: auto (cuda when available, else cpu), cpu, "
                                             "cuda or cuda:N; eager there, as τ and identity need no compiled graphs")
     max_model_len: int = Field(2048, description="vLLM max_model_len")
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs vLLM shards the target over")
+    expert_parallel: bool = Field(False, description="vLLM's enable_expert_parallel: an MoE target's experts split "
+                                                     "over the tensor-parallel GPUs instead of each expert's weights")
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="vLLM's share of the GPU's memory "
                                                  "(default: vLLM's 0.9; lower it when other jobs share the GPU)")
     timeout: float = Field(3600.0, description="seconds before the vLLM worker is killed")
@@ -176,6 +179,8 @@ def check(cfg: ServeCheckConfig) -> dict:
                    "logprobs": SERVED_LOGPROBS}  # vLLM's own margins, to judge any divergence from the target
         if cfg.gpu_memory_utilization is not None:
             payload["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+        if cfg.tensor_parallel_size > 1 or cfg.expert_parallel:
+            payload.update(tensor_parallel_size=cfg.tensor_parallel_size, enable_expert_parallel=cfg.expert_parallel)
         env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
         t0 = time.perf_counter()
         with vllm_lock():
@@ -196,6 +201,9 @@ def check(cfg: ServeCheckConfig) -> dict:
         "served_identical_to_target_greedy": f"{sum(same)}/{len(same)}",
         **served_divergences(session.runner, prompts, served["outputs"], greedy, served.get("logprobs")),
         "served_tokens": sum(len(o) for o in served["outputs"]), "native_new_tokens": native.get("new_tokens"),
+        # the token-id prompts and vLLM's speculative outputs, for comparing with vLLM's own AR on the same prompts
+        "prompt_ids": prompts, "served_outputs": served["outputs"],
+        "tensor_parallel_size": cfg.tensor_parallel_size, "expert_parallel": cfg.expert_parallel,
         "vllm": {"version": served["vllm_version"], "python": str(python), "speculative_config": served["speculative_config"],
                  "startup_s": served["startup_s"], "generate_s": served["generate_s"],
                  "process_s": t_end - t_locked, "lock_wait_s": t_locked - t0},

@@ -3,7 +3,8 @@
 One engine, greedy, with vLLM's own counters; used by serve-check and by the speedup bench.
 IN:  {"model": DIR, "speculative_config": {...} | null, "prompts": [[token ids], ...], "max_tokens": N,
       "dtype": "auto"|"float32"|..., "max_model_len": N, "seed": 0,
-      optional: "enforce_eager" (default true), "gpu_memory_utilization" (0.9), "kv_cache_memory_bytes" (an
+      optional: "enforce_eager" (default true), "gpu_memory_utilization" (0.9), "tensor_parallel_size" (1),
+                "enable_expert_parallel" (false: an MoE target's experts split over the TP ranks), "kv_cache_memory_bytes" (an
                 explicit KV cache: vLLM then skips its free-memory profiling; see vllm_speedup),
                 "logprobs": n (serve-check: vLLM's top-n logprobs of each generated token come back),
                 "batch_sizes": [1, 8, 32] (bench mode), "rounds": R (bench mode, default 1), "barrier": {...},
@@ -160,6 +161,10 @@ def main(inp: str, out: str) -> None:
               gpu_memory_utilization=req.get("gpu_memory_utilization", 0.9))
     if req.get("kv_cache_memory_bytes"):
         kw["kv_cache_memory_bytes"] = int(req["kv_cache_memory_bytes"])
+    if req.get("tensor_parallel_size", 1) > 1:
+        kw["tensor_parallel_size"] = int(req["tensor_parallel_size"])
+    if req.get("enable_expert_parallel"):
+        kw["enable_expert_parallel"] = True
     if req.get("speculative_config"):
         kw["speculative_config"] = req["speculative_config"]
     t0 = time.perf_counter()

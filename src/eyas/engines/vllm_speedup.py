@@ -54,6 +54,9 @@ def kv_bytes_per_token(config: dict, dtype: str) -> int:
     """K and V of every attention layer of one HF config dict (its text part), for one token. Full attention is
     assumed for every layer: sliding-window layers need less, so the estimate only errs on the safe side."""
     c = config.get("text_config") or config
+    if c.get("kv_lora_rank"):   # MLA: one latent of kv_lora_rank plus the shared rope key per token and layer
+        return int(c["num_hidden_layers"]) * (int(c["kv_lora_rank"]) + int(c.get("qk_rope_head_dim") or 0)) * \
+            DTYPE_BYTES[dtype]
     heads = int(c["num_attention_heads"])
     kv_heads = int(c.get("num_key_value_heads") or heads)
     head_dim = int(c.get("head_dim") or c["hidden_size"] // heads)

@@ -88,6 +88,7 @@ FILES: dict[str, str] = {
         "    max_num_batched_tokens: int | None = None\n"
         "    async_scheduling: bool | None = None\n"
         "    tensor_parallel_size: int = 1\n"
+        "    enable_expert_parallel: bool = False\n"
         "    enforce_eager: bool = False\n"
         "    disable_log_stats: bool = False\n"
         "    speculative_config: dict | None = None\n"
