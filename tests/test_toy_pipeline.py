@@ -95,3 +95,17 @@ def test_online_training_learns_the_toys_continuations(run, tmp_path):
                  "--max-new-tokens", "48", "--chain", "3", "--device", "cpu", "--out", str(tmp_path / "eval.json")]) == 0
     result = json.loads((tmp_path / "eval.json").read_text())
     assert result["tau"] > 1.3 and result["identical_rate"] == 1.0, result["tau"]   # measured 1.70
+
+
+def test_native_generator_answers_as_hf_generate_with_mla(run, tmp_path):
+    """eyas's own generator (static KV rows, the GPU profile's regenerate) on an MLA target, whose keys and values
+    have different head dims: the same fp32 greedy answers as HF generate."""
+    chats = tmp_path / "four.jsonl"
+    chats.write_text("".join(json.dumps(r) + "\n" for r in toy_conversations(4, seed=7)))
+    answers = {}
+    for backend in ("native", "hf"):
+        out = tmp_path / f"{backend}.jsonl"
+        assert main(["regenerate", "--target", str(run["toy"]), "--data", str(chats), "--out", str(out), "--backend",
+                     backend, "--max-new-tokens", "24", "--device", "cpu", "--dtype", "fp32", "--json"]) == 0
+        answers[backend] = {r["row"]: r["messages"][1]["content"] for r in map(json.loads, out.open())}
+    assert len(answers["hf"]) == 4 and answers["native"] == answers["hf"]

@@ -45,10 +45,13 @@ class WrappedTextLM(nn.Module):
     """`language_model`: the causal LM of `config.text_config`. `config` stays the wrapper's, so the target's
     identity (config hash, architecture) is the same whichever stage or engine reads it."""
 
+    base_model_prefix = "backbone"    # transformers' name for the attribute holding the decoder (native generator)
+
     def __init__(self, config, language_model: nn.Module):
         super().__init__()
         self.config = config
         self.language_model = language_model
+        self.forward = language_model.forward   # the text model's own signature: callers inspect its parameters
 
     @classmethod
     def from_config(cls, config, **kwargs) -> "WrappedTextLM":
@@ -71,6 +74,11 @@ class WrappedTextLM(nn.Module):
             getattr(lm, "_keep_in_fp32_modules", None) or [])
 
     @property
+    def backbone(self) -> nn.Module:
+        """The text model's decoder (embeddings, layers, final norm), without its lm_head."""
+        return getattr(self.language_model, self.language_model.base_model_prefix)
+
+    @property
     def generation_config(self):
         return self.language_model.generation_config
 
@@ -90,9 +98,6 @@ class WrappedTextLM(nn.Module):
 
     def tie_weights(self, *args, **kwargs):
         return self.language_model.tie_weights(*args, **kwargs)
-
-    def forward(self, *args, **kwargs):
-        return self.language_model(*args, **kwargs)
 
     def generate(self, *args, **kwargs):
         return self.language_model.generate(*args, **kwargs)
