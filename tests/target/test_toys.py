@@ -132,3 +132,13 @@ def test_dense_control_is_a_llama_in_the_same_wrapper_layout(tmp_path):
     aux, _, _ = target_states(t.model, t.layout, ids, [2, 4, 5])
     out = t.model(input_ids=ids, output_hidden_states=True)
     assert torch.equal(aux[0, :, 1], out.hidden_states[4][0])
+
+
+def test_target_identity_does_not_depend_on_the_load_dtype(kimi):
+    """A store extracted in bf16 is the same target's for a trainer that loads it in fp32: the wrapper's text_config
+    carries the load dtype, which the identity hash leaves out at every level."""
+    from eyas.store import config_hash
+    from eyas.target import load_config
+
+    hashes = {config_hash(load_target(kimi, dtype=d).config) for d in (torch.float32, torch.bfloat16)}
+    assert hashes == {config_hash(load_config(kimi))}
