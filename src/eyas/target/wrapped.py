@@ -108,12 +108,6 @@ class WrappedTextLM(nn.Module):
         return key.startswith(PREFIX + ".")
 
 
-def architecture(obj) -> str:
-    config = getattr(obj, "config", None)
-    archs = getattr(config, "architectures", None) or []
-    return archs[0] if archs else "a multimodal wrapper"
-
-
 def wrapper_config(path: str | Path):
     """The config of a wrapper dir whose model type transformers does not know, or None when this is not one
     (no text_config, or a text model type transformers does not know either)."""
