@@ -1,0 +1,34 @@
+"""bench/kimi_toy.py's bookkeeping on CPU: the build step, the state that lets a re-run continue, the time budget."""
+
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_build_step_then_budget_leaves_the_rest_for_the_next_call(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import kimi_toy
+
+    args = ["--python", "/no/vllm/needed", "--work", str(tmp_path / "w"), "--toys", "kimi-k2.5", "--size", "tiny",
+            "--device", "cpu", "--rows", "3", "--eval-prompts", "2"]
+    assert kimi_toy.main([*args, "--out", str(tmp_path / "a.json"), "--steps", "build"]) == 0
+    first = json.loads((tmp_path / "a.json").read_text())
+    built = first["results"]["kimi-k2.5"]["build"]
+    assert first["complete"] and built["toy"] == "kimi-k2.5" and built["size"] == "tiny"
+    chats = (tmp_path / "w" / "kimi-k2.5" / "chats.jsonl").read_text().splitlines()
+    bench = [json.loads(x) for x in (tmp_path / "w" / "kimi-k2.5" / "bench.jsonl").read_text().splitlines()]
+    assert len(chats) == 3 and len(bench) == 2 and bench[0]["turns"][0] not in "".join(chats)
+    # a later call with no time left starts nothing, keeps the finished build and lists what is left
+    assert kimi_toy.main([*args, "--out", str(tmp_path / "b.json"), "--budget-s", "0",
+                          "--steps", "build", "prepare"]) == 3
+    second = json.loads((tmp_path / "b.json").read_text())
+    assert second["left"] == ["kimi-k2.5:prepare"] and second["results"]["kimi-k2.5"]["build"] == built
+
+
+def test_last_json_takes_the_summary_a_command_prints_last(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    from kimi_toy import last_json
+
+    assert last_json('progress {"a": 1}\nmore\n{"b": {"c": [1, 2]}}\n') == {"b": {"c": [1, 2]}}
+    assert last_json("no json here") is None
