@@ -74,6 +74,10 @@ class Run:
     def vllm(self) -> list[str]:
         return ["--python", self.a.python]
 
+    def compile(self) -> list[str]:
+        """transformers' MoE routes with data-dependent shapes: eager unless --compile (a toy gains nothing)."""
+        return [] if self.a.compile else ["--no-compile"]
+
     def tp(self) -> list[str]:
         return ["--tensor-parallel-size", str(self.a.tp)] if self.a.tp > 1 else []
 
@@ -205,7 +209,8 @@ def train(r: Run, mode: str) -> dict:
         "--store", str(r.dir / "store-hf"), "--data", str(r.dir / "prepared")]
     res = r.eyas(f"train-{mode}", "train", "--target", str(r.target), *src, "--out", str(r.dir / f"run-{mode}"),
                  "--ttt-steps", str(r.a.ttt_steps), "--epochs", str(r.a.epochs), "--lr", str(r.a.lr),
-                 "--batch-size", str(r.a.batch_size), "--device", r.a.device, "--no-progress", "--overwrite")
+                 "--batch-size", str(r.a.batch_size), "--device", r.a.device, "--no-progress", "--overwrite",
+                 *r.compile())
     doc = res["json"] or {}
     return {**{k: v for k, v in doc.items() if k not in ("config", "metrics_file")}, "wall_s": res["seconds"]}
 
@@ -215,7 +220,7 @@ def evaluate(r: Run, mode: str) -> dict:
     res = r.eyas(f"eval-{mode}", "eval", "--target", str(r.target), "--draft", str(r.dir / f"run-{mode}"),
                  "--bench", str(r.dir / "bench.jsonl"), "--per-category", str(r.a.eval_prompts),
                  "--max-new-tokens", str(r.a.new_tokens), "--chain", str(r.a.chain), "--device", r.a.device,
-                 "--dtype", "bf16", "--out", str(out))
+                 "--dtype", "bf16", "--out", str(out), *r.compile())
     doc = json.loads(out.read_text())
     return {**{k: doc.get(k) for k in ("tau", "accept_per_position", "questions", "new_tokens", "identical_rate",
                                        "tie_aware_identical_rate", "tokens_per_s", "baseline_tokens_per_s",
@@ -308,9 +313,10 @@ def main(argv=None) -> int:
     ap.add_argument("--eval-prompts", type=int, default=32)
     ap.add_argument("--chain", type=int, default=3)
     ap.add_argument("--ttt-steps", type=int, default=3)
-    ap.add_argument("--epochs", type=float, default=6.0)
+    ap.add_argument("--epochs", type=float, default=8.0)
     ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--batch-size", type=int, default=4)
+    ap.add_argument("--compile", action="store_true", help="let train/eval compile (default: eager)")
     ap.add_argument("--budget-s", type=float, default=None, help="start no step after this many seconds")
     ap.add_argument("--redo", action="store_true", help="forget WORK/state.json's finished steps")
     args = ap.parse_args(argv)
