@@ -39,6 +39,7 @@ from eyas.store.extract import data_fingerprint
 from eyas.store.format import MANIFEST as STORE_MANIFEST, identity_mismatches
 from eyas.target import LayoutError, build_meta, find_layout, load_config, load_tokenizer
 from eyas.target.fastload import weight_file_problems
+from eyas.target.inspect import architecture_name, block_kinds
 from eyas.vocab import check_draft_vocab
 
 
@@ -88,18 +89,23 @@ class TargetFacts:
     hidden_size: int
     vocab_size: int
     num_parameters: int
-    dtype_bytes: int
+    dtype_bytes: float
     paths: dict[str, str]
 
 
-def _dtype_bytes(config) -> int:
-    """Bytes per weight as served: an fp8 checkpoint (e.g. DeepSeek-V3 / Kimi-K2) stays fp8 on the GPU; a dtype
+def _dtype_bytes(config) -> float:
+    """Bytes per weight as served: an fp8 checkpoint (e.g. DeepSeek-V3 / Kimi-K2) stays fp8 on the GPU; a
+    compressed-tensors int4 one (Kimi-K2.5's experts) half a byte (its few unquantized layers ignored); a dtype
     the table does not know (auto, a quantized int type) is planned as 2 bytes."""
     t = getattr(config, "text_config", None) or config
     q = getattr(config, "quantization_config", None) or getattr(t, "quantization_config", None) or {}
     q = q if isinstance(q, dict) else q.to_dict()
     if "fp8" in str(q.get("quant_method", "")) or "float8" in str(q.get("fmt", "")) or q.get("fmt") == "e4m3":
         return dtype_bytes("fp8")
+    bits = [g.get("weights", {}).get("num_bits") for g in (q.get("config_groups") or {}).values()
+            if isinstance(g, dict)] if q.get("quant_method") == "compressed-tensors" else []
+    if bits and all(isinstance(b, int) for b in bits):
+        return max(bits) / 8
     d = getattr(t, "dtype", None) or getattr(t, "torch_dtype", None) or getattr(config, "dtype", None) or "bf16"
     try:
         return dtype_bytes(d)
@@ -129,7 +135,9 @@ def check_target(cfg: DoctorConfig, out: list[Check]) -> TargetFacts | None:
         return None
     n, H, V = layout.num_layers, layout.hidden_size, layout.vocab_size
     out.append(Check("decoder layers", "pass", f"{layout.paths['layers']} ({n} x {type(layout.layers[0]).__name__}"
-                     f" in {type(model).__name__}); norm {layout.paths['norm']}, lm_head {layout.paths['lm_head']}"))
+                     f" in {architecture_name(model)}); norm {layout.paths['norm']}, lm_head {layout.paths['lm_head']}"))
+    kinds = block_kinds(config)
+    out.append(Check("decoder blocks", "pass", f"attention {kinds['attention']}; mlp {kinds['mlp']}"))
     if cfg.layers_path:
         try:
             found = model.get_submodule(cfg.layers_path)
@@ -138,7 +146,7 @@ def check_target(cfg: DoctorConfig, out: list[Check]) -> TargetFacts | None:
         if found is not layout.layers:
             what = "does not exist" if found is None else f"is a {type(found).__name__}, not the decoder layers"
             out.append(Check("layer path", "fail", f"--layers-path {cfg.layers_path} {what} in "
-                             f"{type(model).__name__}; the decoder layers are at {layout.paths['layers']}",
+                             f"{architecture_name(model)}; the decoder layers are at {layout.paths['layers']}",
                              f"use {layout.paths['layers']} (a wrapper moves the text model one level down)"))
         else:
             out.append(Check("layer path", "pass", f"{cfg.layers_path} is the decoder"))
@@ -449,13 +457,16 @@ def check_memory(cfg: DoctorConfig, facts: TargetFacts, ids: list[int], vd: int,
 
 
 # ---------------------------------------------------------------- engine
-def check_engine(cfg: DoctorConfig) -> list[Check]:
+def check_engine(cfg: DoctorConfig, facts: TargetFacts | None = None) -> list[Check]:
+    """The engine's version and every entry point eyas calls, plus those of the target's architecture (a Kimi-K2.5
+    target: the wrapper class, its text model, the registries that read its config)."""
     from eyas.engines.adapters import ADAPTERS
     from eyas.engines.base import EngineError
 
     t0, out, kind = time.perf_counter(), [], ADAPTERS[cfg.engine]
+    archs = list(getattr(facts.config, "architectures", None) or []) if facts is not None else []
     try:
-        engine = kind(cfg.python)
+        engine = kind(cfg.python, architectures=archs)
         results = engine.probe()  # one worker run: the version comes with it
         version = engine.version()
     except EngineError as e:
@@ -472,17 +483,33 @@ def check_engine(cfg: DoctorConfig) -> list[Check]:
     out.append(Check("engine: entry points", "fail" if bad else "pass",
                      f"{len(results) - len(bad)}/{len(results)} {kind.label} entry points bind with eyas's arguments "
                      f"(probed in {time.perf_counter() - t0:.1f}s, no model loaded)"))
+    for arch in (a for a in archs if a in kind.served_layers):
+        own = [r for r in results if any(arch in ep.architectures for ep in engine.entry_points
+                                         if ep.name == r.entry_point)]
+        ok = all(r.ok for r in own)
+        out.append(Check("engine: target", "pass" if ok else "fail",
+                         f"{kind.label} {version} serves {arch} with its decoder layers at {kind.served_layers[arch]}"
+                         f" (eyas captures {facts.paths['layers']}) and EAGLE-3 aux states through the wrapper's "
+                         f"set_aux_hidden_state_layers" if ok else
+                         f"{kind.label} {version} lacks what serving {arch} needs: "
+                         + "; ".join(r.entry_point for r in own if not r.ok),
+                         "" if ok else f"use {kind.label} {', '.join(kind.tested_versions)}"))
     return out
+
+
+def check_engine_aux(facts: TargetFacts, ids: list[int], out: list[Check]) -> None:
+    """Aux ids the engine's model cannot capture, though they are valid ids (vLLM's DeepSeek-V2/V3 decoder)."""
+    from eyas.engines.vllm import aux_layer_id_problems_in_vllm
+
+    problems = aux_layer_id_problems_in_vllm(facts.config, ids)
+    if problems:
+        out.append(Check("engine: aux layer ids", "fail", "; ".join(problems),
+                         f"pick ids from 1, e.g. {default_aux_layer_ids(facts.num_layers)}"))
 
 
 def diagnose(cfg: DoctorConfig) -> list[Check]:
     out: list[Check] = []
     engine = None
-    if cfg.engine != "none":
-        # The probe waits on another process (importing vLLM takes tens of seconds): start it first.
-        pool = ThreadPoolExecutor(max_workers=1)
-        engine = pool.submit(check_engine, cfg)
-        pool.shutdown(wait=False)
     facts = check_target(cfg, out)
     draft = None
     if facts is not None:
@@ -490,6 +517,18 @@ def diagnose(cfg: DoctorConfig) -> list[Check]:
         ids = check_aux(cfg, facts, draft.aux_layer_ids if draft else None, out)
         if draft is not None:
             check_draft(draft, ids, facts, out)
+        if cfg.engine == "vllm":
+            check_engine_aux(facts, ids, out)
+    if cfg.engine != "none":
+        # The probe waits on another process (importing vLLM takes tens of seconds): it runs beside the checks below,
+        # and not at all when the target, aux ids or draft already failed, so those fail in seconds.
+        if any(c.status == "fail" for c in out):
+            out.append(Check(f"engine: {cfg.engine}", "skip", "not probed: fix the failures above first"))
+        else:
+            pool = ThreadPoolExecutor(max_workers=1)
+            engine = pool.submit(check_engine, cfg, facts)
+            pool.shutdown(wait=False)
+    if facts is not None:
         tokenizer = check_template(cfg, facts, out)
         prepared = check_data(cfg, facts, tokenizer, out) if cfg.data else None
         check_store(cfg, facts, ids, prepared, out)

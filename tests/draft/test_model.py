@@ -13,6 +13,7 @@ from eyas.draft.model import Eagle3Draft, draft_config_from_target
 
 ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 64}
+YARN = {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 64, "beta_fast": 32.0, "beta_slow": 1.0}
 
 
 def llama_config(**kw):
@@ -71,7 +72,7 @@ def reference(draft, tcfg, input_ids, aux, position_ids):
 
 
 @pytest.mark.parametrize("norm_before_residual", [True, False])
-@pytest.mark.parametrize("rope", [None, ROPE])
+@pytest.mark.parametrize("rope", [None, ROPE, YARN])
 def test_matches_transformers_reference(norm_before_residual, rope):
     tcfg = llama_config(rope_scaling=rope, rope_theta=50000.0)
     draft = random_draft(tcfg, norm_before_residual).eval()
@@ -83,6 +84,19 @@ def test_matches_transformers_reference(norm_before_residual, rope):
     ref_pre, ref_logits = reference(draft, tcfg, ids, aux, pos)
     torch.testing.assert_close(pre, ref_pre, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(draft.logits(pre), ref_logits, rtol=1e-4, atol=1e-4)
+
+
+def test_yarn_with_deepseek_mscale_keys_scales_as_vllm_serves_a_llama_draft():
+    """A DeepSeek / Kimi target's yarn carries mscale = mscale_all_dim (ratio 1 in DeepSeek's own rope); vLLM's Llama
+    draft reads plain yarn, whose cos/sin carry 0.1 ln(factor) + 1: the draft trains with what it is served with."""
+    from eyas.draft.model import rope_inv_freq, rope_mscale
+
+    kimi = dict(YARN, factor=64.0, mscale=1.0, mscale_all_dim=1.0)
+    dc = draft_config_from_target(llama_config(rope_scaling=kimi, rope_theta=50000.0), aux_layer_ids=[1, 3, 4])
+    assert rope_mscale(dc) == pytest.approx(0.1 * math.log(64.0) + 1.0)
+    plain = draft_config_from_target(llama_config(rope_scaling=dict(YARN, factor=64.0), rope_theta=50000.0),
+                                     aux_layer_ids=[1, 3, 4])
+    assert torch.equal(rope_inv_freq(dc), rope_inv_freq(plain))
 
 
 def test_incremental_with_cache_equals_full_forward():

@@ -168,14 +168,31 @@ def test_gpu_memory_share_reaches_the_engine_only_when_set(tmp_path, monkeypatch
         raise RuntimeError("stop after the payload")
 
     monkeypatch.setattr("eyas.engines.base.run_in_env", fake_engine)
-    for share in (0.25, None):
+    for flags in ({"gpu_memory_utilization": 0.25}, {}, {"tensor_parallel_size": 2, "expert_parallel": True}):
         with pytest.raises(RuntimeError, match="stop after the payload"):
             check(ServeCheckConfig(draft=export, per_category=1, categories=["writing"], max_new_tokens=4,
-                                   gpu_memory_utilization=share, python=sys.executable))
+                                   python=sys.executable, **flags))
     llm = [p["engine"]["kwargs"] for p in sent]
     assert llm[0]["gpu_memory_utilization"] == 0.25 and llm[1]["gpu_memory_utilization"] == 0.9  # vLLM's default
     assert llm[0]["model"] == str(export.resolve()) and "speculative_config" not in llm[0]  # the export's own K
     assert sent[0]["logprobs"] == 2  # vLLM's own margins come back to judge divergences
+    # sharding reaches LLM(...) only when asked for
+    assert "tensor_parallel_size" not in llm[1] and "enable_expert_parallel" not in llm[1]
+    assert llm[2]["tensor_parallel_size"] == 2 and llm[2]["enable_expert_parallel"] is True
+
+
+def test_tensor_parallel_size_the_heads_cannot_split_fails_before_the_engine(tmp_path, monkeypatch):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "target"))
+    from fixtures import tiny_tokenizer  # noqa: E402
+
+    tdir, tmodel = make_target_dir(tmp_path / "target")
+    tiny_tokenizer().save_pretrained(tdir)
+    export = export_vllm(save_draft(make_draft(tmodel), tmp_path / "draft", {"target": str(tdir)}), tmp_path / "x")
+    monkeypatch.setattr("eyas.engines.base.run_in_env", lambda *a, **k: pytest.fail("the engine started"))
+    heads = tmodel.config.num_attention_heads
+    with pytest.raises(EngineError, match=f"{heads} attention heads do not split evenly over {heads + 1} GPUs"):
+        check(ServeCheckConfig(draft=export, per_category=1, categories=["writing"], max_new_tokens=4,
+                               python=sys.executable, tensor_parallel_size=heads + 1))
 
 
 def test_divergence_is_a_cross_engine_near_tie_only_when_both_engines_margins_are_within_tolerance():

@@ -151,6 +151,17 @@ def test_attention_backend_is_triton_unless_asked(tmp_path, monkeypatch):
     assert fa3["attention_backend"] == "fa3"
 
 
+def test_tensor_and_expert_parallel_map_to_tp_size_and_ep_size(tmp_path, monkeypatch):
+    engine = SglangAdapter(fake_sglang(tmp_path, monkeypatch))
+    plain = engine.engine_request("t", "x", None, dtype="bf16", max_model_len=64)["kwargs"]
+    assert "tp_size" not in plain and "ep_size" not in plain
+    tp = engine.engine_request("t", "x", None, dtype="bf16", max_model_len=64, tensor_parallel_size=2)["kwargs"]
+    assert tp["tp_size"] == 2 and "ep_size" not in tp
+    ep = engine.engine_request("t", "x", None, dtype="bf16", max_model_len=64, tensor_parallel_size=2,
+                               expert_parallel=True)["kwargs"]
+    assert ep["tp_size"] == 2 and ep["ep_size"] == 2   # SGLang's experts split over the tensor-parallel group
+
+
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory):
     root = tmp_path_factory.mktemp("sg")

@@ -11,8 +11,8 @@ import pytest
 
 from eyas.engines.base import EngineError
 from eyas.engines.signatures import record as rec
-from eyas.engines.vllm import (ENTRY_POINTS, HOW_TO_CREATE, TESTED_VERSIONS, VllmAdapter, check_signatures,
-                               load_recorded, version_status)
+from eyas.engines.vllm import (ENTRY_POINTS, HOW_TO_CREATE, KIMI_K25, TESTED_VERSIONS, VllmAdapter, check_signatures,
+                               entry_points_for, load_recorded, version_status)
 
 DATA = Path(__file__).parent / "data"
 _spec = importlib.util.spec_from_file_location("fake_engine", DATA / "fake_engine.py")
@@ -43,6 +43,14 @@ def test_gpu_release_binds():
     doc = load_recorded("0.26.0")
     assert set(doc["signatures"]) == {ep.name for ep in ENTRY_POINTS}, "re-record after changing ENTRY_POINTS"
     assert failing(check_signatures(doc["signatures"])) == {}
+
+
+@pytest.mark.parametrize("version", ["0.26.0", "0.32.0"])
+def test_tested_releases_serve_a_kimi_k25_target(version):
+    # The wrapper class with its EAGLE-3 aux hook, its DeepSeek-V2 text model, the registries reading its config.
+    sigs = load_recorded(version)["signatures"]
+    assert failing(check_signatures(sigs, entry_points_for(KIMI_K25))) == {}
+    assert "KimiK25ForConditionalGeneration" in sigs["vllm.model_executor.models.registry._MULTIMODAL_MODELS"]["values"]
 
 
 def test_old_release_drift_is_caught_and_named():
@@ -122,9 +130,10 @@ def test_version_matrix():
 def test_recorder_matches_live_probe_on_fake_engine(tmp_path):
     py = fake_engine.make_fake_vllm(tmp_path)
     recorded = rec.record(tmp_path / "src", "0.32.0")["signatures"]
-    live = VllmAdapter(py)
+    live = VllmAdapter(py, architectures=KIMI_K25)   # also a Kimi-K2.5 target's: registry tables, the wrapper class
     assert live.version() == "0.32.0"  # from the module's __version__: the fake has no dist metadata
     live_sigs = live._probe_report()["signatures"]
+    assert set(live_sigs) == set(recorded)
     for name, sig in live_sigs.items():
         assert {k: v for k, v in recorded[name].items() if k != "file"} == sig, name
     assert failing(live.probe()) == {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 import pytest
@@ -24,6 +25,17 @@ def test_kv_bytes_per_token_reads_the_text_config_and_head_dim():
     # a multimodal config keeps its language model under text_config; MHA when num_key_value_heads is absent
     mm = {"model_type": "llava", "text_config": {**TARGET_CFG, "num_key_value_heads": None}}
     assert vs.kv_bytes_per_token(mm, "bfloat16") == 4 * 2 * 4 * 8 * 2
+
+
+def test_kv_bytes_per_token_of_mla_is_the_latent_plus_the_rope_key():
+    # MLA caches one kv_lora_rank latent and one qk_rope_head_dim key per token and layer, whatever the head count
+    # (a Kimi-K2.5 wrapper: its DeepSeek-V3 text model under text_config)
+    mla = {"model_type": "kimi_k25", "text_config": {
+        "model_type": "deepseek_v3", "num_hidden_layers": 6, "num_attention_heads": 8, "num_key_value_heads": 8,
+        "hidden_size": 64, "kv_lora_rank": 32, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 16}}
+    assert vs.kv_bytes_per_token(mla, "bfloat16") == 6 * (32 + 16) * 2
+    assert vs.engine_memory(2, mla, None, 1, 100, "bfloat16")["kv_cache_memory_bytes"] == \
+        math.ceil(6 * 48 * 2 * (100 + vs.SLACK_TOKENS) * vs.KV_MARGIN)
 
 
 def test_draft_layer_comes_from_the_export_else_one_target_layer():

@@ -61,9 +61,11 @@ class RowCache(_static_cache_class()):  # type: ignore[misc]
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         if self.k[layer_idx] is None:  # first (eager) call allocates; addresses never change after
-            shape = (self.batch, key_states.shape[1], self.capacity, key_states.shape[3])
-            self.k[layer_idx] = torch.zeros(shape, dtype=key_states.dtype, device=key_states.device)
-            self.v[layer_idx] = torch.zeros(shape, dtype=value_states.dtype, device=value_states.device)
+            # K and V each their own head dim: MLA (DeepSeek-V3, Kimi) keys are nope + rope wide, values v_head_dim
+            k_shape = (self.batch, key_states.shape[1], self.capacity, key_states.shape[3])
+            v_shape = (self.batch, value_states.shape[1], self.capacity, value_states.shape[3])
+            self.k[layer_idx] = torch.zeros(k_shape, dtype=key_states.dtype, device=key_states.device)
+            self.v[layer_idx] = torch.zeros(v_shape, dtype=value_states.dtype, device=value_states.device)
         k, v = self.k[layer_idx], self.v[layer_idx]
         if self.rows is not None:  # prefill: a fresh prompt attends only to its own tokens
             T = key_states.shape[2]

@@ -29,6 +29,7 @@ from eyas.flags import DRAFT_VOCAB_SIZE, CacheDir, DraftVocabSize, JsonSwitch, T
 from eyas.data.sources import (ASSISTANT_FIRST_DEFAULT, AssistantFirst, Record, iter_conversations, reason_category,
                                resolve_data)
 from eyas.outputs import claim, empty
+from eyas.target.layers import text_config
 from eyas.target.load import load_config, load_tokenizer
 from eyas.vocab import build_draft_vocab
 
@@ -175,7 +176,9 @@ def prepare(cfg: PrepareConfig) -> dict:
     template = cfg.chat_template.read_text() if cfg.chat_template else None
     tokenizer = load_tokenizer(cfg.target, cache=cfg.cache_dir, trust_remote_code=cfg.trust_remote_code)
     try:
-        V = int(load_config(cfg.target, cache=cfg.cache_dir, trust_remote_code=cfg.trust_remote_code).vocab_size)
+        # a wrapper's (Llava, Kimi-K2.5) vocabulary is its text model's
+        V = int(text_config(load_config(cfg.target, cache=cfg.cache_dir,
+                                        trust_remote_code=cfg.trust_remote_code)).vocab_size)
     except (OSError, ValueError, AttributeError, TypeError):
         V = len(tokenizer)  # a tokenizer-only directory: its own size is the vocabulary
     renderer = ChatRenderer(tokenizer, template)  # raises MaskError early when there is no template

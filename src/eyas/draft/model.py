@@ -100,13 +100,28 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(dtype)
 
 
+def _rope_kind(cfg: DraftConfig) -> tuple[str, dict[str, Any]]:
+    rs = cfg.rope_scaling or {}
+    return rs.get("rope_type", rs.get("type", "default")), rs
+
+
 def rope_inv_freq(cfg: DraftConfig) -> torch.Tensor:
-    """[head_dim/2] inverse frequencies; 'default', 'linear' and 'llama3' scaling."""
+    """[head_dim/2] inverse frequencies; 'default', 'linear', 'llama3' and 'yarn' scaling (yarn as vLLM computes it
+    for a Llama draft: the ramp between interpolated and extrapolated frequencies over the original context)."""
     d = cfg.head_dim
     inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
-    rs = cfg.rope_scaling or {}
-    kind = rs.get("rope_type", rs.get("type", "default"))
-    if kind == "linear":
+    kind, rs = _rope_kind(cfg)
+    if kind == "yarn":
+        factor, old = float(rs["factor"]), float(rs["original_max_position_embeddings"])
+        dim_at = lambda rot: d * math.log(old / (rot * 2 * math.pi)) / (2 * math.log(cfg.rope_theta))
+        lo, hi = dim_at(float(rs.get("beta_fast", 32))), dim_at(float(rs.get("beta_slow", 1)))
+        if rs.get("truncate", True):
+            lo, hi = math.floor(lo), math.ceil(hi)
+        lo, hi = max(lo, 0), min(hi, d - 1)
+        ramp = ((torch.arange(d // 2, dtype=torch.float) - lo) / ((hi - lo) or 0.001)).clamp(0, 1)
+        keep = (1 - ramp) * float(rs.get("extrapolation_factor", 1))     # 1 = extrapolate (high frequencies)
+        inv = inv / factor * (1 - keep) + inv * keep
+    elif kind == "linear":
         inv = inv / float(rs["factor"])
     elif kind == "llama3":
         factor, lo, hi = float(rs["factor"]), float(rs["low_freq_factor"]), float(rs["high_freq_factor"])
@@ -119,6 +134,18 @@ def rope_inv_freq(cfg: DraftConfig) -> torch.Tensor:
     elif kind not in ("default", None):
         raise ValueError(f"rope scaling {kind!r} is not supported by the eyas draft")
     return inv
+
+
+def rope_mscale(cfg: DraftConfig) -> float:
+    """Factor on cos and sin: yarn's attention scaling as vLLM applies it (0.1 ln(factor) + 1, times attn_factor;
+    DeepSeek's mscale keys belong to its own rope class and are not read for a Llama draft); else 1."""
+    kind, rs = _rope_kind(cfg)
+    if kind != "yarn":
+        return 1.0
+    factor, attn = float(rs["factor"]), float(rs.get("attn_factor", 1.0))
+    if not rs.get("apply_yarn_scaling", True):
+        return attn
+    return (0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0) * attn
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -229,6 +256,7 @@ class Eagle3Draft(nn.Module):
         self.register_buffer("d2t", d2t)
         self.register_buffer("t2d", t2d)
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+        self.rope_mscale = rope_mscale(cfg)
 
     def combine(self, aux: torch.Tensor) -> torch.Tensor:
         """Target aux states [..., k, Ht] or [..., k*Ht] -> draft input hidden [..., H]."""
@@ -242,6 +270,8 @@ class Eagle3Draft(nn.Module):
         # position_ids [B, T] -> cos, sin [B, 1, T, d] (angles in fp32)
         ang = position_ids.float()[..., None] * self.inv_freq.float()
         emb = torch.cat([ang, ang], dim=-1)[:, None]
+        if self.rope_mscale != 1.0:
+            return (emb.cos() * self.rope_mscale).to(dtype), (emb.sin() * self.rope_mscale).to(dtype)
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
     def forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,

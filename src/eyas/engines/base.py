@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from eyas import env as switches
-from eyas.engines.entry_points import EntryPoint, ProbeResult, check_signatures, version_status
+from eyas.engines.entry_points import EntryPoint, ProbeResult, applicable, check_signatures, version_status
 
 if TYPE_CHECKING:
     from eyas.decode.tree import TreeSpec
@@ -164,13 +164,17 @@ class WorkerEngine:
     env_var: ClassVar[str]                        # the switch naming its python (eyas.env)
     how_to_create: ClassVar[str]
     tested_versions: ClassVar[tuple[str, ...]]
-    entry_points: ClassVar[tuple[EntryPoint, ...]]
+    entry_points: tuple[EntryPoint, ...]          # the class's: all (the recorder's); an instance's: its target's
+    served_layers: ClassVar[dict[str, str]] = {}  # wrapper architecture -> where the engine keeps its decoder layers
     worker: ClassVar[Path]                        # its serve worker
     export_format: ClassVar[str]
     trees: ClassVar[bool]
 
-    def __init__(self, python: str | os.PathLike | None = None):
+    def __init__(self, python: str | os.PathLike | None = None, architectures=()):
+        """`architectures`: the target's (config.architectures); entry points only such a target needs are
+        probed for it alone."""
         self.python = engine_python(python, self.env_var, self.how_to_create)
+        self.entry_points = applicable(type(self).entry_points, architectures)
         self._report: dict[str, Any] | None = None
 
     # ---- version and entry points

@@ -41,6 +41,13 @@ class EntryPoint:
     kwargs_into: str | None = None                 # entry point whose parameters a **kwargs is forwarded to
     values: tuple[str, ...] = ()                   # kind == "values": members that must be present
     reads_only: bool = False                       # eyas only reads these fields (never constructs it)
+    architectures: tuple[str, ...] = ()            # probed only for targets of these architectures (() = always)
+
+
+def applicable(entry_points, architectures=()) -> tuple[EntryPoint, ...]:
+    """The entry points every caller uses plus those of a target of these architectures."""
+    archs = set(architectures or ())
+    return tuple(ep for ep in entry_points if not ep.architectures or archs & set(ep.architectures))
 
 
 def _check_callable(ep: EntryPoint, params: list[list], sigs: dict[str, dict]) -> list[str]:

@@ -45,12 +45,15 @@ from eyas.decode.tree import TreeSpec
 from eyas.devices import resolve_device, resolve_dtype
 from eyas.draft.io import load_draft
 from eyas.engines.adapters import ADAPTERS
+from eyas.engines.base import EngineError
+from eyas.engines.vllm import tensor_parallel_problem
 from eyas.export import ContractError, check_contract, import_draft, read_export
 from eyas.export.contract import MIDLAYER, SPECULATORS, rename
 from eyas.export.files import detect_format, parse_config
 from eyas.flags import Device, ResultsFile
 from eyas.outputs import claim, write_result
 from eyas.target import load_target
+from eyas.target.layers import text_config
 from eyas.target.load import resolve
 
 # A divergence is a cross-engine near-tie when BOTH engines put the two tokens within this fraction of the logit
@@ -101,6 +104,11 @@ class ServeCheckConfig(StageConfig):
     device: Device = "auto"                                   # the native side's (eager: τ needs no graphs)
     max_model_len: int = Field(2048, description="the engine's context length (vLLM max_model_len, SGLang "
                                                  "context_length)")
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs the engine shards the target over (vLLM "
+                                                           "tensor_parallel_size, SGLang tp_size)")
+    expert_parallel: bool = Field(False, description="an MoE target's experts split over the tensor-parallel GPUs "
+                                                     "instead of each expert's weights (vLLM enable_expert_parallel, "
+                                                     "SGLang ep_size = tp_size)")
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="the engine's share of the GPU's "
                                                  "memory (vLLM's gpu_memory_utilization, default 0.9; SGLang's "
                                                  "mem_fraction_static, default its own); lower it when other jobs "
@@ -209,6 +217,9 @@ def _check(cfg: ServeCheckConfig) -> dict:
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
     target = load_target(target_spec, dtype=dtype, device=device, attn_implementation="sdpa")
+    if cfg.engine == "vllm" and (why := tensor_parallel_problem(text_config(target.config),
+                                                               cfg.tensor_parallel_size)):
+        raise EngineError(why)   # before the native side runs and the engine starts
     with tempfile.TemporaryDirectory(prefix="eyas-sc-") as tmp:
         if source is not None:
             draft, _ = load_draft(source, dtype=dtype, device=device)
@@ -227,6 +238,8 @@ def _check(cfg: ServeCheckConfig) -> dict:
                           session=session, tree=spec)
         native_s = time.perf_counter() - t0
         options = {} if cfg.gpu_memory_utilization is None else {"gpu_memory_utilization": cfg.gpu_memory_utilization}
+        if cfg.tensor_parallel_size > 1 or cfg.expert_parallel:
+            options.update(tensor_parallel_size=cfg.tensor_parallel_size, expert_parallel=cfg.expert_parallel)
         t0 = time.perf_counter()
         with engine.lock():
             t_locked = time.perf_counter()
@@ -250,6 +263,9 @@ def _check(cfg: ServeCheckConfig) -> dict:
         "served_identical_to_target_greedy": f"{sum(same)}/{len(same)}",
         **served_divergences(session.runner, prompts, served.outputs, greedy, served.logprobs),
         "served_tokens": sum(len(o) for o in served.outputs), "native_new_tokens": native.get("new_tokens"),
+        # the token-id prompts and the engine's speculative outputs, to compare with its own AR on the same prompts
+        "prompt_ids": prompts, "served_outputs": served.outputs,
+        "tensor_parallel_size": cfg.tensor_parallel_size, "expert_parallel": cfg.expert_parallel,
         cfg.engine: {"version": served.version, "python": str(engine.python), "speculative_config": served.config,
                      "startup_s": served.startup_s, "generate_s": served.generate_s,
                      "process_s": t_end - t_locked, "lock_wait_s": t_locked - t0},

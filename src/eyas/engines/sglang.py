@@ -33,7 +33,7 @@ _ARGS = "sglang.srt.server_args"
 # ServerArgs fields eyas sets (engine_request below)
 _KEYWORDS = ("model_path", "dtype", "random_seed", "context_length", "log_level", "disable_cuda_graph",
              "mem_fraction_static", "attention_backend", "speculative_algorithm", "speculative_draft_model_path",
-             "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens")
+             "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens", "tp_size", "ep_size")
 
 ENTRY_POINTS: tuple[EntryPoint, ...] = (
     EntryPoint(f"{_ENGINE}.Engine.__init__", _ENGINE, "Engine.__init__", "serve-check, speedup bench",
@@ -90,7 +90,7 @@ class SglangAdapter(WorkerEngine):
     def engine_request(self, target: str, export: str | None, spec: TreeSpec | None, *, dtype: str,
                        max_model_len: int, seed: int = 0, enforce_eager: bool = True,
                        gpu_memory_utilization: float | None = None, attention_backend: str | None = None,
-                       **_) -> dict:
+                       tensor_parallel_size: int = 1, expert_parallel: bool = False, **_) -> dict:
         """`Engine(**kwargs)`: the target as the model and, with an export, EAGLE-3 drafting `spec` (default: a
         chain of 3). Attention on SGLang's triton backend unless told: it runs fp32 and bf16, chains and trees, and
         needs neither FA3's kernel library (551 of sglang-kernel's 587 MiB) nor FlashInfer's JIT compiles."""
@@ -99,6 +99,10 @@ class SglangAdapter(WorkerEngine):
               "attention_backend": attention_backend or "triton"}
         if gpu_memory_utilization:
             kw["mem_fraction_static"] = gpu_memory_utilization
+        if tensor_parallel_size > 1:
+            kw["tp_size"] = int(tensor_parallel_size)
+        if expert_parallel:  # SGLang's expert parallelism spans the tensor-parallel group
+            kw["ep_size"] = int(tensor_parallel_size)
         if export is not None:
             spec = spec or TreeSpec.chain(3)
             kw.update(speculative_algorithm="EAGLE3", speculative_draft_model_path=export,

@@ -56,6 +56,8 @@ def tensor_parallel_problem(text_config, tp: int) -> str | None:
 
 
 _CONN = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
+_MODELS = "vllm.model_executor.models"
+KIMI_K25 = ("KimiK25ForConditionalGeneration",)
 _CONN_FILE = "vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py"
 _SPEC = "vllm.transformers_utils.configs.speculators"
 
@@ -66,7 +68,7 @@ ENTRY_POINTS: tuple[EntryPoint, ...] = (
                keywords=("model", "dtype", "seed", "max_model_len", "enforce_eager", "disable_log_stats",
                          "tensor_parallel_size", "speculative_config", "kv_transfer_config",
                          "gpu_memory_utilization", "kv_cache_memory_bytes", "max_num_seqs",
-                         "max_num_batched_tokens", "async_scheduling"),
+                         "max_num_batched_tokens", "async_scheduling", "enable_expert_parallel"),
                kwargs_into="vllm.engine.arg_utils.EngineArgs"),
     EntryPoint("vllm.engine.arg_utils.EngineArgs", "vllm.engine.arg_utils", "EngineArgs",
                "serve-check, vllm extraction, regenerate, speedup bench (LLM(**kwargs))",
@@ -74,7 +76,7 @@ ENTRY_POINTS: tuple[EntryPoint, ...] = (
                keywords=("model", "dtype", "seed", "max_model_len", "enforce_eager", "disable_log_stats",
                          "tensor_parallel_size", "speculative_config", "kv_transfer_config",
                          "gpu_memory_utilization", "kv_cache_memory_bytes", "max_num_seqs",
-                         "max_num_batched_tokens", "async_scheduling")),
+                         "max_num_batched_tokens", "async_scheduling", "enable_expert_parallel")),
     EntryPoint("vllm.LLM.generate", "vllm", "LLM.generate", "serve-check, vllm extraction, regenerate, speedup bench",
                "vllm/entrypoints/llm.py", positional=("prompts", "sampling_params"), keywords=("use_tqdm",)),
     EntryPoint("vllm.SamplingParams", "vllm", "SamplingParams", "serve-check, vllm extraction, regenerate (vllm)",
@@ -150,11 +152,68 @@ ENTRY_POINTS: tuple[EntryPoint, ...] = (
                _CONN_FILE, keywords=("req_id", "filename", "token_ids", "block_ids"), reads_only=True),
     EntryPoint(f"{_CONN}.extract_from_kv_cache", _CONN, "extract_from_kv_cache", "vllm extraction (eyas_connector)",
                _CONN_FILE, positional=("kv_cache", "slot_mapping", "num_tokens")),
+    # --- a Kimi-K2.5 target (probed only for one): vLLM builds the wrapper from its own config classes, puts the
+    # DeepSeek-V2/V3 text model at `language_model` (decoder layers language_model.model.layers, the checkpoint's
+    # names), and captures EAGLE-3 aux states through the wrapper's set_aux_hidden_state_layers, which forwards to
+    # the text model (hidden + residual entering each layer; the id N = num_layers gives the last state).
+    EntryPoint(f"{_MODELS}.registry._MULTIMODAL_MODELS", f"{_MODELS}.registry", "_MULTIMODAL_MODELS",
+               "serve-check, vllm extraction, regenerate of a Kimi-K2.5 target (the architecture vLLM serves)",
+               "vllm/model_executor/models/registry.py", kind="values", values=KIMI_K25, architectures=KIMI_K25),
+    EntryPoint(f"{_MODELS}.kimi_k25.KimiK25ForConditionalGeneration", f"{_MODELS}.kimi_k25",
+               "KimiK25ForConditionalGeneration", "EAGLE-3 serving / vllm extraction of a Kimi-K2.5 target (aux "
+               "states through the wrapper; the checkpoint prefixes the toy writes)", "vllm/model_executor/models/kimi_k25.py",
+               kind="attrs", values=("language_model", "vision_tower", "mm_projector", "hf_to_vllm_mapper",
+                                     "load_weights", "set_aux_hidden_state_layers",
+                                     "get_eagle3_aux_hidden_state_layers", "compute_logits"),
+               architectures=KIMI_K25),
+    EntryPoint(f"{_MODELS}.deepseek_v2.DeepseekV2ForCausalLM", f"{_MODELS}.deepseek_v2", "DeepseekV2ForCausalLM",
+               "a Kimi-K2.5 target's text model (language_model)", "vllm/model_executor/models/deepseek_v2.py",
+               kind="attrs", values=("model", "lm_head", "set_aux_hidden_state_layers"), architectures=KIMI_K25),
+    EntryPoint(f"{_MODELS}.deepseek_v2.DeepseekV2Model", f"{_MODELS}.deepseek_v2", "DeepseekV2Model",
+               "a Kimi-K2.5 target's decoder (language_model.model: layers, norm, aux capture)",
+               "vllm/model_executor/models/deepseek_v2.py", kind="attrs",
+               values=("embed_tokens", "layers", "norm", "aux_hidden_state_layers"), architectures=KIMI_K25),
+    # vLLM 0.26 reads the config with its own KimiK25Config (media_placeholder_token_id, init_pos_emb_*), 0.32 with
+    # transformers' Kimi_K25Config (image_token_id, pos_emb_*): the toy writes both spellings; either way without
+    # remote code, through this registry.
+    EntryPoint("vllm.transformers_utils.config._CONFIG_REGISTRY", "vllm.transformers_utils.config", "_CONFIG_REGISTRY",
+               "a Kimi-K2.5 target's config.json read without remote code", "vllm/transformers_utils/config.py",
+               kind="values", values=("kimi_k25",), architectures=KIMI_K25),
+    EntryPoint("vllm.transformers_utils.processors.kimi_k25_vision_fused.KimiK25FusedVisionProcessor",
+               "vllm.transformers_utils.processors.kimi_k25_vision_fused", "KimiK25FusedVisionProcessor",
+               "a Kimi-K2.5 target's preprocessor_config.json (media_proc_cfg)",
+               "vllm/transformers_utils/processors/kimi_k25_vision_fused.py", keywords=("media_proc_cfg",),
+               reads_only=True, architectures=KIMI_K25),
 )
 
+# Where vLLM's model keeps the decoder layers of a wrapped target (eyas finds its own by structure).
+SERVED_LAYERS = {"KimiK25ForConditionalGeneration": "language_model.model.layers (DeepseekV2ForCausalLM)"}
 
-def check_signatures(sigs: dict[str, dict], entry_points=ENTRY_POINTS) -> list[E.ProbeResult]:
-    return E.check_signatures(sigs, entry_points)
+
+# Text model types vLLM runs with DeepseekV2Model, whose aux capture adds the residual entering layer k: before layer
+# 0 that residual is None, so aux id 0 fails there (Llama-family models capture it).
+NO_AUX_ID_ZERO = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2")
+
+
+def aux_layer_id_problems_in_vllm(config, ids: list[int]) -> list[str]:
+    """Aux ids vLLM's model for `config` cannot capture (valid ids otherwise)."""
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    kind = getattr(text, "model_type", None)
+    if 0 in ids and kind in NO_AUX_ID_ZERO:
+        return [f"aux id 0: vLLM runs a {kind} text model with DeepseekV2Model, which captures hidden + residual "
+                f"and has no residual before layer 0 (it would fail at the first forward)"]
+    return []
+
+
+def entry_points_for(architectures=()) -> tuple[EntryPoint, ...]:
+    """The vLLM entry points every caller uses plus those of a target of these architectures."""
+    return E.applicable(ENTRY_POINTS, architectures)
+
+
+def check_signatures(sigs: dict[str, dict], entry_points=None) -> list[E.ProbeResult]:
+    """The generic judge over vLLM's entry points; by default those every caller uses (entry_points_for(): no
+    architecture's own)."""
+    return E.check_signatures(sigs, entry_points_for() if entry_points is None else entry_points)
 
 
 def version_status(version: str | None) -> tuple[str, str]:
@@ -176,6 +235,9 @@ def kv_bytes_per_token(config: dict, dtype: str) -> int:
     """K and V of every attention layer of one HF config dict (its text part), for one token. Full attention is
     assumed for every layer: sliding-window layers need less, so the estimate only errs on the safe side."""
     c = config.get("text_config") or config
+    if c.get("kv_lora_rank"):   # MLA: one latent of kv_lora_rank plus the shared rope key per token and layer
+        return int(c["num_hidden_layers"]) * (int(c["kv_lora_rank"]) + int(c.get("qk_rope_head_dim") or 0)) * \
+            dtype_bytes(dtype)
     heads = int(c["num_attention_heads"])
     kv_heads = int(c.get("num_key_value_heads") or heads)
     head_dim = int(c.get("head_dim") or c["hidden_size"] // heads)
@@ -235,6 +297,7 @@ class VllmAdapter(WorkerEngine):
     how_to_create = HOW_TO_CREATE
     tested_versions = TESTED_VERSIONS
     entry_points = ENTRY_POINTS
+    served_layers = SERVED_LAYERS
     worker = Path(__file__).with_name("vllm_serve_worker.py")
     export_format = "vllm"
     trees = False
@@ -252,9 +315,10 @@ class VllmAdapter(WorkerEngine):
     def engine_request(self, target: str, export: str | None, spec: TreeSpec | None, *, dtype: str,
                        max_model_len: int, seed: int = 0, enforce_eager: bool = True,
                        gpu_memory_utilization: float | None = None, kv_cache_memory_bytes: int | None = None,
-                       **_) -> dict:
+                       tensor_parallel_size: int = 1, expert_parallel: bool = False, **_) -> dict:
         """`LLM(**kwargs)`: the export as the model (vLLM reads the verifier and K from it: the zero-flag path),
-        or the target alone. A chain length other than the export's is asked for with num_speculative_tokens."""
+        or the target alone. A chain length other than the export's is asked for with num_speculative_tokens.
+        expert_parallel: an MoE target's experts split over the tensor_parallel_size GPUs."""
         if spec is not None and not spec.is_chain:
             raise EngineError(f"vLLM drafts chains only (it removed tree drafting); {spec.label()} needs "
                               "--engine sglang")
@@ -263,6 +327,10 @@ class VllmAdapter(WorkerEngine):
               "gpu_memory_utilization": gpu_memory_utilization or 0.9}
         if kv_cache_memory_bytes:
             kw["kv_cache_memory_bytes"] = int(kv_cache_memory_bytes)
+        if tensor_parallel_size > 1:
+            kw["tensor_parallel_size"] = int(tensor_parallel_size)
+        if expert_parallel:
+            kw["enable_expert_parallel"] = True
         if spec is not None:
             kw["speculative_config"] = {"num_speculative_tokens": spec.depth}
         return {"draft": export, "kwargs": kw}

@@ -3,7 +3,8 @@
 One engine, greedy, with vLLM's own counters; used by serve-check (eyas.engines.vllm.VllmAdapter.serve) and by
 the served-speedup sweep (eyas.engines.speedup, bench mode).
 IN:  {"engine": {"draft": EXPORT | null, "kwargs": {LLM(**kwargs): model, dtype, seed, max_model_len,
-      enforce_eager, gpu_memory_utilization, kv_cache_memory_bytes, speculative_config, ...}},
+      enforce_eager, gpu_memory_utilization, kv_cache_memory_bytes, speculative_config, tensor_parallel_size,
+      enable_expert_parallel, ...}},
       "prompts": [[token ids], ...], "max_tokens": N, "logprobs": n (0: none), and for bench mode the fields of
       serve_timing.py ("batch_sizes", "rounds", "barrier", "start_after", "measure_lock")}
      With a speculators export as the model, vLLM reads the verifier and K from the export's config.json: the

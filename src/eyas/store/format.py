@@ -97,10 +97,15 @@ _VOLATILE_CONFIG_KEYS = {"transformers_version", "dtype", "torch_dtype", "use_ca
 
 
 def config_hash(config: Any) -> str:
-    """sha256 of the model config minus keys that do not change the network (paths, versions, dtype)."""
+    """sha256 of the model config minus keys that do not change the network (paths, versions, dtype), at every
+    level: a wrapper's text_config carries its own dtype and attention implementation, set by whoever loaded it."""
+    def stable(d):
+        if not isinstance(d, dict):
+            return d
+        return {k: stable(v) for k, v in d.items() if not str(k).startswith("_") and k not in _VOLATILE_CONFIG_KEYS}
+
     d = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-    d = {k: v for k, v in d.items() if not k.startswith("_") and k not in _VOLATILE_CONFIG_KEYS}
-    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()
+    return hashlib.sha256(json.dumps(stable(d), sort_keys=True, default=str).encode()).hexdigest()
 
 
 def target_identity(name: str, config: Any, aux_layer_ids: list[int], dtype: str, *,

@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from eyas.target.keys import fuse_experts
 from eyas.target.layers import model_class_for
+from eyas.target.wrapped import WrappedTextLM
 
 
 class FastLoadUnsupported(RuntimeError):
@@ -74,14 +77,16 @@ def weight_file_problems(d: str | os.PathLike) -> list[str]:
 
 
 def read_safetensors(files: list[Path], *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-                     workers: int = 8) -> dict[str, torch.Tensor]:
-    """All tensors of `files`, read in parallel (each thread its own mmap handle and slice of keys)."""
+                     workers: int = 8, keep=None, fp32=()) -> dict[str, torch.Tensor]:
+    """All tensors of `files` (those `keep(key)` accepts), read in parallel (each thread its own mmap handle and
+    slice of keys); keys naming a module in `fp32` stay float32."""
     from safetensors import safe_open
 
+    in_fp32 = re.compile("|".join(rf"(^|\.){re.escape(m)}($|\.)" for m in fp32)) if fp32 else None
     jobs = []
     for f in files:
         with safe_open(str(f), framework="pt") as h:
-            keys = list(h.keys())
+            keys = [k for k in h.keys() if keep is None or keep(k)]
         per = max(1, -(-len(keys) // max(1, workers // len(files) or 1)))
         jobs += [(f, keys[i:i + per]) for i in range(0, len(keys), per)]
     device = torch.device(device)
@@ -93,7 +98,7 @@ def read_safetensors(files: list[Path], *, device: str | torch.device = "cpu", d
             for k in keys:
                 t = h.get_tensor(k)
                 if dtype is not None and t.is_floating_point():
-                    t = t.to(dtype)
+                    t = t.to(torch.float32 if in_fp32 is not None and in_fp32.search(k) else dtype)
                 out[k] = t.to(device, non_blocking=False) if device.type != "cpu" else t
         return out
 
@@ -160,7 +165,9 @@ def fast_load_model(model_dir: str | os.PathLike, config, *, dtype: torch.dtype 
         raise FastLoadUnsupported(f"{model_dir}: quantized checkpoint ({type(config.quantization_config).__name__}); "
                                   "from_pretrained runs its quantizer")
     cls = model_class_for(config)
-    if getattr(cls, "_keep_in_fp32_modules", None) or getattr(cls, "_keep_in_fp32_modules_strict", None):
+    wrapped = cls is WrappedTextLM
+    if not wrapped and (getattr(cls, "_keep_in_fp32_modules", None) or getattr(cls, "_keep_in_fp32_modules_strict",
+                                                                               None)):
         raise FastLoadUnsupported(f"{cls.__name__} keeps some modules in fp32; from_pretrained knows which")
     if attn_implementation:
         config._attn_implementation = attn_implementation
@@ -173,8 +180,15 @@ def fast_load_model(model_dir: str | os.PathLike, config, *, dtype: torch.dtype 
     if gguf_file:
         state = read_gguf(Path(model_dir) / gguf_file, model, dtype, device)
     else:
-        state = read_safetensors(safetensors_files(model_dir), device=device, dtype=dtype, workers=workers)
-    own = set(model.state_dict().keys())
+        # A wrapper's text model reads only its own keys, in the dtypes its class keeps (the router in fp32).
+        state = read_safetensors(safetensors_files(model_dir), device=device, dtype=dtype, workers=workers,
+                                 keep=model.owns if wrapped else None, fp32=model.keep_in_fp32 if wrapped else ())
+    shapes = {k: v.shape for k, v in model.state_dict().items()}
+    try:
+        state = fuse_experts(state, shapes)
+    except KeyError as e:
+        raise FastLoadUnsupported(f"{model_dir}: {e.args[0]}") from e
+    own = set(shapes)
     unexpected = sorted(set(state) - own)
     tied = {k for k in own - set(state) if k.endswith("lm_head.weight")} if getattr(
         config.get_text_config() if hasattr(config, "get_text_config") else config, "tie_word_embeddings", False) \

@@ -42,14 +42,18 @@ class Layout:
 
 
 def model_class_for(config):
-    """The class named in config.architectures when transformers has it, else AutoModelForCausalLM."""
+    """The class named in config.architectures when transformers has it; else, for a multimodal wrapper whose
+    config no causal-LM auto class takes but whose text_config one does, its text model (target/wrapped.py);
+    else AutoModelForCausalLM."""
     import transformers
+
+    from eyas.target.wrapped import WrappedTextLM, is_wrapped_text
 
     for arch in getattr(config, "architectures", None) or []:
         cls = getattr(transformers, arch, None)
         if cls is not None:
             return cls
-    return transformers.AutoModelForCausalLM
+    return WrappedTextLM if is_wrapped_text(config) else transformers.AutoModelForCausalLM
 
 
 def build_meta(config) -> nn.Module:

@@ -19,6 +19,7 @@ from torch import nn
 from eyas.target.builtins import BUILTIN_TARGETS, builtin_target_dir
 from eyas.target.gguf_convert import gguf_to_hf  # noqa: F401  (the public name of the conversion)
 from eyas.target.layers import Layout, build_meta, find_layout, model_class_for  # noqa: F401  (build_meta: public here)
+from eyas.target.wrapped import WrappedTextLM, unknown_model_type, wrapper_config
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -103,11 +104,24 @@ def _hf(src: TargetSource, what: str, fn, *args, **kwargs):
         raise FileNotFoundError(f"target {src.name!r}: could not load the {what} from {where}: {first}{hint}") from e
 
 
-def load_config(spec: str | os.PathLike, *, cache=None, trust_remote_code: bool = False):
+def _auto_config(src: TargetSource):
+    """AutoConfig's reading of the target; a multimodal wrapper whose model type this transformers does not know
+    is read without remote code through its text_config (target/wrapped.py)."""
     from transformers import AutoConfig
 
-    src = resolve(spec, cache=cache, trust_remote_code=trust_remote_code)
-    return _hf(src, "config", AutoConfig.from_pretrained, src.path, **src.kwargs())
+    try:
+        return _hf(src, "config", AutoConfig.from_pretrained, src.path, **src.kwargs())
+    except ValueError as e:
+        config = None
+        if not src.trust_remote_code and Path(src.path).is_dir() and unknown_model_type(e):
+            config = wrapper_config(src.path)
+        if config is None:
+            raise
+        return config
+
+
+def load_config(spec: str | os.PathLike, *, cache=None, trust_remote_code: bool = False):
+    return _auto_config(resolve(spec, cache=cache, trust_remote_code=trust_remote_code))
 
 
 def load_tokenizer(spec: str | os.PathLike, *, cache=None, trust_remote_code: bool = False):
@@ -124,11 +138,12 @@ def load_target(spec: str | os.PathLike, *, dtype: torch.dtype = torch.bfloat16,
 
     fast: local safetensors dirs and GGUF files load through target/fastload.py (meta build, parallel
     mmap'd reads, assign), falling back to from_pretrained when it cannot prove the load complete."""
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoTokenizer
 
     src = resolve(spec, cache=cache, trust_remote_code=trust_remote_code)
-    config = _hf(src, "config", AutoConfig.from_pretrained, src.path, **src.kwargs())
-    if fast and Path(src.path).is_dir() and not trust_remote_code:
+    config = _auto_config(src)
+    wrapped = model_class_for(config) is WrappedTextLM
+    if (fast or wrapped) and Path(src.path).is_dir() and not trust_remote_code:
         from eyas.target.fastload import FastLoadUnsupported, fast_load_model
 
         try:
@@ -136,8 +151,11 @@ def load_target(spec: str | os.PathLike, *, dtype: torch.dtype = torch.bfloat16,
                                     attn_implementation=attn_implementation, gguf_file=src.gguf_file)
             tokenizer = _hf(src, "tokenizer", AutoTokenizer.from_pretrained, src.path, **src.kwargs())
             return Target(model=model, tokenizer=tokenizer, layout=find_layout(model), source=src, load_path="fast")
-        except FastLoadUnsupported:
-            config = _hf(src, "config", AutoConfig.from_pretrained, src.path, **src.kwargs())
+        except FastLoadUnsupported as e:
+            if wrapped:  # from_pretrained cannot build a wrapper's text model on its own
+                raise ValueError(f"target {src.name!r}: cannot load the text model of {config.architectures}: "
+                                 f"{e}") from e
+            config = _auto_config(src)
     kw = dict(src.kwargs(), dtype=dtype)
     if attn_implementation:
         kw["attn_implementation"] = attn_implementation

@@ -88,6 +88,7 @@ FILES: dict[str, str] = {
         "    max_num_batched_tokens: int | None = None\n"
         "    async_scheduling: bool | None = None\n"
         "    tensor_parallel_size: int = 1\n"
+        "    enable_expert_parallel: bool = False\n"
         "    enforce_eager: bool = False\n"
         "    disable_log_stats: bool = False\n"
         "    speculative_config: dict | None = None\n"
@@ -157,6 +158,46 @@ FILES: dict[str, str] = {
     "vllm/transformers_utils/configs/speculators/algos.py": (
         "def update_eagle3(config_dict: dict, pre_trained_config: dict) -> None:\n"
         "    pre_trained_config['draft_vocab_size'] = config_dict.get('draft_vocab_size')\n"),
+    # --- what a Kimi-K2.5 target needs (probed only for one)
+    "vllm/model_executor/__init__.py": "",
+    "vllm/model_executor/models/__init__.py": "",
+    "vllm/model_executor/models/registry.py": (
+        "_MULTIMODAL_MODELS = {\n"
+        "    'LlavaForConditionalGeneration': ('llava', 'LlavaForConditionalGeneration'),\n"
+        "    'KimiK25ForConditionalGeneration': ('kimi_k25', 'KimiK25ForConditionalGeneration'),\n"
+        "}\n"),
+    "vllm/model_executor/models/deepseek_v2.py": (
+        "class DeepseekV2Model:\n"
+        "    def __init__(self, vllm_config, prefix=''):\n"
+        "        self.embed_tokens, self.layers, self.norm = None, [], None\n"
+        "        self.aux_hidden_state_layers = ()\n"
+        "class DeepseekV2ForCausalLM:\n"
+        "    def __init__(self, vllm_config, prefix=''):\n"
+        "        self.model, self.lm_head = DeepseekV2Model(vllm_config), None\n"
+        "    def set_aux_hidden_state_layers(self, layers):\n"
+        "        self.model.aux_hidden_state_layers = layers\n"),
+    "vllm/model_executor/models/kimi_k25.py": (
+        "class KimiK25ForConditionalGeneration:\n"
+        "    hf_to_vllm_mapper = None\n"
+        "    def __init__(self, vllm_config, prefix=''):\n"
+        "        self.vision_tower = self.mm_projector = self.language_model = None\n"
+        "    def compute_logits(self, hidden_states):\n"
+        "        raise RuntimeError('never called by the probe')\n"
+        "    def set_aux_hidden_state_layers(self, layers):\n"
+        "        self.language_model.set_aux_hidden_state_layers(layers)\n"
+        "    def get_eagle3_aux_hidden_state_layers(self):\n"
+        "        return (2, 4, 5)\n"
+        "    def load_weights(self, weights):\n"
+        "        raise RuntimeError('never called by the probe')\n"),
+    "vllm/transformers_utils/config.py": (
+        "class LazyConfigDict(dict):\n"
+        "    pass\n"
+        "_CONFIG_REGISTRY = LazyConfigDict(kimi_k2='DeepseekV3Config', kimi_k25='Kimi_K25Config')\n"),
+    "vllm/transformers_utils/processors/__init__.py": "",
+    "vllm/transformers_utils/processors/kimi_k25_vision_fused.py": (
+        "class KimiK25FusedVisionProcessor:\n"
+        "    def __init__(self, media_proc_cfg, **kwargs):\n"
+        "        self.media_proc_cfg = media_proc_cfg\n"),
     "vllm/distributed/__init__.py": "",
     "vllm/distributed/kv_transfer/__init__.py": "",
     "vllm/distributed/kv_transfer/kv_connector/__init__.py": "",

@@ -131,6 +131,10 @@ def literal_values(expr: ast.expr, module: ast.Module, depth: int = 0) -> list:
         return []
     if isinstance(expr, ast.Constant):
         return [] if expr.value is None else [expr.value]
+    if isinstance(expr, ast.Dict):   # a registry table: its keys, as the live probe lists a dict's
+        return sorted(str(k.value) for k in expr.keys if isinstance(k, ast.Constant))
+    if isinstance(expr, ast.Call) and expr.keywords and not expr.args:   # a table built as SomeDict(key=..., ...)
+        return sorted(k.arg for k in expr.keywords if k.arg)
     if isinstance(expr, ast.Subscript):
         inner = expr.slice.elts if isinstance(expr.slice, ast.Tuple) else [expr.slice]
         return [v for e in inner for v in literal_values(e, module, depth + 1)]
