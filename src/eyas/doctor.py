@@ -28,10 +28,10 @@ from eyas.data.dataset import MANIFEST as PREPARED_MANIFEST
 from eyas.data.masks import template_hash
 from eyas.devices import StoreDtype
 from eyas.draft.io import read_draft_config
-from eyas.draft.model import Eagle3Draft, draft_config_from_target
+from eyas.draft.kinds import build_draft, draft_config
 from eyas.export import check_contract, detect_format, read_export
 from eyas.export.files import parse_config
-from eyas.flags import AuxLayerIds
+from eyas.flags import AuxLayerIds, DraftKind
 from eyas.store import bytes_per_token, config_hash, verify_store
 from eyas.store.extract import data_fingerprint
 from eyas.store.format import MANIFEST as STORE_MANIFEST, identity_mismatches, read_json
@@ -66,7 +66,8 @@ class DoctorConfig(StageConfig):
     max_length: int = Field(2048, description="planned tokens per row (for the disk and memory estimates)")
     draft_vocab_size: int = Field(32000, ge=1, description="planned draft vocabulary (when no data/draft gives it)")
     token_budget: int = Field(16384, gt=0, description="planned tokens per extraction batch (extract's --token-budget)")
-    ttt_steps: int = Field(7, description="planned training-time-test steps")
+    ttt_steps: int = Field(7, description="planned training-time-test steps (parallel kinds: tokens per forward)")
+    draft_kind: DraftKind = Field("eagle3", description="planned drafter (default: the --draft's own kind, else eagle3)")
     gpu_memory_gib: float | None = Field(None, description="GPU memory per device to plan for (default: the "
                                                            "visible GPUs, if any)")
     gpus: int = Field(1, description="GPUs the target is spread over for extraction / online training")
@@ -383,10 +384,13 @@ def check_store(cfg: DoctorConfig, facts: TargetFacts, ids: list[int], prepared:
                      "free disk, use --store-dtype fp8 (about half), extract fewer samples, or train online"))
 
 
-def draft_parameters(facts: TargetFacts, ids: list[int], vd: int) -> tuple[int, int]:
+def draft_parameters(facts: TargetFacts, ids: list[int], vd: int, kind: str = "eagle3") -> tuple[int, int]:
     """(trainable, frozen) parameters of the draft this target gets, counted on the meta device."""
+    parallel = kind != "eagle3"
     with torch.device("meta"):
-        d = Eagle3Draft(draft_config_from_target(facts.config, aux_layer_ids=ids, draft_vocab_size=vd))
+        d = build_draft(draft_config(facts.config, kind, aux_layer_ids=ids, draft_vocab_size=vd,
+                                     parallel_tokens=1 if parallel else None,   # counts do not depend on it
+                                     mask_token_id=facts.vocab_size - 1 if parallel else None))
     frozen = d.embed_tokens.weight.numel()
     return sum(p.numel() for p in d.parameters()) - frozen, frozen
 
@@ -398,7 +402,7 @@ def check_memory(cfg: DoctorConfig, facts: TargetFacts, ids: list[int], vd: int,
     weights = facts.num_parameters * facts.dtype_bytes / max(cfg.gpus, 1)
     # Extraction: weights + captured states (k+1 bf16 vectors/token) + the widest transient (MLP) per batch.
     extract = weights + cfg.token_budget * (k + 1) * H * 2 + cfg.token_budget * (inter + 4 * H) * 2 * 2
-    trainable, frozen = draft_parameters(facts, ids, vd)
+    trainable, frozen = draft_parameters(facts, ids, vd, cfg.draft_kind)
     # Training: fp32 master + grad + 2 Adam moments (16 B) per trainable, bf16 frozen embedding, and per TTT step
     # the draft-vocab logits in fp32 (value + softmax + grad) and the layer activations of one row.
     train = trainable * 16 + frozen * 2 + cfg.ttt_steps * T * (vd * 4 * 3 + 24 * H * 2) + T * k * H * 2

@@ -8,7 +8,7 @@ dtype value outside eyas.devices.DTYPES, on `--json` taking a value, and on aux 
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator
 
@@ -26,6 +26,7 @@ CONCEPTS = {
     "json": "switch: print the result as JSON instead of a table",
     "out": "where the command writes (a directory, or the results file)",
     "cache_dir": "cache for built-in targets and datasets",
+    "draft_kind": "the drafter: eagle3 | p-eagle | dflash (eyas.draft.kinds)",
 }
 
 # Spellings that once named one of the concepts above (or would, in a new command): a config field with one
@@ -52,3 +53,8 @@ def _checked(ids: list[int] | None) -> list[int] | None:
 # Every command's `aux_layer_ids` field: an unsorted / repeated / negative list fails when the config is
 # built, before anything loads (range and fc width need the target / draft: checked when their config is read).
 AuxLayerIds = Annotated[list[int], AfterValidator(_checked)]
+
+
+# The drafter kinds (their packages: eyas.draft.kinds.PACKAGES, which must name the same ones).
+DRAFT_KINDS = ("eagle3", "p-eagle", "dflash")
+DraftKind = Literal["eagle3", "p-eagle", "dflash"]

@@ -8,11 +8,11 @@ import json
 import pytest
 import torch
 
-from eyas.decode.proposer import EagleProposer
 from eyas.decode.speculative import SpecDecoder, ar_generate
 from eyas.decode.target_step import TargetRunner
 from eyas.decode.tree import TreeSpec
 from eyas.draft.io import load_draft
+from eyas.draft.kinds import get_kind
 from eyas.export import export_vllm, read_export
 from eyas.train import TrainConfig, train
 from tests.train.fakes import VOCAB, FakePrepared, FakeStore, save_tiny_target, tiny_target, vocab_for
@@ -57,6 +57,8 @@ def test_losses_are_pinned(run):
 def test_tau_is_pinned(run):
     root, target = run
     draft, _ = load_draft(root / "run")
+    assert draft.config.kind == "eagle3"
+    kind = get_kind(draft.config)
     g = torch.Generator().manual_seed(11)
     prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (5, 9, 13)]
     runner = TargetRunner(target.model, target.layout, draft.config.aux_layer_ids, 160)
@@ -64,7 +66,7 @@ def test_tau_is_pinned(run):
         emitted = steps = 0
         for p in prompts:
             ref, _ = ar_generate(runner, p, 40)
-            out, st = SpecDecoder(runner, EagleProposer(draft, spec, 160)).generate(p, 40)
+            out, st = SpecDecoder(runner, kind.proposer(draft, spec, 160)).generate(p, 40)
             assert out == ref
             emitted, steps = emitted + st.emitted, steps + st.steps
         assert round(emitted / steps, 3) == TAU[spec.label()], spec.label()

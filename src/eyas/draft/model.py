@@ -63,6 +63,10 @@ class DraftConfig:
     hidden_act: str = "silu"
     norm_before_residual: bool = True
     norm_before_fc: bool = False
+    kind: str = "eagle3"                 # the drafter (eyas.draft.kinds): model, objective, proposer, export
+    num_layers: int = 1                  # draft decoder layers
+    parallel_tokens: int | None = None   # parallel kinds: tokens one draft forward proposes (as trained)
+    mask_token_id: int | None = None     # parallel kinds: the target-vocab id of the mask slots
     extra: dict[str, Any] = field(default_factory=dict)  # provenance (target name, arch); not used by math
 
     def __post_init__(self):
@@ -128,17 +132,19 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: DraftConfig):
+    def __init__(self, cfg: DraftConfig, in_features: int | None = None):
+        """in_features: 2H for an EAGLE-3 first layer (embedding ++ hidden), H for a plain decoder layer."""
         super().__init__()
         H, d = cfg.hidden_size, cfg.head_dim
+        x = 2 * H if in_features is None else in_features
         self.nh, self.nkv, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, d
-        self.q_proj = nn.Linear(2 * H, self.nh * d, bias=cfg.attention_bias)
-        self.k_proj = nn.Linear(2 * H, self.nkv * d, bias=cfg.attention_bias)
-        self.v_proj = nn.Linear(2 * H, self.nkv * d, bias=cfg.attention_bias)
+        self.q_proj = nn.Linear(x, self.nh * d, bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(x, self.nkv * d, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(x, self.nkv * d, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(self.nh * d, H, bias=False)
 
     def forward(self, x, cos, sin, past: tuple[torch.Tensor, torch.Tensor] | None, mask, slots=None):
-        # x [B, T, 2H] -> q [B, nh, T, d], k/v [B, nkv, T, d]
+        # x [B, T, 2H or H] -> q [B, nh, T, d], k/v [B, nkv, T, d]
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.nh, self.d).transpose(1, 2)
         k = self.k_proj(x).view(B, T, self.nkv, self.d).transpose(1, 2)

@@ -10,9 +10,10 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
+from eyas.draft.kinds import PACKAGES, get_kind, kind_for_speculators_type
 from eyas.draft.model import DraftConfig
 from eyas.export.contract import MIDLAYER, SPECULATORS, check_tensors
-from eyas.export.formats import from_midlayer, from_speculators
+from eyas.export.formats import from_midlayer
 
 
 class ContractError(ValueError):
@@ -20,7 +21,7 @@ class ContractError(ValueError):
 
     def __init__(self, where: str, errors: list[str]):
         self.errors = errors
-        super().__init__(f"{where}: the EAGLE-3 key contract is violated:\n  " + "\n  ".join(errors))
+        super().__init__(f"{where}: the draft's key contract is violated:\n  " + "\n  ".join(errors))
 
 
 def read_export(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
@@ -68,8 +69,16 @@ def detect_format(config: dict[str, Any], tensors: dict[str, torch.Tensor] | Non
 def parse_config(config: dict[str, Any], fmt: str, *, strict: bool,
                  default_aux: list[int] | None = None) -> tuple[DraftConfig | None, list[str]]:
     if fmt == SPECULATORS:
-        return from_speculators(config, strict=strict, default_aux=default_aux)
-    return from_midlayer(config, default_aux=default_aux)
+        kind = kind_for_speculators_type(config.get("speculators_model_type"))
+        if kind is None:
+            known = [get_kind(k).speculators_type for k in PACKAGES]
+            return None, [f"speculators_model_type: {config.get('speculators_model_type')!r}; eyas reads {known}"]
+        dc, errors = kind.from_speculators(config, strict=strict, default_aux=default_aux)
+    else:
+        dc, errors = from_midlayer(config, default_aux=default_aux)
+    if dc is not None:
+        errors = errors + get_kind(dc).check(dc)
+    return (dc if not errors else None), errors
 
 
 def check_contract(config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> list[str]:

@@ -1,4 +1,5 @@
-"""`eyas train`: EAGLE-3 draft training with training-time test, offline (store) or online (target in loop).
+"""`eyas train`: draft training (EAGLE-3 with training-time test, or a parallel drafter: --draft-kind), offline
+(store) or online (target in loop). The kind's package (eyas.draft.kinds) supplies the model and the objective.
 
 setup (inputs, target head, draft init) -> steps (micro-batches, AdamW, cosine) -> eval on the held-out
 split (per-step accuracy, simulated tau) -> checkpoints / best draft. The RUN dir's top level is a
@@ -17,20 +18,22 @@ from typing import Any, Literal
 import torch
 from pydantic import Field
 
-from eyas.flags import AuxLayerIds
+from eyas.flags import AuxLayerIds, DraftKind
 from eyas.config import ConfigError, StageConfig, config_to_yaml
 from eyas.devices import DEVICE_HELP, Dtype, resolve_device, resolve_dtype
 from eyas.draft.io import save_draft
-from eyas.draft.model import Eagle3Draft, draft_config_from_target
+from eyas.draft.kinds import build_draft, draft_config, get_kind
 from eyas.train import checkpoint as C
 from eyas.train import dist as D
 from eyas.train.data import OfflineSource, OnlineSource, Plan
-from eyas.train.inputs import open_inputs
-from eyas.train.ttt import TargetHead, TTTUnroll, objective, simulated_tau, step_accuracy, token_loss
+from eyas.train.inputs import open_inputs, token_counts
+from eyas.train.ttt import TargetHead, simulated_tau, step_accuracy, token_loss
+from eyas.vocab import unused_token
 
 # Fields that decide which rows each step sees: a resume with different values would not continue the run.
 _RESUME_MUST_MATCH = ("seed", "batch_size", "grad_accum", "eval_fraction", "ttt_steps", "max_length", "steps",
-                      "epochs", "lr", "store", "data", "online")
+                      "epochs", "lr", "store", "data", "online", "draft_kind", "draft_layers", "mask_token_id",
+                      "anchors")
 
 
 class TrainConfig(StageConfig):
@@ -41,8 +44,20 @@ class TrainConfig(StageConfig):
     online: bool = Field(False, description="run the target on the fly over --data instead of reading a store")
     aux_layer_ids: AuxLayerIds | None = Field(None, description="target aux layers (default: the store's, else (2, N//2, N-3))")
     draft_vocab_size: int | None = Field(None, ge=1, description="rebuild the draft vocab at this size from the PREPARED token counts")
-    ttt_steps: int = Field(7, ge=1, description="training-time-test steps unrolled per position")
-    step_decay: float = Field(0.8, gt=0, description="loss weight of TTT step k is step_decay**k")
+    draft_kind: DraftKind = Field("eagle3", description="the drafter: eagle3 (one token per draft step), p-eagle "
+                                  "(all tokens in one forward: learned mask hidden/embedding) or dflash (block "
+                                  "diffusion: a block of masks filled in one pass)")
+    draft_layers: int | None = Field(None, ge=1, description="draft decoder layers (default: the kind's published "
+                                     "recipe: eagle3 1, p-eagle 4, dflash 5)")
+    ttt_steps: int = Field(7, ge=1, description="tokens drafted per position: eagle3's unrolled training-time-test "
+                           "steps, p-eagle's parallel depths, dflash's masks per block (block size = this + 1)")
+    step_decay: float | None = Field(None, gt=0, description="loss weight of drafted token k is step_decay**k "
+                                     "(default: the kind's recipe: eagle3 0.8, p-eagle 1, dflash exp(-1/g) with "
+                                     "g = 7 at 15+ masks, 5 at 9+, else 4)")
+    mask_token_id: int | None = Field(None, ge=0, description="parallel kinds: the target-vocab id of mask slots, "
+                                      "whose embedding is learned (default: the last id the PREPARED data never uses)")
+    anchors: int | None = Field(None, ge=1, description="parallel kinds: at most this many sampled start "
+                                "positions per row (default: the kind's recipe: p-eagle all, dflash 512)")
     tau_chain: int | None = Field(None, description="chain length K for the simulated tau (default: --ttt-steps)")
     max_length: int | None = Field(None, description="truncate rows to this many tokens")
     pad_to: int | None = Field(None, description="pad every batch to this many tokens (default on GPU: the rows' max length, so compiled attention sees one shape; 0 = off)")
@@ -104,9 +119,15 @@ class Trainer:
         self.inp = open_inputs(cfg, self.device, target=target, store=store, dataset=dataset)
         tgt = self.inp.target
         d2t, t2d = self.inp.d2t, self.inp.t2d
-        dcfg = draft_config_from_target(tgt.config, aux_layer_ids=self.inp.aux_ids, draft_vocab_size=d2t.numel())
+        self.kind = get_kind(cfg.draft_kind)
+        parallel = cfg.draft_kind != "eagle3"
+        mask = (cfg.mask_token_id if cfg.mask_token_id is not None else
+                unused_token(token_counts(cfg), tgt.layout.vocab_size)) if parallel else None
+        dcfg = draft_config(tgt.config, cfg.draft_kind, aux_layer_ids=self.inp.aux_ids, draft_vocab_size=d2t.numel(),
+                            num_layers=cfg.draft_layers, parallel_tokens=cfg.ttt_steps if parallel else None,
+                            mask_token_id=mask)
         dcfg.extra["target"] = self.inp.target_name
-        draft = Eagle3Draft(dcfg)
+        draft = build_draft(dcfg)
         draft.set_vocab_map(d2t, t2d)
         lay = tgt.layout
         draft.init_from_target(lay.embed.weight.float(),
@@ -125,7 +146,9 @@ class Trainer:
         if compiled:   # the draft's decoder layer fused (norms, RoPE, SiLU-mul, residuals): 1.18x a SmolLM2 step
             from eyas.target.compiled import compile_forwards
             compile_forwards(self.draft.layers, dynamic=False)
-        self.unroll = TTTUnroll(self.draft, cfg.ttt_steps, cfg.step_decay, attention, compile_loss=compiled)
+        self.decay = cfg.step_decay if cfg.step_decay is not None else self.kind.default_decay(dcfg)
+        self.unroll = self.kind.objective(self.draft, steps=cfg.ttt_steps, decay=self.decay, attention=attention,
+                                          compile_loss=compiled, anchors=cfg.anchors)
         self.model = D.wrap(self.unroll, self.d, cfg.parallel, self.device)
         # One process, compiled: held-out evals run in the training step's grad and module mode, so they reuse its
         # compiled graphs; a no_grad / eval() forward compiles graphs of its own (4 here, ~30 s at the first eval
@@ -208,7 +231,7 @@ class Trainer:
         self.model.train(was)
         stats = self.d.all_reduce(stats)
         acc = step_accuracy(stats.cpu())
-        return {"loss": objective(stats, self.cfg.step_decay), "token_loss": token_loss(stats), "acc": acc,
+        return {"loss": self.kind.objective_value(stats, self.decay), "token_loss": token_loss(stats), "acc": acc,
                 "tau": simulated_tau(acc, self.tau_chain),
                 "positions": int(stats[0, 2])}
 
@@ -218,10 +241,10 @@ class Trainer:
                 "train": self.cfg.model_dump(mode="json"), "metrics": metrics or {}, "step": self.step,
                 "inputs": self.inp.describe()}
 
-    def _draft_for_save(self, msd: dict) -> Eagle3Draft:
+    def _draft_for_save(self, msd: dict) -> torch.nn.Module:
         sd = {k[len("draft."):]: v for k, v in msd.items() if k.startswith("draft.")}
         with torch.device("meta"):
-            m = Eagle3Draft(self.draft.config)
+            m = build_draft(self.draft.config)
         m.load_state_dict(sd, assign=True, strict=False)
         return m
 
@@ -243,7 +266,8 @@ class Trainer:
                                     f"drop --resume to start a fresh run")
         st = C.load_state(ck)
         saved, now = st["config"], self.cfg.model_dump(mode="json")
-        diff = [k for k in _RESUME_MUST_MATCH if saved.get(k) != now.get(k)]
+        # a key the checkpoint's eyas did not have yet held its default then
+        diff = [k for k in _RESUME_MUST_MATCH if saved.get(k, TrainConfig.model_fields[k].default) != now.get(k)]
         if diff:
             raise ConfigError(f"--resume from {ck}: {', '.join(f'{k}={saved.get(k)!r} (now {now.get(k)!r})' for k in diff)}"
                               " differ from the checkpoint; the run would not continue the same data order")
@@ -318,7 +342,7 @@ class Trainer:
             if self.step % cfg.log_every == 0 or self.step == self.total:
                 dt = time.perf_counter() - t0
                 acc = step_accuracy(window.cpu())
-                self.log({"split": "train", "step": self.step, "loss": objective(window, cfg.step_decay),
+                self.log({"split": "train", "step": self.step, "loss": self.kind.objective_value(window, self.decay),
                           "token_loss": token_loss(window), "acc": acc,
                           "tau": simulated_tau(acc, self.tau_chain), "lr": self.sched.get_last_lr()[0],
                           "tokens_per_s": toks * self.d.world / max(dt, 1e-9)})
