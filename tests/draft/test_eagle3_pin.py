@@ -35,17 +35,25 @@ def greedy_rows(target, n=16, prompt=4, new=28, seed=3):
     return rows
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("pin")
+def train_on_greedy_text(root, runs: dict[str, dict]):
+    """Train one run per name (TrainConfig overrides) on the tiny target's greedy text, 40 steps by default.
+    Returns the target."""
     target = tiny_target()
     rows = greedy_rows(target)
     d2t, t2d = vocab_for(rows, 64)
-    cfg = TrainConfig(target="tiny-llama", out=root / "run", store=root / "store", ttt_steps=3, batch_size=2,
-                      steps=40, lr=3e-3, eval_fraction=0.0, log_every=5, save_every=100, seed=7, progress=False,
-                      tensorboard=False, device="cpu")
-    train(cfg, target=target, store=FakeStore(rows, target), dataset=FakePrepared(rows, d2t, t2d))
-    return root, target
+    store, prepared = FakeStore(rows, target), FakePrepared(rows, d2t, t2d)
+    for name, over in runs.items():
+        cfg = TrainConfig(**{**dict(target="tiny-llama", out=root / name, store=root / "store", ttt_steps=3,
+                                    batch_size=2, steps=40, lr=3e-3, eval_fraction=0.0, log_every=5, save_every=100,
+                                    seed=7, progress=False, tensorboard=False, device="cpu"), **over})
+        train(cfg, target=target, store=store, dataset=prepared)
+    return target
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pin")
+    return root, train_on_greedy_text(root, {"run": {}})
 
 
 def test_losses_are_pinned(run):

@@ -32,7 +32,6 @@ class Kind:
     default_decay: Callable               # (DraftConfig) -> loss weight ratio of drafted token k+1 to k (the recipe's)
     defaults: dict                        # DraftConfig fields of the published recipe (num_layers, ...)
     proposer: Callable                    # (draft, TreeSpec, capacity) -> a proposer (eyas.decode.speculative)
-    max_depth: Callable                   # (DraftConfig) -> deepest tree the proposer can draft (None: any)
     speculators_type: str                 # speculators_model_type of its vLLM export
     to_speculators: Callable              # (dc, chain=, verifier=, verifier_arch=, dtype=) -> config.json
     from_speculators: Callable            # (config, strict=, default_aux=) -> (DraftConfig | None, errors)
@@ -42,6 +41,18 @@ class Kind:
     default_chain: Callable               # (DraftConfig) -> speculative tokens an export asks vLLM for
     check: Callable                       # (DraftConfig) -> problems with this kind's fields (each names it)
     export_sglang: bool = False           # whether `eyas export --format sglang` can write this kind
+
+
+def parallel_problems(dc) -> list[str]:
+    """The fields every parallel drafter (one forward drafts several tokens) needs, each message naming it."""
+    bad = []
+    if dc.num_layers < 1:
+        bad.append(f"num_layers: {dc.num_layers}; at least 1")
+    if dc.parallel_tokens is None or dc.parallel_tokens < 1:
+        bad.append(f"parallel_tokens: {dc.parallel_tokens}; a parallel drafter drafts at least 1 token per forward")
+    if dc.mask_token_id is None or not 0 <= dc.mask_token_id < dc.vocab_size:
+        bad.append(f"mask_token_id: {dc.mask_token_id}; must be a target-vocab id in [0, {dc.vocab_size})")
+    return bad
 
 
 def get_kind(which: Any) -> Kind:

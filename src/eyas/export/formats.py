@@ -38,20 +38,29 @@ def llama_fields(dc: DraftConfig) -> dict[str, Any]:
     }
 
 
-def to_speculators(dc: DraftConfig, *, chain: int, verifier: str, verifier_arch: list[str],
-                   dtype: str) -> dict[str, Any]:
-    """The config.json vLLM serves with `LLM(model=EXPORT)` alone (vllm/transformers_utils/configs/speculators)."""
+def speculators_header(model_type: str, architecture: str, *, chain: int, verifier: str,
+                       verifier_arch: list[str]) -> dict[str, Any]:
+    """The keys every speculators config opens with: what vLLM turns into its speculative config."""
     return {
-        "architectures": ["Eagle3Speculator"],
-        "speculators_model_type": "eagle3",
+        "architectures": [architecture],
+        "speculators_model_type": model_type,
         "speculators_version": "0.1.0",
         "speculators_config": {
-            "algorithm": "eagle3",
+            "algorithm": model_type,
             "default_proposal_method": "greedy",
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": int(chain),
                                   "verifier_accept_k": 1, "accept_tolerance": 0.0}],
             "verifier": {"name_or_path": verifier, "architectures": list(verifier_arch)},
         },
+    }
+
+
+def to_speculators(dc: DraftConfig, *, chain: int, verifier: str, verifier_arch: list[str],
+                   dtype: str) -> dict[str, Any]:
+    """The config.json vLLM serves with `LLM(model=EXPORT)` alone (vllm/transformers_utils/configs/speculators)."""
+    return {
+        **speculators_header("eagle3", "Eagle3Speculator", chain=chain, verifier=verifier,
+                             verifier_arch=verifier_arch),
         "transformer_layer_config": {**llama_fields(dc), "dtype": dtype},
         "draft_vocab_size": dc.draft_vocab_size,
         "target_hidden_size": dc.target_hidden_size,
@@ -105,7 +114,7 @@ def rope_from(doc: dict[str, Any]) -> tuple[float, dict | None]:
     return float(theta), scaling
 
 
-def llama_to_dc(r: Reader, *, vd, target_hidden, aux, nbr, nbfc) -> DraftConfig | None:
+def llama_to_dc(r: Reader, *, vd, target_hidden, aux, nbr, nbfc, model_types=("llama",)) -> DraftConfig | None:
     H = r.get("hidden_size", int)
     nh = r.get("num_attention_heads", int)
     fields = dict(
@@ -117,8 +126,8 @@ def llama_to_dc(r: Reader, *, vd, target_hidden, aux, nbr, nbfc) -> DraftConfig 
         attention_bias=r.get("attention_bias", bool, default=False), mlp_bias=r.get("mlp_bias", bool, default=False),
         hidden_act=r.get("hidden_act", str, default="silu"))
     layers = r.get("num_hidden_layers", int, default=1)   # how many the kind allows: its own check
-    if r.doc.get("model_type", "llama") != "llama":
-        r.errors.append(f"{r.where}model_type: {r.doc.get('model_type')!r}; only the llama EAGLE-3 layer is supported")
+    if r.doc.get("model_type", model_types[0]) not in model_types:
+        r.errors.append(f"{r.where}model_type: {r.doc.get('model_type')!r}; eyas reads {list(model_types)} layers here")
     if r.errors or any(v is None for v in (vd, target_hidden, aux, nbr)):
         return None
     theta, scaling = rope_from(r.doc)

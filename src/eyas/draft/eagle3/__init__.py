@@ -30,8 +30,8 @@ def check(dc: DraftConfig) -> list[str]:
 
 
 KIND = Kind(
-    name="eagle3", title="EAGLE-3", model=Eagle3Draft, objective=ttt_objective, objective_value=objective, default_decay=lambda dc: 0.8,
-    defaults={}, proposer=EagleProposer, max_depth=lambda dc: None, speculators_type="eagle3",
+    name="eagle3", title="EAGLE-3", model=Eagle3Draft, objective=ttt_objective, objective_value=objective,
+    default_decay=lambda dc: 0.8, defaults={}, proposer=EagleProposer, speculators_type="eagle3",
     to_speculators=to_speculators, from_speculators=from_speculators, expected_tensors=expected_tensors,
     to_export=lambda dc, sd: sd, from_export=lambda dc, sd: sd, default_chain=lambda dc: 3, check=check,
     export_sglang=True)
