@@ -38,6 +38,7 @@ from eyas.decode.divergence import TIE_ULPS, logit_gap
 from eyas.decode.evaluate import Session, evaluate
 from eyas.devices import TORCH_NAMES, resolve_device, resolve_dtype
 from eyas.draft.io import load_draft
+from eyas.draft.kinds import get_kind
 from eyas.engines.base import EngineError, run_in_env
 from eyas.engines.vllm import vllm_lock, vllm_python
 from eyas.export import ContractError, check_contract, import_draft, read_export
@@ -94,11 +95,13 @@ def compare_with_source(config: dict, tensors: dict[str, torch.Tensor], source: 
                        ("hidden_size", "transformer_layer_config.hidden_size"),
                        ("rms_norm_eps", "transformer_layer_config.rms_norm_eps"),
                        ("rope_theta", "transformer_layer_config.rope_theta"),
-                       ("rope_scaling", "transformer_layer_config.rope_scaling")):
+                       ("rope_scaling", "transformer_layer_config.rope_scaling"),
+                       ("kind", "speculators_model_type"), ("num_layers", "transformer_layer_config.num_hidden_layers"),
+                       ("mask_token_id", "mask_token_id")):
         a, b = getattr(exp, field), getattr(dc, field)
         if a != b and not (isinstance(a, float) and isinstance(b, float) and abs(a - b) <= 1e-9 * max(1.0, abs(b))):
             problems.append(f"{key}: the export says {a!r} but the draft {source} was trained with {b!r}")
-    for k, v in model.state_dict().items():
+    for k, v in get_kind(dc).to_export(dc, model.state_dict()).items():   # the kind's export form of each tensor
         ek = rename(k, SPECULATORS)
         if ek not in tensors:
             if k in ("embed_tokens.weight", "d2t", "t2d"):

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 from eyas.draft.kinds import PACKAGES, get_kind, kind_for_speculators_type
@@ -51,6 +53,43 @@ def read_export(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, torc
     else:
         raise FileNotFoundError(f"{path}: no *.safetensors or pytorch_model*.bin weights")
     return config, tensors
+
+
+@dataclass(frozen=True)
+class TensorHeader:
+    """A tensor as a safetensors header describes it: what the key contract checks, without the bytes."""
+    shape: torch.Size
+    dtype: torch.dtype
+
+    def is_floating_point(self) -> bool:
+        return self.dtype.is_floating_point
+
+
+_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+           "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "I64": torch.int64, "I32": torch.int32,
+           "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
+
+
+def read_export_headers(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Any]]:
+    """read_export without the weights: (config dict, {key: TensorHeader}), the small vocabulary map (d2t/t2d)
+    read for real, so check_contract runs in full. Safetensors only (what eyas writes and vLLM serves best)."""
+    path = Path(path)
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise FileNotFoundError(f"{path}: no config.json (not a draft/export directory)")
+    shards = sorted(path.glob("*.safetensors"))
+    if not shards:
+        raise FileNotFoundError(f"{path}: no *.safetensors weights")
+    tensors: dict[str, Any] = {}
+    for s in shards:
+        with safe_open(str(s), framework="pt") as f:
+            for k in f.keys():
+                if k in tensors:
+                    raise ValueError(f"{s}: key {k} also appears in another shard")
+                sl = f.get_slice(k)
+                tensors[k] = (f.get_tensor(k) if k in ("d2t", "t2d") else
+                              TensorHeader(torch.Size(sl.get_shape()), _DTYPES.get(sl.get_dtype(), torch.uint8)))
+    return json.loads(cfg_file.read_text()), tensors
 
 
 def detect_format(config: dict[str, Any], tensors: dict[str, torch.Tensor] | None = None) -> str:

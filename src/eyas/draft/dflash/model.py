@@ -85,6 +85,7 @@ class DFlashDraft(DraftBase):
         self.layers = nn.ModuleList([DFlashLayer(cfg) for _ in range(cfg.num_layers)])
         self.norm = RMSNorm(H, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(H, cfg.draft_vocab_size, bias=False)
+        self.lm_head.weight.requires_grad_(False)         # the target's head rows (init_from_target), frozen
         self.register_buffers(cfg)
 
     def combine(self, aux: torch.Tensor) -> torch.Tensor:
@@ -121,11 +122,11 @@ class DFlashDraft(DraftBase):
     @torch.no_grad()
     def init_from_target(self, embed: torch.Tensor, lm_head: torch.Tensor | None = None,
                          final_norm: torch.Tensor | None = None) -> None:
-        """The target's embedding and (the recipe) its LM head rows for the draft vocab, both frozen; the final
-        norm seeded from the target's and trained."""
+        """The target's embedding and (the recipe) its LM head rows for the draft vocab, both frozen; without the
+        target's head (--no-init-head) the draft's own is trained. The final norm is seeded and trained."""
         self.embed_tokens.weight.copy_(embed)
         if lm_head is not None:
             self.lm_head.weight.copy_(lm_head[target_ids(self.d2t).to(lm_head.device)])
-            self.lm_head.weight.requires_grad_(False)
+        self.lm_head.weight.requires_grad_(lm_head is None)
         if final_norm is not None:
             self.norm.weight.copy_(final_norm)

@@ -35,9 +35,9 @@ def plain_layer_tensors(dc: DraftConfig, i: int) -> dict[str, tuple[tuple[int, .
 
 
 def expected_tensors(dc: DraftConfig, *, embed: bool) -> dict[str, tuple[tuple[int, ...], str, str]]:
-    """EAGLE-3's table (embed_tokens always: the recipe trains it, mask row included), the later layers, and
-    mask_hidden."""
-    t = eagle3_tensors(dc, embed=True)
+    """EAGLE-3's table, the later layers and mask_hidden. The recipe trains the embedding, so an export holds it
+    unless it still equals the target's (the engine then shares the target's, the same numbers)."""
+    t = eagle3_tensors(dc, embed=embed)
     for i in range(1, dc.num_layers):
         t.update(plain_layer_tensors(dc, i))
     k = dc.num_aux * dc.target_hidden_size
