@@ -8,7 +8,7 @@ import torch
 from eyas.decode.tree import TreeSpec
 from eyas.draft.dflash.objective import DFlashObjective, sample_anchors
 from eyas.draft.kinds import get_kind
-from eyas.draft.p_eagle.objective import PEagleObjective, cod_layout
+from eyas.draft.p_eagle.objective import PEagleObjective, cod_capacity, cod_layout
 from eyas.train.masks import BlockMask
 from tests.draft.test_parallel_models import HT, V, make
 
@@ -143,3 +143,30 @@ def test_dflash_refuses_a_tree_deeper_than_its_block():
     draft, _ = make("dflash", K=3)
     with pytest.raises(ValueError, match="block size 4"):
         get_kind("dflash").proposer(draft, TreeSpec.chain(4), 64)
+
+
+@pytest.mark.parametrize("kind", ["p-eagle", "dflash"])
+def test_static_shapes_pad_without_changing_the_loss(kind):
+    """Compiled training pads to one shape per step (COD's capacity / `anchors` blocks): the padding counts nothing."""
+    draft, _ = make(kind, K=K, layers=2)
+    ids, pos, lm, aux, iv = packed()
+    T = ids.shape[1]
+    probs = torch.softmax(torch.randn(2, T, V), -1)
+    arg = probs.argmax(-1)
+    obj = get_kind(kind).objective(draft, steps=K, decay=0.8, attention="dense", compile_loss=False, anchors=20)
+    out = []
+    for static in (False, True):
+        obj.static_shapes = static
+        torch.manual_seed(5)
+        with torch.no_grad():
+            out.append((obj(ids, pos, lm, aux, probs, iv, arg), obj.rows(ids, pos, lm, aux, iv)[0].shape))
+            torch.manual_seed(5)
+    (loss_a, stats_a), shape_a = out[0]
+    (loss_b, stats_b), shape_b = out[1]
+    torch.testing.assert_close(loss_a, loss_b)
+    torch.testing.assert_close(stats_a, stats_b)
+    assert shape_b[1] > shape_a[1]
+    if kind == "p-eagle":
+        assert shape_b[1] == T + cod_capacity(T, K, anchors=20)
+    else:
+        assert shape_b[1] == 20 * (K + 1)

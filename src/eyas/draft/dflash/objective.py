@@ -31,14 +31,15 @@ def recipe_decay(block_size: int) -> float:
     return math.exp(-1.0 / gamma)
 
 
-def sample_anchors(first_counts: torch.Tensor, anchors: int) -> torch.Tensor:
+def sample_anchors(first_counts: torch.Tensor, anchors: int, static: bool = False) -> torch.Tensor:
     """first_counts bool [B, T] (CPU): where an anchor's first mask row counts. Returns anchors long [B, A]
-    (ascending per row, -1 = none), at most `anchors` per row drawn uniformly."""
+    (ascending per row, -1 = none), at most `anchors` per row drawn uniformly; static: A = anchors always (one
+    shape for compiled training)."""
     picked = []
     for row in first_counts:
         cand = row.nonzero().flatten()
         picked.append(cand[torch.randperm(cand.numel())[:anchors]].sort().values)
-    A = max(1, max(p.numel() for p in picked))
+    A = anchors if static else max(1, max(p.numel() for p in picked))
     out = torch.full((len(picked), A), -1, dtype=torch.long)
     for b, p in enumerate(picked):
         out[b, :p.numel()] = p
@@ -90,6 +91,8 @@ class DFlashObjective(nn.Module):
 
     def __init__(self, draft, steps: int, decay: float, attention: str = "dense", compile_loss: bool = False,
                  anchors: int | None = None, loss_chunk: int = 4096):
+        """compile_loss: a compiled run; every batch row then holds `anchors` blocks (padding blocks count
+        nothing), so every step has one shape."""
         super().__init__()
         if attention not in ("dense", "flex"):
             raise ValueError(f"attention must be 'dense' or 'flex', got {attention!r}")
@@ -97,6 +100,7 @@ class DFlashObjective(nn.Module):
             raise ValueError(f"{steps} steps, but the draft fills {draft.config.parallel_tokens} mask rows per block")
         self.draft, self.steps, self.decay, self.attention = draft, steps, decay, attention
         self.compile_loss, self.anchors, self.loss_chunk = compile_loss, anchors or ANCHORS, loss_chunk
+        self.static_shapes = compile_loss
 
     def rows(self, input_ids, position_ids, loss_mask, aux, in_vocab):
         """The one forward: pre-norm hidden [B, A*(K+1), H] of every sampled block, the anchors [B, A] (-1: none)
@@ -107,7 +111,7 @@ class DFlashObjective(nn.Module):
         dev = input_ids.device
         doc = document_ids(position_ids)
         valid = torch.stack([step_valid(doc, loss_mask, in_vocab, k) for k in range(K)])       # [K, B, T]
-        anchor = sample_anchors(valid[0].cpu(), self.anchors).to(dev)                          # [B, A]
+        anchor = sample_anchors(valid[0].cpu(), self.anchors, static=self.static_shapes).to(dev)  # [B, A]
         A = anchor.shape[1]
         t = anchor.clamp(min=0)
         slot = torch.arange(blk, device=dev)

@@ -24,11 +24,18 @@ from eyas.train.ttt import shift_left, step_valid
 COD_RATIO, COD_RATIO_MIN = 0.7, 0.2
 
 
+def cod_capacity(T: int, K: int, ratio: float = COD_RATIO, ratio_min: float = COD_RATIO_MIN,
+                 anchors: int | None = None) -> int:
+    """The most mask rows cod_layout samples for a row of T tokens: a static row count for compiled training."""
+    n = T if anchors is None else min(T, anchors)
+    return sum(min(n, int(T * max(ratio ** d, ratio_min))) for d in range(1, K))
+
+
 def cod_layout(valid: torch.Tensor, ratio: float = COD_RATIO, ratio_min: float = COD_RATIO_MIN,
-               anchors: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               anchors: int | None = None, pad_to: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """valid bool [K, B, T] (CPU): where depth k counts. Returns the rows' anchor t and depth, long [B, T + M]:
     the T base rows (anchor t, depth 0) first, then each row's sampled mask rows; rows padding a batch row to
-    the longest have anchor = depth = -1."""
+    the longest (or to pad_to mask rows) have anchor = depth = -1."""
     K, B, T = valid.shape
     extra = []
     for b in range(B):
@@ -47,7 +54,7 @@ def cod_layout(valid: torch.Tensor, ratio: float = COD_RATIO, ratio_min: float =
             ds.append(torch.full_like(prev, d))
         extra.append((torch.cat(ts) if ts else torch.zeros(0, dtype=torch.long),
                       torch.cat(ds) if ds else torch.zeros(0, dtype=torch.long)))
-    M = max(t.numel() for t, _ in extra)
+    M = max(max(t.numel() for t, _ in extra), pad_to or 0)
     anchor = torch.full((B, T + M), -1, dtype=torch.long)
     depth = torch.full((B, T + M), -1, dtype=torch.long)
     anchor[:, :T], depth[:, :T] = torch.arange(T), 0
@@ -88,11 +95,14 @@ class PEagleObjective(nn.Module):
 
     def __init__(self, draft, steps: int, decay: float = 1.0, attention: str = "dense", compile_loss: bool = False,
                  anchors: int | None = None, loss_chunk: int = 4096):
+        """compile_loss: a compiled run; the mask rows are then padded to cod_capacity, so every step has one
+        shape (the compiled layers and block masks are built once)."""
         super().__init__()
         if attention not in ("dense", "flex"):
             raise ValueError(f"attention must be 'dense' or 'flex', got {attention!r}")
         self.draft, self.steps, self.decay, self.attention = draft, steps, decay, attention
         self.compile_loss, self.anchors, self.loss_chunk = compile_loss, anchors, loss_chunk
+        self.static_shapes = compile_loss
 
     def rows(self, input_ids, position_ids, loss_mask, aux, in_vocab):
         """The one forward: pre-norm hidden [B, N, H] of cod_layout's rows, their anchor and depth [B, N], and
@@ -102,7 +112,8 @@ class PEagleObjective(nn.Module):
         dev = input_ids.device
         doc = document_ids(position_ids)
         valid = torch.stack([step_valid(doc, loss_mask, in_vocab, k) for k in range(K)])       # [K, B, T]
-        anchor, depth = (x.to(dev) for x in cod_layout(valid.cpu(), anchors=self.anchors))     # [B, N]
+        pad = cod_capacity(T, K, anchors=self.anchors) if self.static_shapes else None
+        anchor, depth = (x.to(dev) for x in cod_layout(valid.cpu(), anchors=self.anchors, pad_to=pad))  # [B, N]
         ext_t, ext_d = anchor[:, T:], depth[:, T:]
         M = ext_t.shape[1]
         ids = torch.cat([shift_left(input_ids, 1), torch.full_like(ext_t, draft.config.mask_token_id)], 1)
