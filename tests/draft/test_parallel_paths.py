@@ -170,3 +170,24 @@ def test_static_shapes_pad_without_changing_the_loss(kind):
         assert shape_b[1] == T + cod_capacity(T, K, anchors=20)
     else:
         assert shape_b[1] == 20 * (K + 1)
+
+
+@pytest.mark.parametrize("attention", ["dense", "flex"])
+@pytest.mark.parametrize("kind", ["p-eagle", "dflash"])
+def test_objectives_run_under_bf16_autocast(kind, attention):
+    """GPU training's default (fp32 master weights, bf16 autocast): forward and backward, on the CPU's autocast;
+    FlexAttention (not autocast-aware) needs q, k and v in one dtype."""
+    if attention == "flex" and BlockMask is None:
+        pytest.skip("no FlexAttention")
+    draft, _ = make(kind, K=K, layers=2)
+    draft.train()
+    ids, pos, lm, aux, iv = packed()
+    probs = torch.softmax(torch.randn(2, ids.shape[1], V), -1)
+    obj = get_kind(kind).objective(draft, steps=K, decay=0.8, attention=attention, compile_loss=False, anchors=6)
+    backward = attention == "dense"                  # FlexAttention has no CPU backward
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.set_grad_enabled(backward):
+        loss, stats = obj(ids, pos, lm, aux, probs, iv, probs.argmax(-1))
+    assert torch.isfinite(loss) and stats[:, 2].sum() > 0
+    if backward:
+        loss.backward()
+        assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in draft.parameters() if p.requires_grad)

@@ -35,19 +35,21 @@ class DFlashAttention(nn.Module):
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
 
     def kv(self, x, cos, sin):
-        # x [B, S, H] -> k, v [B, nkv, S, d] (k normed per head, then rotated)
+        # x [B, S, H] -> k, v [B, nkv, S, d] (k normed per head, then rotated). Under autocast the projections are
+        # bf16 and the norm/rotation promote to fp32: k comes back in v's dtype, as attention needs one.
         B, S, _ = x.shape
+        v = self.v_proj(x).view(B, S, self.nkv, self.d).transpose(1, 2)
         k = self.k_norm(self.k_proj(x).view(B, S, self.nkv, self.d)).transpose(1, 2)
-        return rotate(k, cos, sin), self.v_proj(x).view(B, S, self.nkv, self.d).transpose(1, 2)
+        return rotate(k, cos, sin).to(v.dtype), v
 
     def forward(self, x, cos, sin, ctx, mask, cache=None, slots=None):
         """x [B, T, H] (normed block hidden); ctx (k, v) [B, nkv, S, d] of the context, or None; mask bool
         [B|1, 1, T, S+T] or a BlockMask. Decoding: cache = this layer's static (k, v) [1, nkv, size, d], the
         block's k/v written at `slots`, attention over the cache alone (mask [1, 1, T, size])."""
         B, T, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(B, T, self.nh, self.d)).transpose(1, 2)
-        q = rotate(q, cos, sin)
         k, v = self.kv(x, cos, sin)
+        q = self.q_norm(self.q_proj(x).view(B, T, self.nh, self.d)).transpose(1, 2)
+        q = rotate(q, cos, sin).to(v.dtype)
         if slots is not None:
             cache[0].index_copy_(2, slots, k)
             cache[1].index_copy_(2, slots, v)
