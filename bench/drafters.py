@@ -18,6 +18,8 @@ last checkpoint, an eval or a served sweep starts only when its estimated second
   serve:KIND        `eyas export` of the equal-data run at each chain of --serve-chains (eagle3) or
                     --serve-chains-parallel (p-eagle, dflash; at most the trained tokens), then vLLM's speedup sweep
                     (eyas.engines.vllm_speedup: the plain target and each export, batch --batch-sizes)
+  check:KIND        `eyas serve-check` of the export at the kind's native chain: served τ against native chain τ on
+                    the same prompts (the issue's 5%), vLLM's greedy outputs against the target's
 Per row of the JSON: kind, regime, training tokens and steps, GPU seconds, held-out simulated τ, Spec-Bench chain/tree
 τ, speedup, tok/s and identical rate; "served" per kind; "goals" the issue's ratios against EAGLE-3 (best parallel
 tree τ / EAGLE-3 tree τ >= 1.2, native speedup >= 1.3x, served batch-1 speedup >= 1.3x) at equal data and at equal time.
@@ -113,6 +115,20 @@ def serve(r: S.Runner, a, kind: str) -> bool:
     return True
 
 
+def serve_check(r: S.Runner, a, kind: str) -> bool:
+    k = a.eval_chain if kind == "eagle3" else (a.eval_chain_parallel or a.ttt)
+    export = a.work / f"export-{kind}-k{k}"
+    if not r.eyas(f"export:{kind}:k{k}", "export", "--draft", str(a.work / f"run-{kind}-data"), "--out", str(export),
+                  "--chain", str(k)):
+        return False
+    cats = ["--categories", *a.eval_categories.split(",")] if a.eval_categories else []
+    return r.eyas(f"check:{kind}", "serve-check", "--draft", str(export), "--engine", "vllm",
+                  *(["--python", a.python] if a.python else []), "--per-category", str(a.serve_per_category), *cats,
+                  "--max-new-tokens", str(a.serve_max_new_tokens), "--out", str(a.work / f"check-{kind}.json"),
+                  "--tolerance", "1.0",   # a gap is a finding (judged at 5% in the result), not a failed step
+                  need=a.serve_need)
+
+
 def prompts(a) -> list[list[int]]:
     """The served sweep's prompts: the first turn of --serve-per-category Spec-Bench questions a category."""
     from transformers import AutoTokenizer
@@ -136,7 +152,7 @@ def run_steps(r: S.Runner, a) -> None:
             if (kind, regime) != ("eagle3", "time") and not evaluate(r, a, kind, regime):
                 return
     for kind in a.kinds if a.serve else ():
-        if not serve(r, a, kind):
+        if not serve(r, a, kind) or not serve_check(r, a, kind):
             return
 
 
@@ -154,6 +170,12 @@ def row(r: S.Runner, a, kind: str, regime: str) -> dict | None:
     if src == "time":   # the tokens its steps saw: the equal-data run's tokens per step
         per_step = trained_tokens(a) / metrics(a.work / f"run-{kind}-data")[-1]["step"]
         out["train_tokens"] = round(per_step * out["train_steps"])
+    check = a.work / f"check-{kind}.json"
+    if regime == "data" and check.is_file():
+        c = json.loads(check.read_text())
+        out["served_check"] = {k: c.get(k) for k in ("chain", "served_tau", "native_tau", "relative_gap",
+                                                     "served_identical_to_target_greedy")}
+        out["served_check"]["within_5pct"] = c.get("relative_gap") is not None and c["relative_gap"] <= 0.05
     ev = a.work / f"eval-{kind}-{src}.json"
     if ev.is_file():
         keep = ("setting", "tau", "accept_per_position", "speedup", "tokens_per_s", "baseline_tokens_per_s",
@@ -273,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     want = ([f"train:{k}:data" for k in a.kinds] + [f"train:{k}:time" for k in a.kinds if "time" in a.regimes
                                                     and k != "eagle3"]
             + [f"eval:{k}:{g}" for k in a.kinds for g in a.regimes if (k, g) != ("eagle3", "time")]
-            + ([f"serve:{k}" for k in a.kinds] if a.serve else []))
+            + ([f"{s}:{k}" for k in a.kinds for s in ("serve", "check")] if a.serve else []))
     done = all(w in r.state["done"] for w in want)
     emit(result(r, a, done), a.out)
     print("all steps done" if done else f"steps left: {[w for w in want if w not in r.state['done']]}", flush=True)

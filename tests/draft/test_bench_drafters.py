@@ -72,6 +72,14 @@ def test_served_sweep_exports_each_chain_and_measures_them(tmp_path, monkeypatch
     assert [c[0] for c in calls] == ["export:dflash:k3", "export:dflash:k5"]      # 7 > the 5 trained tokens
     assert measured["export"] == str(tmp_path / "export-dflash-k{k}") and measured["chains"] == [3, 5]
     assert "serve:dflash" in r.state["done"] and json.loads((tmp_path / "serve-dflash.json").read_text())["rows"] == []
+    calls.clear()
+    for k, v in dict(eval_chain=3, eval_chain_parallel=None, eval_categories="writing", serve_per_category=2).items():
+        setattr(a, k, v)
+    assert D.serve_check(r, a, "dflash")
+    (export, e_args), (check, c_args) = calls
+    assert export == "export:dflash:k5" and check == "check:dflash"             # the native chain: the 5 trained
+    assert c_args[c_args.index("--draft") + 1] == str(tmp_path / "export-dflash-k5")
+    assert c_args[c_args.index("--tolerance") + 1] == "1.0"                     # a gap is reported, not a failure
 
 
 @pytest.mark.slow
