@@ -280,7 +280,7 @@ def test_import_never_writes_over_its_source_or_a_training_run(tiny, vllm_export
 
 def test_import_does_not_fetch_a_built_in_verifier_it_was_not_asked_for(tiny, vllm_export, tmp_path, monkeypatch):
     # item 13: a checkpoint whose verifier names the built-in model downloaded and converted it unasked.
-    import eyas.target.load as L
+    import eyas.target.builtins as B
     src = export_vllm(tiny["draft_dir"], tmp_path / "src", embed="include")
     cfg = json.loads((src / "config.json").read_text())
     cfg["speculators_config"]["verifier"]["name_or_path"] = "smollm2-135m"
@@ -288,7 +288,8 @@ def test_import_does_not_fetch_a_built_in_verifier_it_was_not_asked_for(tiny, vl
     (src / "config.json").write_text(json.dumps(cfg))
     monkeypatch.setenv("EYAS_CACHE", str(tmp_path / "cache"))
     fetched = []
-    monkeypatch.setattr(L, "fetch_package", lambda *a, **k: fetched.append(a) or (_ for _ in ()).throw(
-        AssertionError("fetched")))
+    for fetch in ("fetch_package", "fetch_joined"):   # a built-in's one-package and split-over-packages GGUFs
+        monkeypatch.setattr(B, fetch, lambda *a, **k: fetched.append(a) or (_ for _ in ()).throw(
+            AssertionError("fetched")))
     out = import_draft(src, tmp_path / "o", aux_layer_ids=[2, 4, 5])
     assert fetched == [] and load_draft(out)[1]["target"] == "smollm2-135m"
