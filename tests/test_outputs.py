@@ -97,6 +97,10 @@ def test_inputs_are_known_by_content(tmp_path):
     assert same_input(input_id("org/model"), input_id("org/model")) and input_id("org/model")["sha256"] is None
     assert differences({"settings": {"lr": 1}, "inputs": {}}, {"settings": {"lr": 2}, "inputs": {}}) == \
         ["--lr 1 (now 2)"]
+    old, new = {"settings": {"lr": 1}}, {"settings": {"lr": 1, "kind": "eagle3"}}   # a setting added since
+    assert differences(old, new, {"kind": "eagle3"}) == [] and differences(old, new) == ["--kind None (now 'eagle3')"]
+    assert differences(old, {"settings": {"lr": 1, "kind": "dflash"}}, {"kind": "eagle3"}) == \
+        ["--kind 'eagle3' (now 'dflash')"]
 
 
 def test_a_result_file_is_whole_or_absent(tmp_path):

@@ -29,10 +29,11 @@ from eyas.data.dataset import MANIFEST as PREPARED_MANIFEST
 from eyas.data.masks import template_hash
 from eyas.devices import StoreDtype, dtype_bytes
 from eyas.draft.io import nonfinite_keys, nonfinite_weights, read_draft_config, target_problems
-from eyas.draft.model import Eagle3Draft, draft_config_from_target
+from eyas.draft.kinds import build_draft, draft_config
 from eyas.export import check_contract, detect_format, read_export
-from eyas.export.files import parse_config
-from eyas.flags import DRAFT_VOCAB_SIZE, AuxLayerIds, CacheDir, DraftVocabSize, JsonSwitch, Target, TrustRemoteCode
+from eyas.export.files import parse_config, read_export_headers
+from eyas.flags import (DRAFT_VOCAB_SIZE, AuxLayerIds, CacheDir, DraftKind, DraftVocabSize, JsonSwitch, Target,
+                        TrustRemoteCode)
 from eyas.outputs import input_id, recorded_input, same_input
 from eyas.store import HiddenStateStore, bytes_per_token, config_hash, verify_store
 from eyas.store.extract import data_fingerprint
@@ -72,7 +73,8 @@ class DoctorConfig(StageConfig):
     max_length: int = Field(2048, description="planned tokens per row (for the disk and memory estimates)")
     draft_vocab_size: DraftVocabSize = DRAFT_VOCAB_SIZE         # planned, when no data / draft gives it
     token_budget: int = Field(16384, gt=0, description="planned tokens per extraction batch (extract's --token-budget)")
-    ttt_steps: int = Field(7, description="planned training-time-test steps")
+    ttt_steps: int = Field(7, description="planned training-time-test steps (parallel kinds: tokens per forward)")
+    draft_kind: DraftKind = Field("eagle3", description="planned drafter (default: the --draft's own kind, else eagle3)")
     gpu_memory_gib: float | None = Field(None, description="GPU memory per device to plan for (default: the "
                                                            "visible GPUs, if any)")
     gpus: int = Field(1, description="GPUs the target is spread over for extraction / online training")
@@ -200,17 +202,27 @@ class DraftFacts:
     fc_in: int | None            # fc.weight's input width = k * target hidden
     t2d_len: int | None
     errors: list[str]
+    drafter: str = "eagle3"      # the drafter kind (eyas.draft.kinds)
+    num_layers: int = 1          # decoder layers the config declares
+    weight_layers: int | None = None   # decoder layers the weight file holds (layers.N. / midlayer. keys)
+    parallel_tokens: int | None = None
+    mask_token_id: int | None = None
+    chain: int | None = None     # an export's speculative tokens per step (what vLLM will draft)
 
 
-def _header_shapes(path: Path, keys: tuple[str, ...]) -> dict[str, list[int]]:
+def _headers(path: Path) -> dict[str, list[int]]:
     """Tensor shapes from safetensors headers only: a draft's embedding can be GBs; shapes are enough here."""
     shapes: dict[str, list[int]] = {}
     for f in sorted(path.glob("*.safetensors")):
         with safe_open(str(f), framework="pt") as h:
             for k in h.keys():
-                if k in keys:
-                    shapes[k] = list(h.get_slice(k).get_shape())
+                shapes[k] = list(h.get_slice(k).get_shape())
     return shapes
+
+
+def _weight_layers(keys) -> int | None:
+    idx = {int(k.split(".")[1]) for k in keys if k.startswith("layers.") and k.split(".")[1].isdigit()}
+    return (max(idx) + 1) if idx else (1 if any(k.startswith("midlayer.") for k in keys) else None)
 
 
 def read_draft(path: Path, out: list[Check]) -> DraftFacts | None:
@@ -219,25 +231,32 @@ def read_draft(path: Path, out: list[Check]) -> DraftFacts | None:
         out.append(Check("draft", "fail", f"{path}: no config.json", "pass an eyas draft/run dir or an export dir"))
         return None
     doc = json.loads(cfg_file.read_text())
+    chain = None
     if doc.get("format") == "eyas-draft":
         try:  # the owners' checks (aux ids, vocab map), reading no weight but d2t/t2d
             dc, errors = read_draft_config(path), []
         except (KeyError, TypeError, ValueError) as e:
             out.append(Check("draft", "fail", str(e), "re-train or re-import the draft with this eyas"))
             return None
-        shapes, kind = _header_shapes(Path(path), ("fc.weight", "t2d")), "eyas draft"
+        shapes, kind = _headers(Path(path)), "eyas draft"
         errors = nonfinite_weights(Path(path))
     else:
-        try:
-            config, tensors = read_export(path)
+        try:  # the whole key contract on the safetensors headers (no weight is read); a .bin has no headers
+            if any(Path(path).glob("*.safetensors")):
+                config, tensors = read_export_headers(path)
+                nonfinite = nonfinite_weights(Path(path))        # one tensor in memory at a time
+            else:
+                config, tensors = read_export(path)
+                nonfinite = [f"{k}: holds NaN or inf values" for k in nonfinite_keys(tensors)]
             kind = detect_format(config, tensors)
             dc, errors = parse_config(config, kind, strict=False)
-            errors = sorted(set(errors + check_contract(config, tensors)))
-            errors += [f"{k}: holds NaN or inf values" for k in nonfinite_keys(tensors)]
+            errors = sorted(set(errors + check_contract(config, tensors))) + nonfinite
         except (OSError, ValueError, KeyError) as e:
             out.append(Check("draft", "fail", f"{path}: {e}", "point --draft at an eyas draft or an export"))
             return None
-        shapes = {k: list(tensors[k].shape) for k in ("fc.weight", "t2d") if k in tensors}
+        shapes = {k: list(t.shape) for k, t in tensors.items()}
+        methods = (config.get("speculators_config") or {}).get("proposal_methods") or [{}]
+        chain = methods[0].get("speculative_tokens") if isinstance(methods[0], dict) else None
         kind = f"{kind} export"
         if dc is None:
             out.append(Check("draft", "fail", f"{path}: " + "; ".join(errors), "re-export the draft"))
@@ -245,7 +264,28 @@ def read_draft(path: Path, out: list[Check]) -> DraftFacts | None:
     fc = shapes.get("fc.weight")
     return DraftFacts(Path(path), kind, list(dc.aux_layer_ids), dc.target_hidden_size, dc.vocab_size,
                       dc.draft_vocab_size, fc[1] if fc and len(fc) == 2 else None,
-                      shapes["t2d"][0] if "t2d" in shapes else None, errors)
+                      shapes["t2d"][0] if "t2d" in shapes else None, errors, drafter=dc.kind,
+                      num_layers=dc.num_layers, weight_layers=_weight_layers(shapes), parallel_tokens=dc.parallel_tokens,
+                      mask_token_id=dc.mask_token_id, chain=chain)
+
+
+def check_parallel(d: DraftFacts, facts: TargetFacts, out: list[Check]) -> None:
+    """A parallel drafter's hand-overs: its mask token is a target id, the config's layer count is the weights',
+    and the export drafts no more tokens per step than the block it was trained to fill."""
+    bad = []
+    if d.mask_token_id is None or not 0 <= d.mask_token_id < facts.vocab_size:
+        bad.append(f"mask token {d.mask_token_id} is not an id of the target's {facts.vocab_size}-token vocabulary")
+    if d.weight_layers is not None and d.weight_layers != d.num_layers:
+        bad.append(f"layer count: the config declares {d.num_layers} decoder layers, the weights hold {d.weight_layers}")
+    if d.drafter == "dflash" and d.chain is not None and d.parallel_tokens is not None and d.chain > d.parallel_tokens:
+        bad.append(f"block size: vLLM would draft {d.chain} tokens per step, the draft fills {d.parallel_tokens} "
+                   f"masks per block (block size {d.parallel_tokens + 1})")
+    block = f"block {d.parallel_tokens + 1} ({d.parallel_tokens} masks)" if d.drafter == "dflash" else \
+        f"{d.parallel_tokens} tokens per forward"
+    out.append(Check(f"draft: {d.drafter} hand-over", "fail" if bad else "pass", "; ".join(bad) or
+                     f"{block}, mask token {d.mask_token_id}, {d.num_layers} layers (config = weights)"
+                     + (f", {d.chain} speculative tokens per step" if d.chain else ""),
+                     "re-export with --chain <= the trained tokens, or re-train / re-import the draft" if bad else ""))
 
 
 def check_draft(d: DraftFacts, ids: list[int], facts: TargetFacts, out: list[Check]) -> None:
@@ -417,22 +457,26 @@ def check_store(cfg: DoctorConfig, facts: TargetFacts, ids: list[int], prepared:
                      "free disk, use --store-dtype fp8 (about half), extract fewer samples, or train online"))
 
 
-def draft_parameters(facts: TargetFacts, ids: list[int], vd: int) -> tuple[int, int]:
+def draft_parameters(facts: TargetFacts, ids: list[int], vd: int, kind: str = "eagle3") -> tuple[int, int]:
     """(trainable, frozen) parameters of the draft this target gets, counted on the meta device."""
+    parallel = kind != "eagle3"
     with torch.device("meta"):
-        d = Eagle3Draft(draft_config_from_target(facts.config, aux_layer_ids=ids, draft_vocab_size=vd))
-    frozen = d.embed_tokens.weight.numel()
+        d = build_draft(draft_config(facts.config, kind, aux_layer_ids=ids, draft_vocab_size=vd,
+                                     parallel_tokens=1 if parallel else None,   # counts do not depend on it
+                                     mask_token_id=facts.vocab_size - 1 if parallel else None))
+    frozen = sum(p.numel() for p in d.parameters() if not p.requires_grad)   # the kind's recipe decides
     return sum(p.numel() for p in d.parameters()) - frozen, frozen
 
 
-def check_memory(cfg: DoctorConfig, facts: TargetFacts, ids: list[int], vd: int, out: list[Check]) -> None:
+def check_memory(cfg: DoctorConfig, facts: TargetFacts, ids: list[int], vd: int, out: list[Check],
+                 kind: str = "eagle3") -> None:
     gib, H, k, T = 1 << 30, facts.hidden_size, len(ids), cfg.max_length
     t = getattr(facts.config, "text_config", None) or facts.config
     inter = max(int(getattr(t, "intermediate_size", 4 * H) or 4 * H), 4 * H)
     weights = facts.num_parameters * facts.dtype_bytes / max(cfg.gpus, 1)
     # Extraction: weights + captured states (k+1 bf16 vectors/token) + the widest transient (MLP) per batch.
     extract = weights + cfg.token_budget * (k + 1) * H * 2 + cfg.token_budget * (inter + 4 * H) * 2 * 2
-    trainable, frozen = draft_parameters(facts, ids, vd)
+    trainable, frozen = draft_parameters(facts, ids, vd, kind)
     # Training: fp32 master + grad + 2 Adam moments (16 B) per trainable, bf16 frozen embedding, and per TTT step
     # the draft-vocab logits in fp32 (value + softmax + grad) and the layer activations of one row.
     train = trainable * 16 + frozen * 2 + cfg.ttt_steps * T * (vd * 4 * 3 + 24 * H * 2) + T * k * H * 2
@@ -517,6 +561,8 @@ def diagnose(cfg: DoctorConfig) -> list[Check]:
         ids = check_aux(cfg, facts, draft.aux_layer_ids if draft else None, out)
         if draft is not None:
             check_draft(draft, ids, facts, out)
+            if draft.drafter != "eagle3":
+                check_parallel(draft, facts, out)
         if cfg.engine == "vllm":
             check_engine_aux(facts, ids, out)
     if cfg.engine != "none":
@@ -534,7 +580,7 @@ def diagnose(cfg: DoctorConfig) -> list[Check]:
         check_store(cfg, facts, ids, prepared, out)
         vd = (draft.draft_vocab_size if draft else None) or (prepared or {}).get("draft_vocab_size") \
             or min(cfg.draft_vocab_size, facts.vocab_size)
-        check_memory(cfg, facts, ids, vd, out)
+        check_memory(cfg, facts, ids, vd, out, draft.drafter if draft else cfg.draft_kind)
     if engine is not None:
         out += engine.result()
     return out

@@ -11,7 +11,7 @@ taking a value, and on aux ids without the owner's check.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field
 
@@ -31,6 +31,7 @@ CONCEPTS = {
     "out": "where the command writes (a directory, or the results file)",
     "cache_dir": "cache for built-in targets and datasets",
     "overwrite": "switch: replace an --out that is not this command's own resumable work (eyas.outputs)",
+    "draft_kind": "the drafter: eagle3 | p-eagle | dflash (eyas.draft.kinds)",
 }
 
 # Spellings that once named one of the concepts above (or would, in a new command): a config field with one
@@ -84,3 +85,7 @@ DRAFT_VOCAB_SIZE = 32000
 # concept -> its field type; tests/test_flags.py fails on a config field of that name typed any other way.
 SHARED = {"target": Target, "device": Device, "cache_dir": CacheDir, "trust_remote_code": TrustRemoteCode,
           "json": JsonSwitch, "draft_vocab_size": DraftVocabSize}
+
+# The drafter kinds (their packages: eyas.draft.kinds.PACKAGES, which must name the same ones).
+DRAFT_KINDS = ("eagle3", "p-eagle", "dflash")
+DraftKind = Literal["eagle3", "p-eagle", "dflash"]

@@ -199,10 +199,11 @@ def _plain(x: Any) -> Any:
     return json.loads(json.dumps(x, sort_keys=True, default=str))
 
 
-def differences(old: dict, new: dict) -> list[str]:
-    """What differs between two records' settings and inputs, each as `--flag old (now new)`."""
+def differences(old: dict, new: dict, defaults: dict[str, Any] | None = None) -> list[str]:
+    """What differs between two records' settings and inputs, each as `--flag old (now new)`. A setting the old
+    record lacks held its value in `defaults` then (a flag added since, left at its default, is no change)."""
     out = []
-    a, b = old.get("settings") or {}, new.get("settings") or {}
+    a, b = {**_plain(defaults or {}), **(old.get("settings") or {})}, new.get("settings") or {}
     for k in sorted(set(a) | set(b)):
         if a.get(k) != b.get(k):
             out.append(f"--{k.replace('_', '-')} {a.get(k)!r} (now {b.get(k)!r})")
@@ -384,11 +385,12 @@ def refuse_inputs(path: Path, given: Path, inputs: dict[str, Any]) -> None:
 
 def claim(out: str | os.PathLike, kind: str, *, overwrite: bool = False, resume: bool = True,
           inputs: dict[str, Any] | None = None, settings: dict[str, Any] | None = None, lock: str | None = "",
-          cache: str | os.PathLike | None = None) -> Claim:
+          cache: str | os.PathLike | None = None, defaults: dict[str, Any] | None = None) -> Claim:
     """Take `out` for a command writing `kind` (see the module doc for the rule). `inputs` (flag name -> path or
     spec) are protected, and identified in the record with `settings` (resumable kinds). `resume=False` (train
     without --resume) refuses this kind's own earlier work too unless `overwrite`. `lock=None`: the caller holds
-    its own lock (the store's per-rank ones); a string names a second lock beside the output (a rank)."""
+    its own lock (the store's per-rank ones); a string names a second lock beside the output (a rank). `defaults`:
+    what a setting an older record lacks held then."""
     k = KINDS[kind]
     given = Path(out).expanduser()
     path = given.resolve()
@@ -413,7 +415,7 @@ def claim(out: str | os.PathLike, kind: str, *, overwrite: bool = False, resume:
                       "inputs": {n: input_id(v, cache=cache) for n, v in inputs.items()}}
         if state == "own" and k.resumable and not overwrite and record is not None:
             old = read_record(path, k.is_dir)
-            diff = differences(old, record) if old is not None else []
+            diff = differences(old, record, defaults) if old is not None else []
             if diff:
                 raise OutputError(f"--out {given} was started with other settings: {'; '.join(diff)}. Resume with "
                                   f"the same ones, or pass --overwrite to start over, or choose another --out")

@@ -94,3 +94,13 @@ def require_draft_vocab(d2t: torch.Tensor, t2d: torch.Tensor, *, vocab_size: int
     if problems:
         raise DraftVocabError(f"{where}: " + "; ".join(problems))
     return d2t, t2d
+
+
+def unused_token(freq: torch.Tensor | None, vocab_size: int) -> int:
+    """The mask token of a parallel drafter (its embedding is learned, so no real token should share it): the
+    highest target id the counts `freq` [V] never saw, else (no counts, or every id seen) the last id."""
+    if freq is not None:
+        unseen = torch.nonzero(torch.as_tensor(freq).flatten()[:vocab_size] == 0).flatten()
+        if unseen.numel():
+            return int(unseen[-1])
+    return int(vocab_size) - 1

@@ -50,29 +50,36 @@ def test_compiled_spec_decoding(dtype):
     eager_out, est = ar_generate(TargetRunner(model, target.layout, [2, 15, 27], cap), prompt, 32)
     print(f"{dtype}: eager AR {(32 - 1) / (est.t_total - est.t_prefill):.0f} tok/s")
     for spec in (TreeSpec.chain(3), TreeSpec(total=60, depth=7, topk=10)):
-        prop = EagleProposer(draft, spec, cap)
-        prop.compile_inner()
-        dec = SpecDecoder(runner, prop)
-        for _ in range(2):
-            out, sst = dec.generate(prompt, n)
-        assert dec._graphs, "round graphs were not captured"
-        import warnings
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                _, st2 = dec.generate(prompt, n)
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-        syncs = [w for w in caught if "synchroniz" in str(w.message).lower()]
-        # prefill (first token, tensor uploads) has a few; the rounds at most one each
-        assert len(syncs) <= st2.steps + 8, (len(syncs), st2.steps, [str(w.message)[:80] for w in syncs[:5]])
-        if dtype == torch.float32:
-            assert out == ref, spec.label()
-        print(f"{dtype} {spec.label()}: tau {sst.tau:.2f}, per round: draft {sst.t_draft / sst.steps * 1e3:.2f} ms, "
-              f"verify {sst.t_verify / sst.steps * 1e3:.2f} ms, other "
-              f"{(sst.t_total - sst.t_prefill - sst.t_draft - sst.t_verify) / sst.steps * 1e3:.2f} ms "
-              f"(AR token {ar_s * 1e3:.2f} ms)")
+        check_compiled_rounds(runner, EagleProposer(draft, spec, cap), prompt, n, ref if dtype == torch.float32
+                              else None, f"{dtype} {spec.label()}", ar_s)
+
+
+def check_compiled_rounds(runner, prop, prompt, n, ref, label, ar_s):
+    """The static-buffer decoder with `prop` compiled: round graphs captured, at most one sync a round, the output
+    equal to `ref` (the AR baseline's; None: not compared), per-round times printed."""
+    import warnings
+
+    prop.compile_inner()
+    dec = SpecDecoder(runner, prop)
+    for _ in range(2):
+        out, sst = dec.generate(prompt, n)
+    assert dec._graphs, "round graphs were not captured"
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _, st2 = dec.generate(prompt, n)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    syncs = [w for w in caught if "synchroniz" in str(w.message).lower()]
+    # prefill (first token, tensor uploads) has a few; the rounds at most one each
+    assert len(syncs) <= st2.steps + 8, (len(syncs), st2.steps, [str(w.message)[:80] for w in syncs[:5]])
+    if ref is not None:
+        assert out == ref, label
+    print(f"{label}: tau {sst.tau:.2f}, per round: draft {sst.t_draft / sst.steps * 1e3:.2f} ms, "
+          f"verify {sst.t_verify / sst.steps * 1e3:.2f} ms, other "
+          f"{(sst.t_total - sst.t_prefill - sst.t_draft - sst.t_verify) / sst.steps * 1e3:.2f} ms "
+          f"(AR token {ar_s * 1e3:.2f} ms)")
 
 
 def test_step_costs():

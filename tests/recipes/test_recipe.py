@@ -12,10 +12,10 @@ from tests.recipes.tiny import FILES
 
 
 def test_the_shipped_recipes_load_with_a_description_and_a_plan():
-    assert set(builtin_recipes()) == {"best-draft", "scaling", "demo-cpu", "demo-gpu"}
+    assert set(builtin_recipes()) == {"best-draft", "scaling", "drafters", "demo-cpu", "demo-gpu"}
     for name in builtin_recipes():
         r = load_recipe(name)
-        assert r.description.strip() and r.params and r.plan in ("best-draft", "scaling", "demo")
+        assert r.description.strip() and r.params and r.plan in ("best-draft", "scaling", "drafters", "demo")
 
 
 def test_the_gpu_demo_profile_is_its_recipe_file():

@@ -150,6 +150,30 @@ def test_resume_continues_exactly(tmp_path, world):
     assert t["steps"] == 8
 
 
+def test_a_run_from_before_a_setting_existed_resumes_with_its_default(tmp_path, world):
+    """A run whose record and checkpoint lack a setting added since (the drafter kind, ...) held its default then,
+    and its step_decay was the number EAGLE-3's recipe resolves to: a resume that leaves them out is no change."""
+    target, rows, prepared, store = world
+    c = cfg(tmp_path, steps=4, save_every=2, eval_every=2)
+    train(c, target=target, store=store, dataset=prepared)
+    new = ("draft_kind", "draft_layers", "mask_token_id", "anchors")
+    rec = c.out / "eyas-output.json"
+    doc = json.loads(rec.read_text())
+    assert doc["settings"]["step_decay"] == 0.8 and doc["settings"]["draft_kind"] == "eagle3"
+    doc["settings"] = {k: v for k, v in doc["settings"].items() if k not in new}
+    rec.write_text(json.dumps(doc))
+    import shutil
+    shutil.rmtree(c.out / "checkpoints" / "step-4")                # stopped after step 2
+    ck = latest_checkpoint(c.out) / "state.pt"
+    state = torch.load(ck, weights_only=True)
+    state["config"] = {k: v for k, v in state["config"].items() if k not in new} | {"step_decay": 0.8}
+    torch.save(state, ck)
+    with pytest.raises(ConfigError, match="--step-decay 0.8"):   # a value given is compared as it is
+        train(c.model_copy(update={"resume": True, "step_decay": 0.5}), target=target, store=store, dataset=prepared)
+    train(c.model_copy(update={"resume": True}), target=target, store=store, dataset=prepared)
+    assert latest_checkpoint(c.out).name == "step-4"
+
+
 def test_resume_refuses_a_different_data_order(tmp_path, world):
     target, rows, prepared, store = world
     c = cfg(tmp_path, steps=3)

@@ -50,9 +50,11 @@ def test_bf16_flex_training_learns(tmp_path):
     assert s["best_tau"] >= 1.0 and s["mode"] == "offline"
 
 
-def test_compiled_online_training_equals_eager_on_cuda(tmp_path):
-    """The GPU default (--compile: the target's layers, its head and the loss chunks compiled) trains the same run as
-    eager, in fp32 (autocast off) so the only difference is the fused kernels' summation order."""
+@pytest.mark.parametrize("kind", ["eagle3", "p-eagle", "dflash"])
+def test_compiled_online_training_equals_eager_on_cuda(tmp_path, kind):
+    """The GPU default (--compile: the target's layers, its head and the loss chunks compiled; the parallel kinds'
+    rows padded to one shape) trains the same run as eager, in fp32 (autocast off) so the only difference is the
+    fused kernels' summation order."""
     target = tiny_target(hidden=64)
     target.model.cuda()
     rows = make_rows(16, length=64, docs=3)
@@ -62,7 +64,8 @@ def test_compiled_online_training_equals_eager_on_cuda(tmp_path):
         cfg = TrainConfig(target="tiny-llama", out=tmp_path / str(compiled), data=tmp_path / "p", online=True,
                           ttt_steps=3, batch_size=4, steps=6, lr=1e-3, eval_fraction=0.25, eval_every=3,
                           log_every=1, progress=False, tensorboard=False, device="cuda", seed=0, dtype="fp32",
-                          target_dtype="fp32", compile=compiled)
+                          target_dtype="fp32", compile=compiled, draft_kind=kind,
+                          **({} if kind == "eagle3" else {"draft_layers": 2, "mask_token_id": 95, "anchors": 16}))
         train(cfg, target=target, dataset=prepared)
         runs[compiled] = [json.loads(x) for x in (tmp_path / str(compiled) / "metrics.jsonl").read_text().splitlines()]
     assert [m["split"] for m in runs[False]] == [m["split"] for m in runs[True]]

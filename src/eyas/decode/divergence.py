@@ -21,9 +21,9 @@ from contextlib import contextmanager
 
 import torch
 
-from eyas.decode.proposer import EagleProposer
 from eyas.decode.speculative import SpecDecoder, ar_generate
 from eyas.decode.target_step import TargetRunner
+from eyas.draft.kinds import get_kind
 from eyas.target import drop_capture_hooks, find_layout
 
 TIE_ULPS = 2                                          # a logit tie: |gap| <= 2 ulp of the model dtype
@@ -92,8 +92,8 @@ class _Fp32:
         draft = copy.deepcopy(session.draft).float()
         self.runner = TargetRunner(model, find_layout(model), draft.config.aux_layer_ids, session.capacity,
                                    min_bucket=min(session.runner.buckets))
-        self.decoder = SpecDecoder(self.runner, EagleProposer(draft, spec, session.capacity), eos_ids=session.eos,
-                                   graphs=False)
+        proposer = get_kind(draft.config).proposer(draft, spec, session.capacity)
+        self.decoder = SpecDecoder(self.runner, proposer, eos_ids=session.eos, graphs=False)
 
 
 @contextmanager

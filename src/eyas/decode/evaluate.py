@@ -25,13 +25,13 @@ from eyas.decode import baseline_cache as bcache, vllm_reference
 from eyas.decode.bench import SPEC_BENCH, load_bench
 from eyas.decode.costmodel import Costs, choose, covers, predict_from
 from eyas.decode.divergence import logit_gap, recheck, recheck_lines
-from eyas.decode.proposer import EagleProposer
 from eyas.decode.speculative import GenStats, SpecDecoder, ar_generate, warm_ar
 from eyas.decode.target_step import TargetRunner
 from eyas.decode.tree import TreeSpec
 from eyas.devices import resolve_device, resolve_dtype
 from eyas.flags import CacheDir, Device, JsonSwitch, ModelDtype, ResultsFile, Target, TrustRemoteCode
 from eyas.draft.io import load_draft, read_draft_config, read_draft_meta, target_problems
+from eyas.draft.kinds import get_kind
 from eyas.outputs import claim, input_id, write_result
 from eyas.progress import Progress
 from eyas.target import load_config, load_target, text_config
@@ -253,7 +253,8 @@ class Session:
         if key not in self._decoders:
             p = self._reuse["proposers"].get(spec)
             if p is None:
-                p = self._reuse["proposers"][spec] = EagleProposer(self.draft, spec, self.capacity)
+                proposer = get_kind(self.draft.config).proposer
+                p = self._reuse["proposers"][spec] = proposer(self.draft, spec, self.capacity)
                 if self.compile and _INNER == "compiled":
                     p.compile_inner()
             self._decoders[key] = SpecDecoder(self.runner, p, temperature=self.temperature, eos_ids=self.eos,
@@ -331,7 +332,7 @@ class Session:
 def evaluate(target, draft, questions, *, chain=None, tree=None, max_new_tokens=512, temperature=0.0, device=None,
              compile_graphs=None, seed=0, session: Session | None = None) -> dict:
     """One setting (chain K, or tree: TreeSpec / 'total=..,depth=..,topk=..') over `questions`.
-    `target`: eyas Target or spec string; `draft`: Eagle3Draft or a draft dir. Returns the result dict
+    `target`: eyas Target or spec string; `draft`: a draft model (any kind) or a draft dir. Returns the result dict
     (tau, accept_per_position, tokens_per_s, baseline_tokens_per_s, speedup, identical_rate, per_category, ...)."""
     if (chain is None) == (tree is None):
         raise ValueError("evaluate: give exactly one of chain=K or tree=...")
@@ -346,7 +347,7 @@ def evaluate(target, draft, questions, *, chain=None, tree=None, max_new_tokens=
 
 
 def load_pair(target, draft, device, dtype_name, cache=None, trust_remote_code=False):
-    """(Target, Eagle3Draft) from specs or loaded objects; a draft dir is checked before any weight loads."""
+    """(Target, draft model) from specs or loaded objects; a draft dir is checked before any weight loads."""
     dev = resolve_device(device)
     dtype = resolve_dtype(dtype_name or "auto", dev)
     if isinstance(draft, (str, os.PathLike)):   # the draft's config is checked before any weight loads

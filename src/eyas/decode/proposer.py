@@ -21,7 +21,7 @@ import torch
 from eyas import env
 from eyas.decode.target_step import raise_recompile_limit
 from eyas.decode.topk import topk_rows
-from eyas.decode.tree import Tree, TreeSpec
+from eyas.decode.tree import Tree, TreeSpec, keep_best, selection_tensors, selection_tree
 from eyas.draft.model import Eagle3Draft
 
 # EYAS_DRAFT_CACHE=copy: draft levels concatenate the cache with the new k/v (two copies of the cache per level)
@@ -82,13 +82,7 @@ class EagleProposer:
         """Static-buffer path: the next tree with `L` (0-d) tokens committed, as tensors of static shape
         N = spec.total: tokens [N], parents [N] (-1 root), valid [N] (False: orphan on an exact tie),
         scores [N]. Nodes are in global-index order, so parents precede children."""
-        ints, sc = self._tree_fn(self.pre0, self.lp0, self.id0, L - 2, L - 1)
-        sel, tok, par = ints
-        N = sel.shape[0]
-        loc = torch.searchsorted(sel, par.clamp(min=0)).clamp(max=N - 1)
-        root = par < 0
-        valid = root | (sel[loc] == par)
-        return tok, torch.where(root, -1, loc), valid, sc
+        return selection_tensors(*self._tree_fn(self.pre0, self.lp0, self.id0, L - 2, L - 1))
 
     def _step(self, tokens, hidden, positions, write, ctx_len, anc, self_mask, pick):
         # tokens/positions/write [T]; hidden [T, H]; anc bool [T, S] over the scratch region;
@@ -177,11 +171,7 @@ class EagleProposer:
             f_score, f_tok, f_hidden, f_anc = cum[top], ids.flatten()[top], pre[r], child_anc[r]
             f_gidx = base + top
             base += k * k
-        all_scores = torch.cat(scores)
-        # Stable sort: on a tie the parent (smaller index) wins, keeping the kept set ancestor-closed.
-        order = torch.sort(all_scores, descending=True, stable=True).indices[:self.spec.total]
-        sel = torch.sort(order).values
-        return torch.stack([sel, torch.cat(tokens)[sel], torch.cat(parents)[sel]]), all_scores[sel]
+        return keep_best(scores, tokens, parents, self.spec.total)
 
     @torch.no_grad()
     def propose(self) -> Tree:
@@ -193,16 +183,7 @@ class EagleProposer:
         else:
             torch.compiler.cudagraph_mark_step_begin()
             ints, sc = self._compiled_tree(*args)
-        (sel_l, tok_l, par_l), sc_l = ints.tolist(), sc.tolist()
-        keep_tok, keep_par, keep_sc, remap = [], [], [], {}
-        for g, t, pg, s in zip(sel_l, tok_l, par_l, sc_l):
-            if pg >= 0 and pg not in remap:
-                continue  # parent not kept (only possible on exact ties): drop the orphan
-            remap[g] = len(keep_tok)
-            keep_tok.append(t)
-            keep_par.append(-1 if pg < 0 else remap[pg])
-            keep_sc.append(s)
-        return Tree(keep_tok, keep_par, keep_sc)
+        return selection_tree(ints, sc)
 
 
 class OracleProposer:

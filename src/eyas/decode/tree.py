@@ -133,6 +133,42 @@ def sample_accept(tree: Tree, probs, generator: torch.Generator, *, residual: bo
 
 # ---- the same tree logic as static-shape tensor code (runs inside the decoder's CUDA graphs) ----
 
+def keep_best(scores: list[torch.Tensor], tokens: list[torch.Tensor], parents: list[torch.Tensor], total: int):
+    """EAGLE-2's selection over every drafted candidate (per level: cumulative scores, target ids, parents as
+    global candidate indices, -1 = root): the `total` best by score. A stable sort lets a parent (smaller index)
+    win a tie, keeping the kept set ancestor-closed. Returns int64 [3, total] (global index, token, parent global
+    index) and the kept scores [total], ordered by global index."""
+    all_scores = torch.cat(scores)
+    order = torch.sort(all_scores, descending=True, stable=True).indices[:total]
+    sel = torch.sort(order).values
+    return torch.stack([sel, torch.cat(tokens)[sel], torch.cat(parents)[sel]]), all_scores[sel]
+
+
+def selection_tensors(ints: torch.Tensor, sc: torch.Tensor):
+    """keep_best's output as the decoder's tree buffers: tokens [N], parents [N] (node indices, -1 root), valid
+    [N] (False: an orphan on an exact tie), scores [N]; parents precede children."""
+    sel, tok, par = ints
+    N = sel.shape[0]
+    loc = torch.searchsorted(sel, par.clamp(min=0)).clamp(max=N - 1)
+    root = par < 0
+    valid = root | (sel[loc] == par)
+    return tok, torch.where(root, -1, loc), valid, sc
+
+
+def selection_tree(ints: torch.Tensor, sc: torch.Tensor) -> Tree:
+    """keep_best's output as a host Tree, orphans (only possible on exact ties) dropped."""
+    (sel_l, tok_l, par_l), sc_l = ints.tolist(), sc.tolist()
+    keep_tok, keep_par, keep_sc, remap = [], [], [], {}
+    for g, t, pg, s in zip(sel_l, tok_l, par_l, sc_l):
+        if pg >= 0 and pg not in remap:
+            continue  # parent not kept (only possible on exact ties): drop the orphan
+        remap[g] = len(keep_tok)
+        keep_tok.append(t)
+        keep_par.append(-1 if pg < 0 else remap[pg])
+        keep_sc.append(s)
+    return Tree(keep_tok, keep_par, keep_sc)
+
+
 def tree_masks(parents: torch.Tensor, valid: torch.Tensor, depth: int):
     """parents long [N] (-1 = root, else an earlier node), valid bool [N] (False = a pad/orphan row).
     Returns (pv long [W], anc bool [W, W], dep long [W], valid_v bool [W]) over W = N+1 verification

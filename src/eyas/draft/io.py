@@ -1,8 +1,9 @@
 """Draft checkpoints on disk: `config.json` (full provenance) + `model.safetensors`.
 
 A draft directory is what `train` writes (its best/final weights), what `import` produces and what
-`eval` / `export` read. Keys are the module's own state-dict names, which are also the speculators /
-vLLM names (fc.weight, layers.0.*, norm.weight, lm_head.weight, d2t, t2d).
+`eval` / `export` read. Its config's `kind` picks the model class (eyas.draft.kinds); keys are the module's
+own state-dict names, for EAGLE-3 also the speculators / vLLM names (fc.weight, layers.0.*, norm.weight,
+lm_head.weight, d2t, t2d).
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ from typing import Any
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
+from torch import nn
 
 from eyas import __version__
 from eyas.aux_layers import aux_layer_id_problems
-from eyas.draft.model import DraftConfig, Eagle3Draft, rope_inv_freq
+from eyas.draft.kinds import build_draft, get_kind
+from eyas.draft.model import DraftConfig, rope_inv_freq
 from eyas.vocab import require_draft_vocab
 
 CONFIG_NAME = "config.json"
@@ -64,7 +67,7 @@ def target_problems(*, vocab_size, target_hidden_size, aux_layer_ids, target_voc
     return bad + aux_layer_id_problems(aux_layer_ids, num_layers, key="the draft's aux layer ids")
 
 
-def save_draft(model: Eagle3Draft, out: str | os.PathLike, meta: dict[str, Any] | None = None,
+def save_draft(model: nn.Module, out: str | os.PathLike, meta: dict[str, Any] | None = None,
                dtype: torch.dtype | None = None) -> Path:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -97,8 +100,11 @@ def read_draft_config(path: str | os.PathLike) -> DraftConfig:
     doc = read_draft_meta(path)
     try:
         cfg = DraftConfig.from_dict(doc["draft"])
+        problems = get_kind(cfg).check(cfg)
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"{path / CONFIG_NAME}: {e}") from None
+    if problems:
+        raise ValueError(f"{path / CONFIG_NAME}: " + "; ".join(problems))
     if (path / WEIGHTS_NAME).is_file():
         with safe_open(str(path / WEIGHTS_NAME), framework="pt") as f:
             if {"d2t", "t2d"} <= set(f.keys()):
@@ -108,13 +114,13 @@ def read_draft_config(path: str | os.PathLike) -> DraftConfig:
 
 
 def load_draft(path: str | os.PathLike, *, device: str | torch.device = "cpu",
-               dtype: torch.dtype | None = None) -> tuple[Eagle3Draft, dict[str, Any]]:
+               dtype: torch.dtype | None = None) -> tuple[nn.Module, dict[str, Any]]:
     """Build on the meta device, then assign the mmap'd tensors (no double allocation)."""
     path = Path(path)
     cfg = read_draft_config(path)
     doc = read_draft_meta(path)
     with torch.device("meta"):
-        model = Eagle3Draft(cfg)
+        model = build_draft(cfg)
     sd = load_file(str(path / WEIGHTS_NAME), device=str(device))
     expected = set(model.state_dict())
     missing, unexpected = sorted(expected - set(sd)), sorted(set(sd) - expected)

@@ -63,6 +63,10 @@ class DraftConfig:
     hidden_act: str = "silu"
     norm_before_residual: bool = True
     norm_before_fc: bool = False
+    kind: str = "eagle3"                 # the drafter (eyas.draft.kinds): model, objective, proposer, export
+    num_layers: int = 1                  # draft decoder layers
+    parallel_tokens: int | None = None   # parallel kinds: tokens one draft forward proposes (as trained)
+    mask_token_id: int | None = None     # parallel kinds: the target-vocab id of the mask slots
     extra: dict[str, Any] = field(default_factory=dict)  # provenance (target name, arch); not used by math
 
     def __post_init__(self):
@@ -155,17 +159,19 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: DraftConfig):
+    def __init__(self, cfg: DraftConfig, in_features: int | None = None):
+        """in_features: 2H for an EAGLE-3 first layer (embedding ++ hidden), H for a plain decoder layer."""
         super().__init__()
         H, d = cfg.hidden_size, cfg.head_dim
+        x = 2 * H if in_features is None else in_features
         self.nh, self.nkv, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, d
-        self.q_proj = nn.Linear(2 * H, self.nh * d, bias=cfg.attention_bias)
-        self.k_proj = nn.Linear(2 * H, self.nkv * d, bias=cfg.attention_bias)
-        self.v_proj = nn.Linear(2 * H, self.nkv * d, bias=cfg.attention_bias)
+        self.q_proj = nn.Linear(x, self.nh * d, bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(x, self.nkv * d, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(x, self.nkv * d, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(self.nh * d, H, bias=False)
 
     def forward(self, x, cos, sin, past: tuple[torch.Tensor, torch.Tensor] | None, mask, slots=None):
-        # x [B, T, 2H] -> q [B, nh, T, d], k/v [B, nkv, T, d]
+        # x [B, T, 2H or H] -> q [B, nh, T, d], k/v [B, nkv, T, d]
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.nh, self.d).transpose(1, 2)
         k = self.k_proj(x).view(B, T, self.nkv, self.d).transpose(1, 2)
@@ -179,24 +185,44 @@ class Attention(nn.Module):
             return self.o_proj(o.transpose(1, 2).reshape(B, T, self.nh * self.d)), new
         if past is not None:  # keys/values of earlier positions or earlier TTT steps: [B, nkv, S, d]
             k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
-        if BlockMask is not None and isinstance(mask, BlockMask):
-            o = _flex(q, k, v, block_mask=mask, enable_gqa=self.nh != self.nkv)
-        else:  # mask: bool [B|1, 1, T, S+T], True = attend
-            if self.nh != self.nkv:
-                rep = self.nh // self.nkv
-                k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        o = attend(q, k, v, mask)
         return self.o_proj(o.transpose(1, 2).reshape(B, T, self.nh * self.d)), new
 
     def _grouped_sdpa(self, q, k, v, mask):
-        # q [B, nh, T, d], k/v [B, nkv, S, d], mask bool [B|1, 1, T, S] -> [B, nh, T, d]. GQA without
-        # repeating K/V per query head (which copies the whole cache, x nh/nkv, on every call): the rep query
-        # heads of KV head g become rep*T query rows of one head; row r*T + t is query t of head g*rep + r.
-        B, _, T, d = q.shape
-        rep = self.nh // self.nkv
-        qg = q.reshape(B, self.nkv, rep * T, d)
-        mg = mask.repeat(1, 1, rep, 1) if rep > 1 else mask
-        return F.scaled_dot_product_attention(qg, k, v, attn_mask=mg).reshape(B, self.nh, T, d)
+        return grouped_sdpa(q, k, v, mask)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor:
+    """q [B, nh, T, d], k/v [B, nkv, S, d]; mask bool [B|1, 1, T, S] (True = attend) or a FlexAttention
+    BlockMask -> [B, nh, T, d]. GQA by repeating K/V (the training path's shapes)."""
+    nh, nkv = q.shape[1], k.shape[1]
+    if BlockMask is not None and isinstance(mask, BlockMask):
+        return _flex(q, k, v, block_mask=mask, enable_gqa=nh != nkv)
+    if nh != nkv:
+        k, v = k.repeat_interleave(nh // nkv, dim=1), v.repeat_interleave(nh // nkv, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def grouped_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The decoding path over a static cache: q [B, nh, T, d], k/v [B, nkv, S, d], mask bool [B|1, 1, T, S]
+    -> [B, nh, T, d]. GQA without repeating K/V per query head (which copies the whole cache, x nh/nkv, on every
+    call): the rep query heads of KV head g become rep*T query rows of one head; row r*T + t is query t of head
+    g*rep + r."""
+    B, nh, T, d = q.shape
+    nkv = k.shape[1]
+    rep = nh // nkv
+    qg = q.reshape(B, nkv, rep * T, d)
+    mg = mask.repeat(1, 1, rep, 1) if rep > 1 else mask
+    return F.scaled_dot_product_attention(qg, k, v, attn_mask=mg).reshape(B, nh, T, d)
+
+
+def rope_cos_sin(inv_freq: torch.Tensor, position_ids: torch.Tensor, dtype: torch.dtype, mscale: float = 1.0):
+    """position_ids [B, T] -> cos, sin [B, 1, T, d] (angles in fp32); mscale: YaRN's attention scaling."""
+    ang = position_ids.float()[..., None] * inv_freq.float()
+    emb = torch.cat([ang, ang], dim=-1)[:, None]
+    if mscale != 1.0:
+        return (emb.cos() * mscale).to(dtype), (emb.sin() * mscale).to(dtype)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
 class MLP(nn.Module):
@@ -238,7 +264,40 @@ class DecoderLayer(nn.Module):
         return self.mlp(self.post_attention_layernorm(res)) + res, kv
 
 
-class Eagle3Draft(nn.Module):
+class DraftBase(nn.Module):
+    """What every drafter kind shares around its layers: the vocabulary map (d2t/t2d buffers, draft ids ->
+    target ids), the RoPE frequencies, the aux layout fc reads."""
+
+    config: DraftConfig
+
+    def register_buffers(self, cfg: DraftConfig) -> None:
+        # Until set_vocab_map: the first draft_vocab_size target ids (a consistent map, the identity when full).
+        d2t, t2d = vocab_from_target_ids(torch.arange(cfg.draft_vocab_size), cfg.vocab_size)
+        self.register_buffer("d2t", d2t)
+        self.register_buffer("t2d", t2d)
+        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+        self.rope_mscale = rope_mscale(cfg)
+
+    def flat_aux(self, aux: torch.Tensor) -> torch.Tensor:
+        """Aux states [..., k, Ht] (or already [..., k*Ht]) -> [..., k*Ht]."""
+        if aux.dim() >= 3 and aux.shape[-2] == self.config.num_aux and aux.shape[-1] == self.config.target_hidden_size:
+            return aux.flatten(-2)
+        return aux
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Draft-vocab token ids (e.g. sampled from `logits`) -> target-vocab ids."""
+        return draft_ids + self.d2t[draft_ids]
+
+    @torch.no_grad()
+    def set_vocab_map(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
+        if d2t.shape != self.d2t.shape or t2d.shape != self.t2d.shape:
+            raise ValueError(f"vocab map shapes d2t {tuple(d2t.shape)} / t2d {tuple(t2d.shape)} do not match "
+                             f"the draft ({tuple(self.d2t.shape)} / {tuple(self.t2d.shape)})")
+        self.d2t.copy_(d2t)
+        self.t2d.copy_(t2d)
+
+
+class Eagle3Draft(DraftBase):
     def __init__(self, cfg: DraftConfig):
         super().__init__()
         self.config = cfg
@@ -251,28 +310,18 @@ class Eagle3Draft(nn.Module):
         self.layers = nn.ModuleList([DecoderLayer(cfg)])
         self.norm = RMSNorm(H, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(H, cfg.draft_vocab_size, bias=False)
-        # Until set_vocab_map: the first draft_vocab_size target ids (a consistent map, the identity when full).
-        d2t, t2d = vocab_from_target_ids(torch.arange(cfg.draft_vocab_size), cfg.vocab_size)
-        self.register_buffer("d2t", d2t)
-        self.register_buffer("t2d", t2d)
-        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
-        self.rope_mscale = rope_mscale(cfg)
+        self.register_buffers(cfg)
 
     def combine(self, aux: torch.Tensor) -> torch.Tensor:
         """Target aux states [..., k, Ht] or [..., k*Ht] -> draft input hidden [..., H]."""
-        if aux.dim() >= 3 and aux.shape[-2] == self.config.num_aux and aux.shape[-1] == self.config.target_hidden_size:
-            aux = aux.flatten(-2)
+        aux = self.flat_aux(aux)
         if self.input_norm is not None:
             aux = self.input_norm(aux)
         return self.fc(aux.to(self.fc.weight.dtype))
 
     def rope(self, position_ids: torch.Tensor, dtype: torch.dtype):
         # position_ids [B, T] -> cos, sin [B, 1, T, d] (angles in fp32)
-        ang = position_ids.float()[..., None] * self.inv_freq.float()
-        emb = torch.cat([ang, ang], dim=-1)[:, None]
-        if self.rope_mscale != 1.0:
-            return (emb.cos() * self.rope_mscale).to(dtype), (emb.sin() * self.rope_mscale).to(dtype)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        return rope_cos_sin(self.inv_freq, position_ids, dtype, self.rope_mscale)
 
     def forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
                 mask=None, past: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -298,10 +347,6 @@ class Eagle3Draft(nn.Module):
         """Draft-vocab logits [..., Vd] from the pre-norm hidden."""
         return self.lm_head(self.norm(pre))
 
-    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        """Draft-vocab token ids (e.g. sampled from `logits`) -> target-vocab ids."""
-        return draft_ids + self.d2t[draft_ids]
-
     @torch.no_grad()
     def init_from_target(self, embed: torch.Tensor, lm_head: torch.Tensor | None = None,
                          final_norm: torch.Tensor | None = None) -> None:
@@ -312,14 +357,6 @@ class Eagle3Draft(nn.Module):
             self.lm_head.weight.copy_(lm_head[target_ids(self.d2t).to(lm_head.device)])
         if final_norm is not None:
             self.norm.weight.copy_(final_norm)
-
-    @torch.no_grad()
-    def set_vocab_map(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
-        if d2t.shape != self.d2t.shape or t2d.shape != self.t2d.shape:
-            raise ValueError(f"vocab map shapes d2t {tuple(d2t.shape)} / t2d {tuple(t2d.shape)} do not match "
-                             f"the draft ({tuple(self.d2t.shape)} / {tuple(self.t2d.shape)})")
-        self.d2t.copy_(d2t)
-        self.t2d.copy_(t2d)
 
 
 def draft_config_from_target(tcfg, *, aux_layer_ids: list[int], draft_vocab_size: int | None = None,

@@ -44,6 +44,7 @@ from eyas.decode.evaluate import Session, evaluate
 from eyas.decode.tree import TreeSpec
 from eyas.devices import resolve_device, resolve_dtype
 from eyas.draft.io import load_draft
+from eyas.draft.kinds import get_kind
 from eyas.engines.adapters import ADAPTERS
 from eyas.engines.base import EngineError
 from eyas.engines.vllm import tensor_parallel_problem
@@ -73,12 +74,15 @@ FIELD_KEYS = {
                   "target_hidden_size": "target_hidden_size", "hidden_size": "transformer_layer_config.hidden_size",
                   "rms_norm_eps": "transformer_layer_config.rms_norm_eps",
                   "rope_theta": "transformer_layer_config.rope_theta",
-                  "rope_scaling": "transformer_layer_config.rope_scaling"},
+                  "rope_scaling": "transformer_layer_config.rope_scaling", "kind": "speculators_model_type",
+                  "num_layers": "transformer_layer_config.num_hidden_layers", "mask_token_id": "mask_token_id"},
     MIDLAYER: {"aux_layer_ids": "eagle_config.eagle_aux_hidden_state_layer_ids (+1, eyas's convention)",
                "norm_before_residual": "norm_before_residual (SGLang's layer: always false)",
                "norm_before_fc": "norm_before_fc (SGLang's fc: never)", "draft_vocab_size": "draft_vocab_size",
                "target_hidden_size": "target_hidden_size", "hidden_size": "hidden_size",
-               "rms_norm_eps": "rms_norm_eps", "rope_theta": "rope_theta", "rope_scaling": "rope_scaling"},
+               "rms_norm_eps": "rms_norm_eps", "rope_theta": "rope_theta", "rope_scaling": "rope_scaling",
+               "kind": "architectures (SGLang's layout holds EAGLE-3 drafts only)",
+               "num_layers": "num_hidden_layers", "mask_token_id": "mask_token_id (SGLang's layout has none)"},
 }
 
 
@@ -133,7 +137,7 @@ def compare_with_source(config: dict, tensors: dict[str, torch.Tensor], source: 
         a, b = getattr(exp, field), getattr(dc, field)
         if a != b and not (isinstance(a, float) and isinstance(b, float) and abs(a - b) <= 1e-9 * max(1.0, abs(b))):
             problems.append(f"{key}: the export says {a!r} but the draft {source} was trained with {b!r}")
-    for k, v in model.state_dict().items():
+    for k, v in get_kind(dc).to_export(dc, model.state_dict()).items():   # the kind's export form of each tensor
         ek = rename(k, fmt)
         if ek not in tensors:
             if k in ("embed_tokens.weight", "d2t", "t2d"):

@@ -21,7 +21,9 @@ class ExportConfig(StageConfig):
                                                                   "sglang = LlamaForCausalLMEagle3 directory")
     out: Path = Field(description="output directory (written atomically; an earlier export there is replaced, "
                                   "anything else is refused)")
-    chain: int = Field(3, description="speculative tokens per step written into the config (vLLM reads it)")
+    chain: int | None = Field(None, ge=1, description="speculative tokens per step written into the config (vLLM "
+                              "reads it; default: the kind's: EAGLE-3 3, parallel kinds the tokens they were "
+                              "trained to draft)")
     verifier: str | None = Field(None, description="target name_or_path the engine should load "
                                                    "(default: the draft's target, as an absolute path if local)")
     embed: Literal["auto", "include", "omit"] = Field(

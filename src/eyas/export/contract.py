@@ -1,10 +1,11 @@
-"""The key contract between an eyas draft and the engines' EAGLE-3 loaders, as mapping tables.
+"""The key contract between an eyas draft and the engines' loaders, as mapping tables.
 
-One table describes every tensor of a single-layer EAGLE-3 draft in eyas's own names (which are also
-the speculators / vLLM names): its shape as a function of the config and its dtype kind. Each on-disk
-format is that table under a key rename (`layers.0.` for speculators/vLLM, `midlayer.` for SGLang and
-the research / SpecForge checkpoints). `check_contract` compares a (config, tensors) pair with the
-table and returns one message per problem, each naming the key — nothing is written until it is empty.
+Each drafter kind has one table (its Drafter.expected_tensors; EAGLE-3's is `expected_tensors` here) describing
+every tensor of the draft in eyas's own names (which are also the speculators / vLLM names): its shape as a
+function of the config and its dtype kind. Each on-disk format is that table under a key rename (`layers.0.`
+for speculators/vLLM, `midlayer.` for SGLang and the research / SpecForge checkpoints). `check_contract`
+compares a (config, tensors) pair with the table and returns one message per problem, each naming the key —
+nothing is written until it is empty.
 
 Why so strict: an engine that meets a wrong layer id, a dropped norm or a renamed key usually still
 serves, just with ~0 acceptance. vLLM only refuses *missing* parameters; a shape that happens to fit
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from eyas.draft.kinds import get_kind
 from eyas.draft.model import DraftConfig
 from eyas.vocab import check_draft_vocab
 
@@ -31,7 +33,8 @@ FLOAT, INT64, BOOL = "float", "int64", "bool"
 
 
 def expected_tensors(dc: DraftConfig, *, embed: bool) -> dict[str, tuple[tuple[int, ...], str, str]]:
-    """eyas key -> (shape, dtype kind, why that shape). `embed` = whether embed_tokens is in the file."""
+    """The EAGLE-3 table: eyas key -> (shape, dtype kind, why that shape). `embed` = whether embed_tokens is in
+    the file."""
     H, I, d = dc.hidden_size, dc.intermediate_size, dc.head_dim
     nh, nkv, V, Vd = dc.num_attention_heads, dc.num_key_value_heads, dc.vocab_size, dc.draft_vocab_size
     fc_in = dc.num_aux * dc.target_hidden_size
@@ -95,7 +98,8 @@ def check_tensors(dc: DraftConfig, tensors: dict[str, torch.Tensor], fmt: str) -
     """Every problem between a tensor dict (format's names) and the table; each message names the key."""
     errors: list[str] = []
     embed = rename("embed_tokens.weight", fmt) in tensors
-    want = {rename(k, fmt): v for k, v in expected_tensors(dc, embed=embed).items()}
+    drafter = get_kind(dc)
+    want = {rename(k, fmt): v for k, v in drafter.expected_tensors(dc, embed=embed).items()}
     for key, (shape, kind, why) in want.items():
         if key not in tensors:
             errors.append(f"{key}: missing (expected shape {list(shape)} from {why})")
@@ -113,7 +117,7 @@ def check_tensors(dc: DraftConfig, tensors: dict[str, torch.Tensor], fmt: str) -
         if key in ("d2t", "t2d") and full_vocab_map:
             continue
         if not key.endswith(IGNORABLE_SUFFIXES):
-            errors.append(f"{key}: unexpected key (no such parameter in a {fmt} EAGLE-3 draft with this config)")
+            errors.append(f"{key}: unexpected key (no such parameter in a {fmt} {drafter.name} draft with this config)")
     floats = {str(t.dtype) for k, t in tensors.items() if k in want and want[k][1] == FLOAT}
     if len(floats) > 1:
         errors.append(f"weights mix float dtypes {sorted(floats)}; engines load one dtype")

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
+from eyas.draft.kinds import PACKAGES, get_kind, kind_for_speculators_type
 from eyas.draft.model import DraftConfig
 from eyas.export.contract import MIDLAYER, SPECULATORS, check_tensors
-from eyas.export.formats import from_midlayer, from_speculators
+from eyas.export.formats import from_midlayer
 
 
 class ContractError(ValueError):
@@ -20,13 +23,11 @@ class ContractError(ValueError):
 
     def __init__(self, where: str, errors: list[str]):
         self.errors = errors
-        super().__init__(f"{where}: the EAGLE-3 key contract is violated:\n  " + "\n  ".join(errors))
+        super().__init__(f"{where}: the draft's key contract is violated:\n  " + "\n  ".join(errors))
 
 
-def read_export(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """(config dict, {key: tensor}) of a draft dir: model.safetensors, sharded safetensors (with or without
-    an index), or pytorch_model.bin (loaded with weights_only=True: plain tensors, no pickled code)."""
-    path = Path(path)
+def read_export_config(path: Path) -> dict[str, Any]:
+    """A draft/export dir's config.json as a mapping; a missing file, bad JSON or non-mapping is one line."""
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
         raise FileNotFoundError(f"{path}: no config.json (not a draft/export directory)")
@@ -36,6 +37,14 @@ def read_export(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, torc
         raise ValueError(f"{cfg_file}: not JSON ({e})") from None
     if not isinstance(config, dict):
         raise ValueError(f"{cfg_file}: holds a JSON {type(config).__name__}, not a config mapping")
+    return config
+
+
+def read_export(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """(config dict, {key: tensor}) of a draft dir: model.safetensors, sharded safetensors (with or without
+    an index), or pytorch_model.bin (loaded with weights_only=True: plain tensors, no pickled code)."""
+    path = Path(path)
+    config = read_export_config(path)
     shards = sorted(path.glob("*.safetensors"))
     bins = sorted(path.glob("pytorch_model*.bin"))
     tensors: dict[str, torch.Tensor] = {}
@@ -106,6 +115,41 @@ def check_bin(path: Path, budget: int) -> None:
                          f"than the {budget:,} a draft of this config.json can need; refused before loading")
 
 
+@dataclass(frozen=True)
+class TensorHeader:
+    """A tensor as a safetensors header describes it: what the key contract checks, without the bytes."""
+    shape: torch.Size
+    dtype: torch.dtype
+
+    def is_floating_point(self) -> bool:
+        return self.dtype.is_floating_point
+
+
+_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+           "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "I64": torch.int64, "I32": torch.int32,
+           "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
+
+
+def read_export_headers(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Any]]:
+    """read_export without the weights: (config dict, {key: TensorHeader}), the small vocabulary map (d2t/t2d)
+    read for real, so check_contract runs in full. Safetensors only (what eyas writes and vLLM serves best)."""
+    path = Path(path)
+    config = read_export_config(path)
+    shards = sorted(path.glob("*.safetensors"))
+    if not shards:
+        raise FileNotFoundError(f"{path}: no *.safetensors weights")
+    tensors: dict[str, Any] = {}
+    for s in shards:
+        with safe_open(str(s), framework="pt") as f:
+            for k in f.keys():
+                if k in tensors:
+                    raise ValueError(f"{s}: key {k} also appears in another shard")
+                sl = f.get_slice(k)
+                tensors[k] = (f.get_tensor(k) if k in ("d2t", "t2d") else
+                              TensorHeader(torch.Size(sl.get_shape()), _DTYPES.get(sl.get_dtype(), torch.uint8)))
+    return config, tensors
+
+
 def detect_format(config: dict[str, Any], tensors: dict[str, torch.Tensor] | None = None) -> str:
     if "speculators_config" in config or "speculators_model_type" in config:
         return SPECULATORS
@@ -122,8 +166,16 @@ def detect_format(config: dict[str, Any], tensors: dict[str, torch.Tensor] | Non
 def parse_config(config: dict[str, Any], fmt: str, *, strict: bool,
                  default_aux: list[int] | None = None) -> tuple[DraftConfig | None, list[str]]:
     if fmt == SPECULATORS:
-        return from_speculators(config, strict=strict, default_aux=default_aux)
-    return from_midlayer(config, default_aux=default_aux)
+        kind = kind_for_speculators_type(config.get("speculators_model_type"))
+        if kind is None:
+            known = [get_kind(k).speculators_type for k in PACKAGES]
+            return None, [f"speculators_model_type: {config.get('speculators_model_type')!r}; eyas reads {known}"]
+        dc, errors = kind.from_speculators(config, strict=strict, default_aux=default_aux)
+    else:
+        dc, errors = from_midlayer(config, default_aux=default_aux)
+    if dc is not None:
+        errors = errors + get_kind(dc).check(dc)
+    return (dc if not errors else None), errors
 
 
 def check_contract(config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> list[str]:

@@ -18,7 +18,7 @@ from eyas.draft.model import DraftConfig
 SGLANG_AUX_OFFSET = 1
 
 
-def _rope_fields(dc: DraftConfig) -> dict[str, Any]:
+def rope_fields(dc: DraftConfig) -> dict[str, Any]:
     """Both spellings: transformers >= 5 reads rope_parameters; 4.x (older engines) reads rope_theta/rope_scaling."""
     scaling = dict(dc.rope_scaling) if dc.rope_scaling else None
     params = {"rope_type": (scaling or {}).get("rope_type", (scaling or {}).get("type", "default")),
@@ -26,15 +26,32 @@ def _rope_fields(dc: DraftConfig) -> dict[str, Any]:
     return {"rope_theta": dc.rope_theta, "rope_scaling": scaling, "rope_parameters": params}
 
 
-def _llama_fields(dc: DraftConfig) -> dict[str, Any]:
+def llama_fields(dc: DraftConfig) -> dict[str, Any]:
     return {
         "model_type": "llama", "hidden_size": dc.hidden_size, "intermediate_size": dc.intermediate_size,
         "num_attention_heads": dc.num_attention_heads, "num_key_value_heads": dc.num_key_value_heads,
-        "head_dim": dc.head_dim, "num_hidden_layers": 1, "vocab_size": dc.vocab_size,
+        "head_dim": dc.head_dim, "num_hidden_layers": dc.num_layers, "vocab_size": dc.vocab_size,
         "rms_norm_eps": dc.rms_norm_eps, "max_position_embeddings": dc.max_position_embeddings,
         "attention_bias": dc.attention_bias, "mlp_bias": dc.mlp_bias, "hidden_act": dc.hidden_act,
         # The draft's lm_head is its own (draft vocab); tying it to embed_tokens would be wrong.
-        "tie_word_embeddings": False, **_rope_fields(dc),
+        "tie_word_embeddings": False, **rope_fields(dc),
+    }
+
+
+def speculators_header(model_type: str, architecture: str, *, chain: int, verifier: str,
+                       verifier_arch: list[str]) -> dict[str, Any]:
+    """The keys every speculators config opens with: what vLLM turns into its speculative config."""
+    return {
+        "architectures": [architecture],
+        "speculators_model_type": model_type,
+        "speculators_version": "0.1.0",
+        "speculators_config": {
+            "algorithm": model_type,
+            "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": int(chain),
+                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+            "verifier": {"name_or_path": verifier, "architectures": list(verifier_arch)},
+        },
     }
 
 
@@ -42,17 +59,9 @@ def to_speculators(dc: DraftConfig, *, chain: int, verifier: str, verifier_arch:
                    dtype: str) -> dict[str, Any]:
     """The config.json vLLM serves with `LLM(model=EXPORT)` alone (vllm/transformers_utils/configs/speculators)."""
     return {
-        "architectures": ["Eagle3Speculator"],
-        "speculators_model_type": "eagle3",
-        "speculators_version": "0.1.0",
-        "speculators_config": {
-            "algorithm": "eagle3",
-            "default_proposal_method": "greedy",
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": int(chain),
-                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
-            "verifier": {"name_or_path": verifier, "architectures": list(verifier_arch)},
-        },
-        "transformer_layer_config": {**_llama_fields(dc), "dtype": dtype},
+        **speculators_header("eagle3", "Eagle3Speculator", chain=chain, verifier=verifier,
+                             verifier_arch=verifier_arch),
+        "transformer_layer_config": {**llama_fields(dc), "dtype": dtype},
         "draft_vocab_size": dc.draft_vocab_size,
         "target_hidden_size": dc.target_hidden_size,
         # Always explicit: vLLM defaults an absent norm_before_residual to True and absent aux ids to its own.
@@ -66,7 +75,7 @@ def to_speculators(dc: DraftConfig, *, chain: int, verifier: str, verifier_arch:
 def to_midlayer(dc: DraftConfig, *, dtype: str) -> dict[str, Any]:
     """SGLang's LlamaForCausalLMEagle3 config (python/sglang/srt/models/llama_eagle3.py + model_runner)."""
     return {
-        "architectures": ["LlamaForCausalLMEagle3"], **_llama_fields(dc),
+        "architectures": ["LlamaForCausalLMEagle3"], **llama_fields(dc),
         "draft_vocab_size": dc.draft_vocab_size, "target_hidden_size": dc.target_hidden_size,
         "eagle_config": {"use_aux_hidden_state": True,
                          "eagle_aux_hidden_state_layer_ids": [i - SGLANG_AUX_OFFSET for i in dc.aux_layer_ids]},
@@ -74,7 +83,7 @@ def to_midlayer(dc: DraftConfig, *, dtype: str) -> dict[str, Any]:
     }
 
 
-class _Reader:
+class Reader:
     """Pulls typed fields out of a config dict, recording one error per bad key instead of raising."""
 
     def __init__(self, doc: dict[str, Any], where: str):
@@ -96,7 +105,7 @@ class _Reader:
         return v
 
 
-def _rope_from(doc: dict[str, Any]) -> tuple[float, dict | None]:
+def rope_from(doc: dict[str, Any]) -> tuple[float, dict | None]:
     params = doc.get("rope_parameters") if isinstance(doc.get("rope_parameters"), dict) else {}
     theta = params.get("rope_theta", doc.get("rope_theta", 10000.0))
     scaling = doc.get("rope_scaling") or {k: v for k, v in params.items() if k != "rope_theta"} or None
@@ -106,7 +115,7 @@ def _rope_from(doc: dict[str, Any]) -> tuple[float, dict | None]:
     return float(theta) if ok else float("nan"), scaling   # nan: reported as not a positive finite base
 
 
-def _llama_to_dc(r: _Reader, *, vd, target_hidden, aux, nbr, nbfc) -> DraftConfig | None:
+def llama_to_dc(r: Reader, *, vd, target_hidden, aux, nbr, nbfc, model_types=("llama",)) -> DraftConfig | None:
     H = r.get("hidden_size", int)
     nh = r.get("num_attention_heads", int)
     fields = dict(
@@ -117,17 +126,16 @@ def _llama_to_dc(r: _Reader, *, vd, target_hidden, aux, nbr, nbfc) -> DraftConfi
         max_position_embeddings=r.get("max_position_embeddings", int, default=4096),
         attention_bias=r.get("attention_bias", bool, default=False), mlp_bias=r.get("mlp_bias", bool, default=False),
         hidden_act=r.get("hidden_act", str, default="silu"))
-    layers = r.get("num_hidden_layers", int, default=1)
-    if layers not in (None, 1):
-        r.errors.append(f"{r.where}num_hidden_layers: {layers}; eyas drafts (and this contract) have exactly 1 layer")
-    if r.doc.get("model_type", "llama") != "llama":
-        r.errors.append(f"{r.where}model_type: {r.doc.get('model_type')!r}; only the llama EAGLE-3 draft is supported")
-    theta, scaling = _rope_from(r.doc)
+    layers = r.get("num_hidden_layers", int, default=1)   # how many the kind allows: its own check
+    if r.doc.get("model_type", model_types[0]) not in model_types:
+        r.errors.append(f"{r.where}model_type: {r.doc.get('model_type')!r}; eyas reads {list(model_types)} layers here")
+    theta, scaling = rope_from(r.doc)
     r.errors += _impossible(r.where, fields, vd, target_hidden, theta)
     if r.errors or any(v is None for v in (vd, target_hidden, aux, nbr)):
         return None
     return DraftConfig(**fields, draft_vocab_size=vd, target_hidden_size=target_hidden, aux_layer_ids=list(aux),
-                       rope_theta=theta, rope_scaling=scaling, norm_before_residual=nbr, norm_before_fc=nbfc)
+                       rope_theta=theta, rope_scaling=scaling, norm_before_residual=nbr, norm_before_fc=nbfc,
+                       num_layers=layers)
 
 
 def _impossible(where: str, f: dict[str, Any], vd, target_hidden, theta: float) -> list[str]:
@@ -151,12 +159,11 @@ def _impossible(where: str, f: dict[str, Any], vd, target_hidden, theta: float) 
     return errs
 
 
-def from_speculators(cfg: dict[str, Any], *, strict: bool,
-                     default_aux: list[int] | None = None) -> tuple[DraftConfig | None, list[str]]:
-    top = _Reader(cfg, "")
+def speculators_problems(cfg: dict[str, Any], model_type: str, *, strict: bool) -> list[str]:
+    """What vLLM's SpeculatorsConfig needs of any speculators config (the kind-independent part)."""
     errs: list[str] = []
-    if cfg.get("speculators_model_type") != "eagle3":
-        errs.append(f"speculators_model_type: {cfg.get('speculators_model_type')!r}, expected 'eagle3'")
+    if cfg.get("speculators_model_type") != model_type:
+        errs.append(f"speculators_model_type: {cfg.get('speculators_model_type')!r}, expected {model_type!r}")
     sc = cfg.get("speculators_config")
     if not isinstance(sc, dict):
         errs.append("speculators_config: missing or not a mapping")
@@ -168,8 +175,18 @@ def from_speculators(cfg: dict[str, Any], *, strict: bool,
         ver = sc.get("verifier")
         if not (isinstance(ver, dict) and isinstance(ver.get("name_or_path"), str) and ver["name_or_path"]):
             errs.append("speculators_config.verifier.name_or_path: missing (vLLM loads the target from it)")
-        if strict and sc.get("algorithm") != "eagle3":
-            errs.append(f"speculators_config.algorithm: {sc.get('algorithm')!r}, expected 'eagle3'")
+        if strict and sc.get("algorithm") != model_type:
+            errs.append(f"speculators_config.algorithm: {sc.get('algorithm')!r}, expected {model_type!r}")
+    return errs
+
+
+def from_speculators(cfg: dict[str, Any], *, strict: bool, default_aux: list[int] | None = None,
+                     model_type: str = "eagle3", norm_before_residual: bool = True
+                     ) -> tuple[DraftConfig | None, list[str]]:
+    """An EAGLE-3-layout speculators config (eagle3, and peagle with its own type and vLLM's default for an
+    absent norm_before_residual) -> DraftConfig."""
+    top = Reader(cfg, "")
+    errs = speculators_problems(cfg, model_type, strict=strict)
     tlc = cfg.get("transformer_layer_config")
     if not isinstance(tlc, dict):
         return None, errs + ["transformer_layer_config: missing or not a mapping"]
@@ -181,13 +198,13 @@ def from_speculators(cfg: dict[str, Any], *, strict: bool,
     V = tlc.get("vocab_size")
     vd = need("draft_vocab_size", int, V)
     th = need("target_hidden_size", int, tlc.get("hidden_size"))
-    nbr = need("norm_before_residual", bool, True)
+    nbr = need("norm_before_residual", bool, norm_before_residual)
     nbfc = top.get("norm_before_fc", bool, default=False)
     aux = cfg.get("eagle_aux_hidden_state_layer_ids")
     if aux is None and not strict and default_aux is not None:
         aux = list(default_aux)
     errs += aux_layer_id_problems(aux, key="eagle_aux_hidden_state_layer_ids")
-    dc = _llama_to_dc(_sub := _Reader(tlc, "transformer_layer_config."), vd=vd, target_hidden=th,
+    dc = llama_to_dc(_sub := Reader(tlc, "transformer_layer_config."), vd=vd, target_hidden=th,
                       aux=aux if not errs else None, nbr=nbr, nbfc=nbfc)
     errs = errs + top.errors + _sub.errors
     return (dc if not errs else None), errs
@@ -196,7 +213,7 @@ def from_speculators(cfg: dict[str, Any], *, strict: bool,
 def from_midlayer(cfg: dict[str, Any], *, default_aux: list[int] | None = None) -> tuple[DraftConfig | None, list[str]]:
     """Research EAGLE-3 / SpecForge / SGLang configs. Their layer uses the residual *before* hidden_norm
     (norm_before_residual=False) and their fc always takes 3 aux states."""
-    r = _Reader(cfg, "")
+    r = Reader(cfg, "")
     errs: list[str] = []
     ec = cfg.get("eagle_config") or {}
     ids = ec.get("eagle_aux_hidden_state_layer_ids")
@@ -216,6 +233,6 @@ def from_midlayer(cfg: dict[str, Any], *, default_aux: list[int] | None = None) 
     V = cfg.get("vocab_size")
     vd = r.get("draft_vocab_size", int, default=V)
     th = r.get("target_hidden_size", int, default=cfg.get("hidden_size"))
-    dc = _llama_to_dc(r, vd=vd, target_hidden=th, aux=aux if not errs else None, nbr=False, nbfc=False)
+    dc = llama_to_dc(r, vd=vd, target_hidden=th, aux=aux if not errs else None, nbr=False, nbfc=False)
     errs += r.errors
     return (dc if not errs else None), errs

@@ -1,7 +1,8 @@
-"""`import_draft`: a published EAGLE-3 draft -> an eyas draft dir that `eyas eval` / `eyas export` accept.
+"""`import_draft`: a published draft -> an eyas draft dir that `eyas eval` / `eyas export` accept.
 
 Understood layouts (detected from config.json + key names):
-  - speculators / vLLM exports: `speculators_config`, keys `layers.0.*` (also eyas's own vLLM exports);
+  - speculators / vLLM exports of every registered kind (`speculators_model_type` eagle3, peagle, dflash:
+    eyas.draft.kinds), keys `layers.N.*` (also eyas's own vLLM exports);
   - research EAGLE-3 (EAGLE authors), SpecForge and SGLang dirs: `LlamaForCausalLMEagle3`, keys `midlayer.*`;
     their layer keeps the residual before hidden_norm (norm_before_residual=false) and their optional
     `eagle_config.eagle_aux_hidden_state_layer_ids` name layer *outputs* (eyas id - 1).
@@ -19,8 +20,8 @@ import torch
 
 from eyas.aux_layers import aux_layer_id_problems, default_aux_layer_ids
 from eyas.draft.io import save_draft
+from eyas.draft.kinds import build_draft, get_kind
 from eyas.draft.model import rope_inv_freq
-from eyas.draft.model import Eagle3Draft
 from eyas.export.contract import IGNORABLE_SUFFIXES, SPECULATORS, check_tensors, rename, to_eyas_key
 from eyas.export.files import ContractError, detect_format, parse_config, read_export
 from eyas.export.writers import target_embedding
@@ -108,8 +109,9 @@ def _import(src: Path, out: Path, target: str | None, aux_layer_ids: list[int] |
         archs = ((config.get("speculators_config") or {}).get("verifier") or {}).get("architectures")
         if archs:
             dc.extra["target_architectures"] = list(archs)
+    sd = get_kind(dc).from_export(dc, sd)
     with torch.device("meta"):
-        model = Eagle3Draft(dc)
+        model = build_draft(dc)
     model.load_state_dict(sd, strict=True, assign=True)
     model.inv_freq = rope_inv_freq(dc)
     meta = {"target": spec or (str(tdir) if tdir is not None else None),

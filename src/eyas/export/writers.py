@@ -19,10 +19,11 @@ from safetensors.torch import save_file
 from eyas import __version__
 from eyas.draft.io import load_draft
 from eyas.devices import resolve_dtype
+from eyas.draft.kinds import get_kind
 from eyas.draft.model import DraftConfig
 from eyas.export.contract import MIDLAYER, SPECULATORS, rename
 from eyas.export.files import ContractError, check_contract
-from eyas.export.formats import to_midlayer, to_speculators
+from eyas.export.formats import to_midlayer
 from eyas.outputs import claim
 from eyas.target.load import resolve
 
@@ -123,7 +124,7 @@ def model_card(fmt: str, meta: dict[str, Any], dc: DraftConfig, verifier: str, c
              f"  --speculative-draft-model-path {{THIS_DIR}} --speculative-num-steps {chain} "
              "--speculative-eagle-topk 1 --speculative-num-draft-tokens " + str(chain + 1) + "\n```")
     return "\n".join([
-        f"# EAGLE-3 draft for `{target_spec(meta) or verifier}`", "",
+        f"# {get_kind(dc).title} draft for `{target_spec(meta) or verifier}`", "",
         f"Trained and exported by eyas {__version__} ({'speculators / vLLM' if fmt == SPECULATORS else 'SGLang LlamaForCausalLMEagle3'} format).", "",
         "| | |", "|---|---|",
         f"| target (verifier) | `{verifier}` |",
@@ -157,8 +158,9 @@ def _prepare(draft_dir, dtype: str, verifier: str | None, embed: str):
     cast = None if dtype == "auto" else resolve_dtype(dtype, "cpu")  # auto keeps the draft's own dtype
     model, meta = load_draft(draft_dir)
     dc = model.config
+    state = get_kind(dc).to_export(dc, model.state_dict())     # the kind's export tensors, eyas names
     sd = {k: (v.to(cast) if cast is not None and v.is_floating_point() else v).detach().cpu()
-          for k, v in model.state_dict().items()}
+          for k, v in state.items()}
     ver, archs = resolve_verifier(meta, dc, verifier)
     keep_embed, note = decide_embed(sd, ver, embed)
     if not keep_embed:
@@ -189,20 +191,30 @@ def _check_and_write(fmt: str, config: dict, sd: dict[str, torch.Tensor], draft_
     return Path(out)
 
 
-def export_vllm(draft_dir: str | os.PathLike, out: str | os.PathLike, *, chain: int = 3, verifier: str | None = None,
-                embed: str = "auto", dtype: str = "auto", overwrite: bool = False) -> Path:
-    """Speculators-format dir that `vllm serve OUT` (or `LLM(model=OUT)`) serves with no other flag."""
-    if chain < 1:
+def export_vllm(draft_dir: str | os.PathLike, out: str | os.PathLike, *, chain: int | None = None,
+                verifier: str | None = None, embed: str = "auto", dtype: str = "auto", overwrite: bool = False) -> Path:
+    """Speculators-format dir that `vllm serve OUT` (or `LLM(model=OUT)`) serves with no other flag.
+    chain: speculative tokens per step (default: the kind's, 3 for EAGLE-3)."""
+    if chain is not None and chain < 1:
         raise ValueError(f"chain (speculative tokens) must be >= 1, got {chain}")
     _, meta, dc, sd, ver, archs, note, fdtype = _prepare(draft_dir, dtype, verifier, embed)
-    config = to_speculators(dc, chain=chain, verifier=ver, verifier_arch=archs, dtype=fdtype)
+    kind = get_kind(dc)
+    chain = kind.default_chain(dc) if chain is None else chain
+    config = kind.to_speculators(dc, chain=chain, verifier=ver, verifier_arch=archs, dtype=fdtype)
     return _check_and_write(SPECULATORS, config, sd, draft_dir, out, meta, dc, ver, chain, note, overwrite)
 
 
-def export_sglang(draft_dir: str | os.PathLike, out: str | os.PathLike, *, chain: int = 3, verifier: str | None = None,
-                  embed: str = "auto", dtype: str = "auto", overwrite: bool = False) -> Path:
+def export_sglang(draft_dir: str | os.PathLike, out: str | os.PathLike, *, chain: int | None = None,
+                  verifier: str | None = None, embed: str = "auto", dtype: str = "auto", overwrite: bool = False
+                  ) -> Path:
     """SGLang `LlamaForCausalLMEagle3` dir (keys midlayer.*, eagle_config aux ids in SGLang's convention)."""
     _, meta, dc, sd, ver, archs, note, fdtype = _prepare(draft_dir, dtype, verifier, embed)
+    chain = 3 if chain is None else chain
+    kind = get_kind(dc)
+    if not kind.export_sglang:
+        raise ContractError(f"refusing to write {out}", [
+            f"kind: {kind.name}; eyas writes SGLang's LlamaForCausalLMEagle3 layout for EAGLE-3 drafts only "
+            f"(export --format vllm serves {kind.title})"])
     problems = []
     if dc.norm_before_residual:
         problems.append("norm_before_residual: true, but SGLang's Eagle3 midlayer keeps the residual before "

@@ -5,7 +5,7 @@ OUT/state.json, so a call stopped by its --budget, Ctrl-C or a SIGKILL is contin
 a module with `run_plan(runner, recipe) -> dict` (its result, with `left`: the steps still to do), `IDENTITY`
 (the params that must not change within one OUT; None: all of them) and optionally `check_params(params)` (bad
 values refused before anything is written); eyas.recipes.PLANS lists them.
-Shipped recipes (files/*.yaml): demo-cpu, demo-gpu (`eyas demo`'s two profiles), best-draft, scaling.
+Shipped recipes (files/*.yaml): demo-cpu, demo-gpu (`eyas demo`'s two profiles), best-draft, scaling, drafters.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Recipe files: a YAML naming a plan (the steps, in Python or listed in the file) and the parameters it runs with.
 
     description: what the recipe makes and what it costs
-    plan: best-draft              # eyas.recipes.PLANS: best-draft, scaling, demo, steps
+    plan: best-draft              # eyas.recipes.PLANS: best-draft, scaling, drafters, demo, steps
     extends: best-draft           # optional: a built-in recipe (or a file) whose params this file changes
     params: {target: smollm2-135m, epochs: 3.0, ...}
     help: {target: "the target model", ...}     # optional, shown by `eyas run RECIPE --show`
@@ -26,7 +26,7 @@ import yaml
 RECIPES = Path(__file__).resolve().parent / "files"
 # plan name -> the module that runs it (imported only when a recipe of that plan is loaded)
 PLANS = {"steps": "eyas.recipes.steps", "best-draft": "eyas.recipes.best_draft", "scaling": "eyas.recipes.scaling",
-         "demo": "eyas.demo"}
+         "drafters": "eyas.recipes.drafters", "demo": "eyas.demo"}
 KEYS = ("description", "plan", "extends", "params", "help", "steps")
 
 

@@ -82,6 +82,17 @@ def _vocab(cfg, dataset, store_dir: Path | None):
                             f"looked at {[str(c) for c in candidates] or 'nothing'}")
 
 
+def token_counts(cfg) -> torch.Tensor | None:
+    """The PREPARED token counts (vocab.safetensors 'freq'), from --data or next to the store; None without one."""
+    for d in (cfg.data, cfg.store):
+        f = Path(d) / VOCAB if d else None
+        if f is not None and f.is_file():
+            v = load_file(str(f))
+            if "freq" in v:
+                return v["freq"]
+    return None
+
+
 def check_same_data(store, dataset, cfg) -> None:
     """Store row i must be prepared row i: the store records which prepared data it was extracted
     from (rows + manifest hash); --data must be that very dataset, not one that merely has as many rows."""

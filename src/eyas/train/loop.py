@@ -1,4 +1,5 @@
-"""`eyas train`: EAGLE-3 draft training with training-time test, offline (store) or online (target in loop).
+"""`eyas train`: draft training (EAGLE-3 with training-time test, or a parallel drafter: --draft-kind), offline
+(store) or online (target in loop). The kind's package (eyas.draft.kinds) supplies the model and the objective.
 
 setup (inputs, target head, draft init) -> steps (micro-batches, AdamW, cosine) -> eval on the held-out
 split (per-step accuracy, simulated tau) -> checkpoints / best draft. The RUN dir's top level is a
@@ -18,24 +19,27 @@ from typing import Any, Literal
 import torch
 from pydantic import Field
 
-from eyas.flags import AuxLayerIds, Device, DraftVocabSize, ModelDtype, Target
+from eyas.flags import AuxLayerIds, Device, DraftKind, DraftVocabSize, ModelDtype, Target
 from eyas.config import ConfigError, StageConfig, config_to_yaml
 from eyas.devices import dist_env, resolve_device, resolve_dtype
 from eyas.draft.io import nonfinite_keys, save_draft
-from eyas.draft.model import Eagle3Draft, draft_config_from_target
+from eyas.draft.kinds import build_draft, draft_config, get_kind
 from eyas.outputs import claim, input_id
 from eyas.train import checkpoint as C
 from eyas.train import dist as D
 from eyas.train.data import OfflineSource, OnlineSource, Plan
-from eyas.train.inputs import open_inputs
-from eyas.train.ttt import TargetHead, TTTUnroll, objective, simulated_tau, step_accuracy, token_loss
+from eyas.train.inputs import open_inputs, token_counts
+from eyas.train.ttt import TargetHead, simulated_tau, step_accuracy, token_loss
+from eyas.vocab import unused_token
 
 # Fields that decide which rows each step sees and what it learns from them: a resume with other values would not
 # continue the run (the LR would re-enter warmup, the optimizer keep the old weight decay). Recorded with the run's
-# inputs by eyas.outputs; "store" and "data" are compared as paths too for runs made before such records.
+# inputs by eyas.outputs; "store" and "data" are compared as paths too for runs made before such records. A key an
+# older run did not record held its default then (so a field added since is no change).
 RUN_SETTINGS = ("seed", "batch_size", "grad_accum", "eval_fraction", "ttt_steps", "step_decay", "tau_chain",
                 "max_length", "steps", "epochs", "lr", "min_lr_ratio", "warmup_steps", "weight_decay", "grad_clip",
-                "draft_vocab_size", "aux_layer_ids", "online")
+                "draft_vocab_size", "aux_layer_ids", "online", "draft_kind", "draft_layers", "mask_token_id",
+                "anchors")
 _RESUME_MUST_MATCH = RUN_SETTINGS + ("store", "data")
 
 
@@ -52,8 +56,20 @@ class TrainConfig(StageConfig):
     aux_layer_ids: AuxLayerIds | None = Field(None, description="target aux layers (default: the store's, else (2, N//2, N-3))")
     draft_vocab_size: DraftVocabSize | None = Field(None, description="rebuild the draft vocab at this size from the "
                                                     "PREPARED token counts (default: the PREPARED data's own)")
-    ttt_steps: int = Field(7, ge=1, description="training-time-test steps unrolled per position")
-    step_decay: float = Field(0.8, gt=0, description="loss weight of TTT step k is step_decay**k")
+    draft_kind: DraftKind = Field("eagle3", description="the drafter: eagle3 (one token per draft step), p-eagle "
+                                  "(all tokens in one forward: learned mask hidden/embedding) or dflash (block "
+                                  "diffusion: a block of masks filled in one pass)")
+    draft_layers: int | None = Field(None, ge=1, description="draft decoder layers (default: the kind's published "
+                                     "recipe: eagle3 1, p-eagle 4, dflash 5)")
+    ttt_steps: int = Field(7, ge=1, description="tokens drafted per position: eagle3's unrolled training-time-test "
+                           "steps, p-eagle's parallel depths, dflash's masks per block (block size = this + 1)")
+    step_decay: float | None = Field(None, gt=0, description="loss weight of drafted token k is step_decay**k "
+                                     "(default: the kind's recipe: eagle3 0.8, p-eagle 1, dflash exp(-1/g) with "
+                                     "g = 7 at 15+ masks, 5 at 9+, else 4)")
+    mask_token_id: int | None = Field(None, ge=0, description="parallel kinds: the target-vocab id of mask slots, "
+                                      "whose embedding is learned (default: the last id the PREPARED data never uses)")
+    anchors: int | None = Field(None, ge=1, description="parallel kinds: at most this many sampled start "
+                                "positions per row (default: the kind's recipe: p-eagle all, dflash 512)")
     tau_chain: int | None = Field(None, ge=1, description="chain length K for the simulated tau (default: --ttt-steps)")
     max_length: int | None = Field(None, ge=1, description="truncate rows to this many tokens")
     pad_to: int | None = Field(None, ge=0, description="pad every batch to this many tokens (default on GPU: the rows' max length, so compiled attention sees one shape; 0 = off)")
@@ -67,9 +83,10 @@ class TrainConfig(StageConfig):
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     grad_clip: float = Field(0.5, gt=0, description="gradient-norm clip")
     init_head: bool = Field(True, description="seed lm_head + final norm from the target's head rows for the draft vocab")
-    norm_before_residual: bool = Field(True, description="the draft layer's residual is hidden_norm's output (vLLM's "
-                                       "and speculators' default); --no-norm-before-residual keeps the residual "
-                                       "before hidden_norm, the only form SGLang serves (export --format sglang)")
+    norm_before_residual: bool | None = Field(None, description="the draft layer's residual is hidden_norm's output "
+                                              "(default: the kind's: eagle3 true, vLLM's and speculators' default; "
+                                              "p-eagle false); --no-norm-before-residual keeps the residual before "
+                                              "hidden_norm, the only form SGLang serves (export --format sglang)")
     dtype: Literal["auto", "bf16", "fp32"] = Field("auto", description="autocast dtype (auto: bf16 on GPU, fp32 on CPU); master weights stay fp32")
     target_dtype: ModelDtype = "auto"
     device: Device = "auto"
@@ -93,6 +110,20 @@ class TrainConfig(StageConfig):
     warm_only: bool = Field(False, description="compile this run's step graphs on stand-in rows (a few steps under "
                             "--out, into inductor's on-disk cache) and exit, before the real data exists: the run "
                             "started later finds them compiled (online; needs --max-length, --draft-vocab-size)")
+
+
+def step_decay(cfg: TrainConfig) -> float:
+    """--step-decay, or the kind's recipe for its tokens per position when not given."""
+    return cfg.step_decay if cfg.step_decay is not None else get_kind(cfg.draft_kind).default_decay(cfg.ttt_steps)
+
+
+def resume_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """_RESUME_MUST_MATCH of a config dump (a checkpoint's or this run's): a key an older eyas did not record holds
+    its default, and step_decay left out is the kind's recipe, as it was resolved when that run trained."""
+    out = {k: config.get(k, TrainConfig.model_fields[k].default) for k in _RESUME_MUST_MATCH}
+    if out["step_decay"] is None:
+        out["step_decay"] = get_kind(out["draft_kind"]).default_decay(out["ttt_steps"])
+    return out
 
 
 def cosine_lambda(total: int, warmup: int, min_ratio: float):
@@ -119,10 +150,15 @@ class Trainer:
         self.target_sha = input_id(cfg.target)["sha256"]   # eval warns when the draft meets other weights
         tgt = self.inp.target
         d2t, t2d = self.inp.d2t, self.inp.t2d
-        dcfg = draft_config_from_target(tgt.config, aux_layer_ids=self.inp.aux_ids, draft_vocab_size=d2t.numel(),
-                                        norm_before_residual=cfg.norm_before_residual)
+        self.kind = get_kind(cfg.draft_kind)
+        parallel = cfg.draft_kind != "eagle3"
+        mask = (cfg.mask_token_id if cfg.mask_token_id is not None else
+                unused_token(token_counts(cfg), tgt.layout.vocab_size)) if parallel else None
+        dcfg = draft_config(tgt.config, cfg.draft_kind, aux_layer_ids=self.inp.aux_ids, draft_vocab_size=d2t.numel(),
+                            num_layers=cfg.draft_layers, parallel_tokens=cfg.ttt_steps if parallel else None,
+                            mask_token_id=mask, norm_before_residual=cfg.norm_before_residual)
         dcfg.extra["target"] = self.inp.target_name
-        draft = Eagle3Draft(dcfg)
+        draft = build_draft(dcfg)
         draft.set_vocab_map(d2t, t2d)
         lay = tgt.layout
         draft.init_from_target(lay.embed.weight.float(),
@@ -141,7 +177,9 @@ class Trainer:
         if compiled:   # the draft's decoder layer fused (norms, RoPE, SiLU-mul, residuals): 1.18x a SmolLM2 step
             from eyas.target.compiled import compile_forwards
             compile_forwards(self.draft.layers, dynamic=False)
-        self.unroll = TTTUnroll(self.draft, cfg.ttt_steps, cfg.step_decay, attention, compile_loss=compiled)
+        self.decay = step_decay(cfg)
+        self.unroll = self.kind.objective(self.draft, steps=cfg.ttt_steps, decay=self.decay, attention=attention,
+                                          compile_loss=compiled, anchors=cfg.anchors)
         self.model = D.wrap(self.unroll, self.d, cfg.parallel, self.device)
         # One process, compiled: held-out evals run in the training step's grad and module mode, so they reuse its
         # compiled graphs; a no_grad / eval() forward compiles graphs of its own (4 here, ~30 s at the first eval
@@ -224,7 +262,7 @@ class Trainer:
         self.model.train(was)
         stats = self.d.all_reduce(stats)
         acc = step_accuracy(stats.cpu())
-        return {"loss": objective(stats, self.cfg.step_decay), "token_loss": token_loss(stats), "acc": acc,
+        return {"loss": self.kind.objective_value(stats, self.decay), "token_loss": token_loss(stats), "acc": acc,
                 "tau": simulated_tau(acc, self.tau_chain),
                 "positions": int(stats[0, 2])}
 
@@ -240,13 +278,13 @@ class Trainer:
                 f"{f' (the last checkpoint, {last.name}, is finite)' if last else ''}. Lower --lr (now {self.cfg.lr}) "
                 f"or --grad-clip, or check the target's hidden states (`eyas doctor --store`)")
 
-    def _draft_for_save(self, msd: dict) -> Eagle3Draft:
+    def _draft_for_save(self, msd: dict) -> torch.nn.Module:
         sd = {k[len("draft."):]: v for k, v in msd.items() if k.startswith("draft.")}
         bad = nonfinite_keys(sd)
         if bad:   # the loss of the step before may still have been finite: the update made them so
             raise TrainingDiverged(self._diverged(f"the draft's {', '.join(bad[:3])} hold NaN or inf values"))
         with torch.device("meta"):
-            m = Eagle3Draft(self.draft.config)
+            m = build_draft(self.draft.config)
         m.load_state_dict(sd, assign=True, strict=False)
         return m
 
@@ -267,8 +305,8 @@ class Trainer:
             raise FileNotFoundError(f"--resume: no checkpoint under {self.cfg.out / C.CHECKPOINTS}; "
                                     f"drop --resume to start a fresh run")
         st = C.load_state(ck)
-        saved, now = st["config"], self.cfg.model_dump(mode="json")
-        diff = [k for k in _RESUME_MUST_MATCH if saved.get(k) != now.get(k)]
+        saved, now = resume_settings(st["config"]), resume_settings(self.cfg.model_dump(mode="json"))
+        diff = [k for k in _RESUME_MUST_MATCH if saved[k] != now[k]]
         if diff:
             raise ConfigError(f"--resume from {ck}: {', '.join(f'{k}={saved.get(k)!r} (now {now.get(k)!r})' for k in diff)}"
                               " differ from the checkpoint; the run would not continue the same data order")
@@ -338,7 +376,7 @@ class Trainer:
             if self.step % cfg.log_every == 0 or self.step == self.total:
                 dt = time.perf_counter() - t0
                 acc = step_accuracy(window.cpu())
-                self.log({"split": "train", "step": self.step, "loss": objective(window, cfg.step_decay),
+                self.log({"split": "train", "step": self.step, "loss": self.kind.objective_value(window, self.decay),
                           "token_loss": token_loss(window), "acc": acc,
                           "tau": simulated_tau(acc, self.tau_chain), "lr": self.sched.get_last_lr()[0],
                           "tokens_per_s": toks * self.d.world / max(dt, 1e-9)})
@@ -398,7 +436,9 @@ def train(cfg: TrainConfig, *, target=None, store=None, dataset=None) -> dict:
     # the main process owns the RUN dir (its lock held to the end, its settings recorded)
     with claim(cfg.out, "run", overwrite=cfg.overwrite, resume=cfg.resume,
                inputs={"target": cfg.target, "store": cfg.store, "data": cfg.data},
-               settings={k: getattr(cfg, k) for k in RUN_SETTINGS}) if dist_env()[0] == 0 else nullcontext():
+               settings={k: getattr(cfg, k) for k in RUN_SETTINGS} | {"step_decay": step_decay(cfg)},
+               defaults={k: TrainConfig.model_fields[k].default for k in RUN_SETTINGS}
+               ) if dist_env()[0] == 0 else nullcontext():
         t = None
         try:
             t = Trainer(cfg, target=target, store=store, dataset=dataset)

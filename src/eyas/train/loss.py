@@ -110,3 +110,23 @@ def chunked_soft_ce(x: torch.Tensor, weight: torch.Tensor, probs: torch.Tensor, 
     if chunk < 1:
         raise ValueError(f"loss chunk must be >= 1 rows, got {chunk}")
     return _ChunkedSoftCE.apply(x, weight, probs, rows, target_arg, int(chunk), _compute_dtype(x), bool(compiled))
+
+
+def depth_loss(ce: torch.Tensor, correct: torch.Tensor, depth: torch.Tensor, steps: int, decay: float
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The parallel drafters' objective over their counted rows: ce/correct [N] and each row's depth [N] (0 = the
+    first drafted token). loss = sum_rows decay**depth * ce / N, the token mean of the published recipes (P-EAGLE:
+    decay 1; DFlash: exp(-1/gamma)). Returns (loss, stats [steps, 3] = ce_sum, correct, count per depth)."""
+    stats = torch.zeros(steps, 3, dtype=torch.float32, device=ce.device)
+    stats[:, 0].index_add_(0, depth, ce.detach().float())
+    stats[:, 1].index_add_(0, depth, correct.float())
+    stats[:, 2].index_add_(0, depth, torch.ones_like(ce, dtype=torch.float32))
+    weight = torch.full_like(ce, float(decay)).pow(depth.to(ce.dtype))
+    return (weight * ce).sum() / max(int(depth.numel()), 1), stats
+
+
+def token_mean_objective(stats: torch.Tensor, decay: float) -> float:
+    """depth_loss's value from stats [K, 3] summed over batches: sum_k decay**k * ce_k / sum_k n_k."""
+    w = torch.tensor([float(decay) ** k for k in range(stats.shape[0])])
+    s = stats.detach().float().cpu()
+    return float((w * s[:, 0]).sum() / s[:, 2].sum().clamp(min=1))

@@ -117,3 +117,13 @@ def _ordered(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     x = blocks[:, None].to(torch.int32)
     return x.sum(-1).to(torch.int32), torch.argsort(x, dim=-1, descending=True, stable=True).to(torch.int32)
 
+
+
+def block_mask_of(mask_mod, B: int, q_len: int, kv_len: int, device, block_size: int = 128):
+    """A BlockMask for a mask_mod (the parallel drafters' training masks): create_block_mask, compiled on a GPU
+    (static shapes: one compile serves every step) or once the token grid is so big that eager evaluation would
+    materialise it (as in ttt_block_mask_reference)."""
+    if create_block_mask is None:
+        raise RuntimeError("FlexAttention needs torch >= 2.5; use attention='dense'")
+    return create_block_mask(mask_mod, B, None, q_len, kv_len, device=device, BLOCK_SIZE=block_size,
+                             _compile=torch.device(device).type == "cuda" or q_len * kv_len > 2 ** 28)
