@@ -27,8 +27,10 @@ case "${1:-}" in
   sgl_check)  # SGLang's environment, then its tree served vs eyas's native tree (fp32)
     $E doctor --target /tmp/smol-hf --engine sglang --json > $R/doctor_sglang.json
     $E export --draft /tmp/run-s --format sglang --out /tmp/x-sgl &&
-    $E serve-check --draft /tmp/x-sgl --engine sglang --tree total=60,depth=7,topk=10 --per-category 2 \
-        --max-new-tokens 128 --out $R/serve_check_sglang_tree.json ;;
+    { $E serve-check --draft /tmp/x-sgl --engine sglang --tree total=60,depth=7,topk=10 --per-category 2 \
+        --max-new-tokens 128 --out $R/serve_check_sglang_tree.json ||
+      $E serve-check --draft /tmp/x-sgl --engine sglang --tree total=60,depth=7,topk=10 --per-category 2 \
+        --max-new-tokens 128 --dtype bf16 --out $R/serve_check_sglang_tree_bf16.json; } ;;
   convert)    # issue 37 item 1: the 1.5B's GGUF -> bf16 HF dir on the GPU (goal <= 60 s)
     python3 bench/convert.py --target qwen2.5-coder-1.5b --device cuda --out $R/convert-q15-h200.json ;;
   timed)      # alone on the GPU, in order of need
