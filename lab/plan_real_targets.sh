@@ -23,7 +23,7 @@ case "${1:-}" in
     $E prepare --target /tmp/smol-hf --data /tmp/sharegpt.json --out /tmp/prep-s --max-samples 4000 --json \
         > $R/prepare_s.json &&
     $E train --target /tmp/smol-hf --data /tmp/prep-s --online --out /tmp/run-s --no-norm-before-residual \
-        --epochs 2 --batch-size 8 --lr 1e-3 --ttt-steps 7 --max-length 2048 --json > $R/train_s.json ;;
+        --epochs 2 --batch-size 8 --lr 1e-3 --ttt-steps 7 --max-length 2048 > $R/train_s.log 2>&1 ;;
   sgl_check)  # SGLang's environment, then its tree served vs eyas's native tree (fp32)
     $E doctor --target /tmp/smol-hf --engine sglang --json > $R/doctor_sglang.json
     $E export --draft /tmp/run-s --format sglang --out /tmp/x-sgl &&
