@@ -168,6 +168,7 @@ class WorkerEngine:
     served_layers: ClassVar[dict[str, str]] = {}  # wrapper architecture -> where the engine keeps its decoder layers
     worker: ClassVar[Path]                        # its serve worker
     export_format: ClassVar[str]
+    dtypes: ClassVar[tuple[str, ...]] = ("fp32", "bf16")   # what its kernels run; the first is serve-check's default
     trees: ClassVar[bool]
 
     def __init__(self, python: str | os.PathLike | None = None, architectures=()):
