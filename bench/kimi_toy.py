@@ -229,8 +229,10 @@ def regen(r: Run, backend: str) -> dict:
     errors = Path(f"{out}.errors.jsonl")
     reasons = collections.Counter(json.loads(x).get("error", "?")[:80] for x in
                                   errors.read_text().splitlines()) if errors.is_file() else {}
-    # "empty answer": the toy's greedy first token is its end-of-turn token (the Llava toy's on ~1/3 of prompts,
-    # by a logit margin of ~0.1): no answer to learn from, so regenerate drops the row
+    # "empty answer": the toy's greedy first token is its end-of-turn token (the Llava toy's on ~1/3 of prompts: at
+    # the answer's first position its random lm_head puts <|im_end|> within ~0.1 logit of the best other token):
+    # no answer to learn from, so regenerate drops the row; near-ties there can fall either way between backends,
+    # which regen_cmp's rows_only_in_a / _b list
     return {**(res["json"] or {}), "failed_by_reason": dict(reasons), "wall_s": res["seconds"]}
 
 
