@@ -171,7 +171,7 @@ gguf_to_hf(Path('/tmp/gguf/m.gguf'), Path('/tmp/smol-hf'))" "$it" ;;
       sglang) rm -rf "$C/w"; mkdir -p "$C/w"; tar xf "$it" -C "$C/w"
         python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/sglang-site "$C"/w/*.whl
         tar xzf "$C"/w/sgl_kernel-trimmed.tgz -C /tmp/sglang-site
-        printf '#!/bin/sh\n# SGLang 0.5.14: its own site (transformers 5.8.1) first, then the image.\nexport PYTHONPATH=/tmp/sglang-site\nexec python3 "$@"\n' > /tmp/spy
+        printf '#!/bin/sh\n# SGLang 0.5.14: its own site (transformers 5.8.1) first, then the carried deps, then the image.\nexport PYTHONPATH=/tmp/sglang-site:/tmp/site\nexec python3 "$@"\n' > /tmp/spy
         chmod +x /tmp/spy ;;
       vllm) mkdir -p /tmp/vllm; tar xzf "$it" -C /tmp/vllm
         printf '#!/bin/sh\n# vLLM 0.26 environment: the image'"'"'s torch 2.11 + the carried vllm tree and wheels (its own transformers first).\nexport PYTHONPATH=/tmp/vllm:/tmp/vllm-own:/tmp/site VLLM_HOST_IP=127.0.0.1\nexec python3 "$@"\n' > /tmp/vpy
@@ -179,8 +179,11 @@ gguf_to_hf(Path('/tmp/gguf/m.gguf'), Path('/tmp/smol-hf'))" "$it" ;;
     esac
     touch "$C/installed.$name"; echo "installed $name"
   done
+  # lanes run from a snapshot of the tree (lab/lanes.sh snap): every call re-copies the working tree, and a file
+  # being replaced under a running job is missing for a moment (a worker once failed to start that way)
+  local src="$ROOT/src"; [ -d /tmp/snap/src ] && src=/tmp/snap/src
   cat > /tmp/eyas-env.sh <<ENV
-export PYTHONPATH=$ROOT/src:/tmp/site
+export PYTHONPATH=$src:/tmp/site
 export VLLM_HOST_IP=127.0.0.1 EYAS_VLLM_PYTHON=/tmp/vpy EYAS_SGLANG_PYTHON=/tmp/spy EYAS_WHEELS=/tmp/wheels
 ENV
   echo "ready: $(cd "$C" && ls installed.* 2>/dev/null | sed 's/installed\.//' | tr '\n' ' ')"

@@ -8,6 +8,10 @@
 #   bash lab/lanes.sh wait SECONDS [NAME...]   wait until the named lanes (default: all) have ended, at most SECONDS;
 #                                         prints each lane's state and its log's last lines; then `pack`
 #   bash lab/lanes.sh pack                $OUT/lanes.tgz: every lane's log and rc, and /tmp/res (results JSON)
+#   bash lab/lanes.sh snap                copy the tree (less .carry, .whl) to /tmp/snap and run later lanes from there:
+#                                         each device call re-copies the working tree, and a file being replaced
+#                                         under a running lane is missing for a moment
+# Lanes start in /tmp/snap when it exists (after `snap`), else in the current directory.
 # Lanes write their results under /tmp/res (RES), which `pack` brings back with every call.
 set -uo pipefail
 L=/tmp/lanes
@@ -23,8 +27,9 @@ state() {  # state NAME -> running | done rc=N | none
 start() {
   local name=$1; shift
   [ "$(state "$name")" = none ] || { echo "lane $name: $(state "$name") (not started again)"; return 0; }
+  local dir=$PWD; [ -d /tmp/snap ] && dir=/tmp/snap
   setsid bash -c 'cd "$1"; shift; n=$1; shift; "$@" > /tmp/lanes/$n.log 2>&1; echo $? > /tmp/lanes/$n.rc' \
-    _ "$PWD" "$name" "$@" < /dev/null > /dev/null 2>&1 &
+    _ "$dir" "$name" "$@" < /dev/null > /dev/null 2>&1 &
   echo $! > "$L/$name.pid"
   echo "lane $name started (pid $!)"
 }
@@ -57,10 +62,18 @@ wait_for() {
   pack
 }
 
+snap() {
+  rm -rf /tmp/snap.new && mkdir /tmp/snap.new && tar c --exclude=./.carry --exclude=./.whl . | tar x -C /tmp/snap.new
+  rm -rf /tmp/snap && mv /tmp/snap.new /tmp/snap
+  [ -f /tmp/eyas-env.sh ] && sed -i "s#^export PYTHONPATH=[^:]*/src:#export PYTHONPATH=/tmp/snap/src:#" /tmp/eyas-env.sh
+  echo "snapshot in /tmp/snap ($(du -sh /tmp/snap | cut -f1))"
+}
+
 case "${1:-}" in
+  snap) snap ;;
   start) shift; start "$@" ;;
   after) shift; after "$@" ;;
   wait) shift; wait_for "$@" ;;
   pack) pack ;;
-  *) sed -n '2,12p' "$0"; exit 2 ;;
+  *) sed -n '2,16p' "$0"; exit 2 ;;
 esac

@@ -9,7 +9,6 @@ from eyas.decode.tree import TreeSpec
 from eyas.drafters.dflash.objective import DFlashObjective, sample_anchors
 from eyas.draft.kinds import get_kind
 from eyas.drafters.p_eagle.objective import PEagleObjective, cod_capacity, cod_layout
-from eyas.train.masks import BlockMask
 from tests.draft.test_parallel_models import HT, V, make
 
 K = 4
@@ -56,8 +55,6 @@ def test_cod_layout_nests_its_rollouts():
 
 @pytest.mark.parametrize("attention", ["dense", "flex"])
 def test_p_eagle_training_rows_equal_rollouts_run_alone(attention):
-    if attention == "flex" and BlockMask is None:
-        pytest.skip("no FlexAttention")
     draft, _ = make("p-eagle", K=K)
     ids, pos, lm, aux, iv = packed()
     torch.manual_seed(3)
@@ -86,8 +83,6 @@ def dflash_alone(draft, ids, pos, aux, b, t):
 
 @pytest.mark.parametrize("attention", ["dense", "flex"])
 def test_dflash_training_blocks_equal_blocks_run_alone(attention):
-    if attention == "flex" and BlockMask is None:
-        pytest.skip("no FlexAttention")
     draft, _ = make("dflash", K=K, layers=2)
     ids, pos, lm, aux, iv = packed()
     torch.manual_seed(3)
@@ -177,8 +172,6 @@ def test_static_shapes_pad_without_changing_the_loss(kind):
 def test_objectives_run_under_bf16_autocast(kind, attention):
     """GPU training's default (fp32 master weights, bf16 autocast): forward and backward, on the CPU's autocast;
     FlexAttention (not autocast-aware) needs q, k and v in one dtype."""
-    if attention == "flex" and BlockMask is None:
-        pytest.skip("no FlexAttention")
     draft, _ = make(kind, K=K, layers=2)
     draft.train()
     ids, pos, lm, aux, iv = packed()

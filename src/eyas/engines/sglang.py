@@ -85,6 +85,7 @@ class SglangAdapter(WorkerEngine):
     entry_points = ENTRY_POINTS
     worker = Path(__file__).with_name("sglang_serve_worker.py")
     export_format = "sglang"
+    dtypes = ("bf16",)   # sgl_kernel's RMSNorm has no fp32 kernel ("failed to dispatch data type Float")
     trees = True
 
     def engine_request(self, target: str, export: str | None, spec: TreeSpec | None, *, dtype: str,

@@ -117,15 +117,15 @@ def read_gguf(path: Path, meta_model: nn.Module, dtype: torch.dtype | None, devi
     architectures it maps, else transformers' reader and name map."""
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    from eyas.target.gguf_convert import ARCHITECTURES, open_gguf, read_tensors
+    from eyas.target.gguf_convert import ARCHITECTURES, read_tensors
+    from eyas.target.gguf_header import read_header
 
-    reader, arch = open_gguf(path)
-    if arch in ARCHITECTURES:
+    header = read_header(path)
+    if header.arch in ARCHITECTURES:
         try:
-            return read_tensors(reader, arch, dtype=dtype, device=device, name=str(path))
+            return read_tensors(header, dtype=dtype, device=device)
         except KeyError as e:   # a tensor the name tables do not know
             raise FastLoadUnsupported(str(e)) from e
-    del reader
 
     try:
         tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=meta_model)["tensors"]

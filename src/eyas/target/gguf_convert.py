@@ -1,10 +1,12 @@
-"""GGUF -> plain HF directory (bf16 safetensors, config, tokenizer) with eyas's own tensor reader.
+"""GGUF -> plain HF directory (bf16 safetensors, config, tokenizer), the GGUF's header parsed once.
 
-The `gguf` package's GGUFReader parses the header and maps the file; each tensor's raw bytes go to
-`device` (the GPU when there is one) and are dequantised there in torch (target/dequant.py, equal to the
-reference bit for bit), renamed by the tables below and cast to `dtype`. transformers still builds the
-config and the tokenizer from the GGUF's metadata (cheap next to the weights). Architectures outside the
-tables convert through transformers' own GGUF loader (numpy, slower).
+target/gguf_header.py parses the header (metadata, tensor infos) in a fraction of a second; target/gguf_meta.py
+builds the config and the tokenizer from it (equal to what transformers builds from the file, without its
+repeated parses of the vocabulary). Each tensor's raw bytes go to `device` (the GPU when there is one) and are
+dequantised there in torch (target/dequant.py, equal to the reference bit for bit), renamed by the tables
+below, cast to `dtype` and handed to target/st_write.py, whose threads write it at its place in
+model.safetensors while the next one is dequantised. Architectures outside the tables convert through
+transformers' own GGUF loader (numpy, slower).
 
 llama.cpp stores Llama's q/k rows interleaved for its RoPE (pairs 2i, 2i+1); HF pairs i with i + d/2, so
 those rows are put back per head (`unpermute`, as transformers' loader does). Qwen2's are stored as HF has
@@ -17,13 +19,13 @@ import re
 import time
 import warnings
 from collections import Counter
-from contextlib import nullcontext
+from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from eyas.target.dequant import dequantize
+from eyas.target.gguf_header import GGUFHeader, TensorInfo, read_header
 
 GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
                 "output.weight": "lm_head.weight"}
@@ -61,61 +63,48 @@ def unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, half, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-def field_value(reader, key: str, default=None):
-    """A scalar or string metadata value of an open GGUF, read from the parts every gguf release has."""
-    from gguf import GGUFValueType
-
-    f = reader.fields.get(key)
-    if f is None or not f.data:
-        return default
-    part = f.parts[f.data[0]]
-    return bytes(part).decode("utf-8") if f.types[0] == GGUFValueType.STRING else part.tolist()[0]
-
-
-def open_gguf(path: str | Path):
-    """The GGUFReader of `path` (copy-on-write map: tensors can be wrapped by torch without a copy, the file is
-    never written) and its architecture; a file that is not a GGUF is an error naming it."""
-    from gguf import GGUFReader
-
-    try:
-        reader = GGUFReader(str(path), "c")
-    except (ValueError, OSError) as e:
-        raise ValueError(f"{path}: not a readable GGUF file: {e}") from e
-    return reader, str(field_value(reader, "general.architecture", ""))
-
-
-def read_tensors(reader, arch: str, *, dtype: torch.dtype | None, device, counts: Counter | None = None,
-                 name: str = "gguf") -> dict[str, torch.Tensor]:
-    """Every tensor of an open GGUF under its HF name, dequantised on `device`, cast to `dtype`, left on `device`."""
-    permuted = ARCHITECTURES[arch]
-    heads = int(field_value(reader, f"{arch}.attention.head_count", 0))
-    kv_heads = int(field_value(reader, f"{arch}.attention.head_count_kv", heads) or heads)
-    device = torch.device(device)
-    state: dict[str, torch.Tensor] = {}
-    for t in reader.tensors:
+def tensor_names(h: GGUFHeader) -> list[tuple[TensorInfo, str]]:
+    """Every tensor of the GGUF with its HF name (llama.cpp's precomputed RoPE factors left out)."""
+    named, seen = [], set()
+    for t in h.tensors:
         if t.name in SKIPPED:
             continue
-        key = hf_name(t.name, arch)
-        if key in state:
-            raise ValueError(f"{name}: tensor {t.name!r} appears twice")
-        shape = tuple(int(x) for x in reversed(t.shape.tolist()))   # GGUF lists dims innermost first
-        raw = torch.from_numpy(np.asarray(t.data).reshape(-1).view(np.uint8)).to(device)
-        w = dequantize(raw, t.tensor_type, shape, name=f"{name}: {t.name}")
+        key = hf_name(t.name, h.arch)
+        if key in seen:
+            raise ValueError(f"{h.path}: two GGUF tensors map to {key} (the second is {t.name!r})")
+        seen.add(key)
+        named.append((t, key))
+    return named
+
+
+def iter_tensors(h: GGUFHeader, *, dtype: torch.dtype | None, device, counts: Counter | None = None
+                 ) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, tensor) for every tensor of the GGUF, dequantised on `device`, cast to `dtype`, left there."""
+    arch = h.arch
+    permuted = ARCHITECTURES[arch]
+    heads = int(h.get(f"{arch}.attention.head_count", 0))
+    kv_heads = int(h.get(f"{arch}.attention.head_count_kv", heads) or heads)
+    device = torch.device(device)
+    for t, key in tensor_names(h):
+        raw = torch.from_numpy(h.data(t)).to(device)
+        w = dequantize(raw, t.qtype, t.shape, name=f"{h.path}: {t.name}")
         if permuted and ".attn_q." in t.name:
             w = unpermute(w, heads)
         elif permuted and ".attn_k." in t.name:
             w = unpermute(w, kv_heads)
-        state[key] = w.to(dtype) if dtype is not None else w
         if counts is not None:
-            counts[t.tensor_type.name] += 1
-    return state
+            counts[t.qtype.name] += 1
+        yield key, (w.to(dtype) if dtype is not None else w)
 
 
-def _config(gguf: Path, dtype: torch.dtype):
+def read_tensors(h: GGUFHeader, *, dtype: torch.dtype | None, device, counts: Counter | None = None
+                 ) -> dict[str, torch.Tensor]:
+    """Every tensor of the GGUF under its HF name, dequantised on `device`, cast to `dtype`, left on `device`."""
+    return dict(iter_tensors(h, dtype=dtype, device=device, counts=counts))
+
+
+def as_checkpoint_config(config, dtype: torch.dtype):
     """The HF config of a GGUF as a plain checkpoint's: no quantization_config, `dtype`, the causal-LM class."""
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     if hasattr(config, "quantization_config"):
         delattr(config, "quantization_config")
     config.dtype = dtype
@@ -126,31 +115,22 @@ def _config(gguf: Path, dtype: torch.dtype):
     return config
 
 
+def _config(gguf: Path, dtype: torch.dtype):
+    """transformers' own reading of a GGUF's config (a full parse of the file)."""
+    from transformers import AutoConfig
+
+    return as_checkpoint_config(AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name), dtype)
+
+
 def _tokenizer(gguf: Path):
+    """transformers' own GGUF tokenizer (it parses the file again, twice)."""
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
 
 
-def write_metadata(part: str, gguf: str, out: str, dtype: str) -> float:
-    """Write the config (config.json, generation_config.json) or the tokenizer files of `gguf` into `out`; returns
-    its seconds. Each runs in a child process beside the tensors for a large GGUF: transformers parses the whole
-    GGUF header again for each (the 150k-entry vocabulary arrays cost seconds)."""
-    from transformers import GenerationConfig
-
-    t0 = time.perf_counter()
-    Path(out).mkdir(parents=True, exist_ok=True)
-    if part == "config":
-        config = _config(Path(gguf), getattr(torch, dtype))
-        config.save_pretrained(out)
-        GenerationConfig.from_model_config(config).save_pretrained(out)
-    else:
-        _tokenizer(Path(gguf)).save_pretrained(out)
-    return time.perf_counter() - t0
-
-
-def check_state(state: dict[str, torch.Tensor], config, where: str) -> None:
-    """The converted tensors are exactly the model's (names and shapes), the tied lm_head aside."""
+def check_state(state: dict, config, where: str) -> None:
+    """The converted tensors (or their shapes) are exactly the model's (names and shapes), the tied lm_head aside."""
     from eyas.target.layers import build_meta, text_config
 
     own = {k: tuple(v.shape) for k, v in build_meta(config).state_dict().items()}
@@ -161,66 +141,60 @@ def check_state(state: dict[str, torch.Tensor], config, where: str) -> None:
         raise ValueError(f"{where}: the GGUF's tensors are not the model's: missing {missing[:3]}, "
                          f"unexpected {unexpected[:3]}")
     for k, shape in own.items():
-        if tuple(state[k].shape) != shape:
-            raise ValueError(f"{where}: tensor {k} has shape {list(state[k].shape)}, the model's is {list(shape)}")
-
-
-# A GGUF this large has a vocabulary whose metadata takes transformers seconds to parse: worth a child process
-SIDE_PROCESS_BYTES = 64 << 20
+        got = tuple(getattr(state[k], "shape", state[k]))
+        if got != shape:
+            raise ValueError(f"{where}: tensor {k} has shape {list(got)}, the model's is {list(shape)}")
 
 
 def gguf_to_hf(gguf: Path, out: Path, *, dtype: torch.dtype = torch.bfloat16, device=None,
-               side_process: bool | None = None) -> dict:
+               write_threads: int = 4) -> dict:
     """De-quantize a GGUF into a plain HF dir (no quantization_config, so every tool reads it).
 
-    device: where to dequantise (default: cuda when available). side_process: write the config and the tokenizer
-    from two child processes while the tensors are read (default: for files over SIDE_PROCESS_BYTES, where it
-    saves more than a child's start-up). Returns seconds per phase (parse, dequant, write; config and tokenizer
-    are the time each took, `wait_metadata` what the tensors waited for them) and counts."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    device: where to dequantise (default: cuda when available). write_threads: threads writing model.safetensors
+    while the tensors are dequantised. Returns seconds per phase (parse, config, tokenizer, dequant; write is
+    what was left to write once the last tensor was dequantised) and counts."""
+    from transformers import GenerationConfig
 
-    from safetensors.torch import save_file
-    from transformers import AutoConfig
+    from eyas.target.gguf_meta import fast_path_problem, hf_config, hf_tokenizer
+    from eyas.target.st_write import SafetensorsWriter
 
     gguf, out = Path(gguf), Path(out)
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     clock = [time.perf_counter()]
 
-    def lap() -> float:
-        if device.type == "cuda":
+    def lap(sync: bool = False) -> float:
+        if sync and device.type == "cuda":   # the dequant lap: the GPU's queue, and its start-up, are its own
             torch.cuda.synchronize(device)
         clock.append(time.perf_counter())
         return round(clock[-1] - clock[-2], 3)
 
     seconds: dict[str, float] = {}
-    reader, arch = open_gguf(gguf)
-    if arch not in ARCHITECTURES:
-        del reader
+    h = read_header(gguf)
+    if h.arch not in ARCHITECTURES:
         _via_transformers(gguf, out, dtype)
-        return {"reader": "transformers", "arch": arch, "seconds": {"total": lap()}}
+        return {"reader": "transformers", "arch": h.arch, "seconds": {"total": lap()}}
     out.mkdir(parents=True, exist_ok=True)
+    named = tensor_names(h)
     seconds["parse"] = lap()
-    if side_process is None:
-        side_process = gguf.stat().st_size > SIDE_PROCESS_BYTES
-    spawn = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(2, mp_context=spawn) if side_process else nullcontext() as pool:
-        args = (str(gguf), str(out), str(dtype).replace("torch.", ""))
-        side = {p: pool.submit(write_metadata, p, *args) for p in ("config", "tokenizer")} if pool else {}
-        counts: Counter = Counter()
-        state = read_tensors(reader, arch, dtype=dtype, device=device, counts=counts, name=str(gguf))
-        state = {k: v.cpu() for k, v in state.items()}
-        seconds["dequant"] = lap()
-        for p in ("config", "tokenizer"):
-            seconds[p] = round(side[p].result() if side else write_metadata(p, *args), 3)
-        seconds["wait_metadata"] = lap()
-    check_state(state, AutoConfig.from_pretrained(out), str(gguf))
-    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    problem = fast_path_problem(h)
+    config = as_checkpoint_config(hf_config(h) if problem is None else _config(gguf, dtype), dtype)
+    check_state({key: t.shape for t, key in named}, config, str(gguf))
+    config.save_pretrained(out)
+    GenerationConfig.from_model_config(config).save_pretrained(out)
+    seconds["config"] = lap()
+    (hf_tokenizer(h, config) if problem is None else _tokenizer(gguf)).save_pretrained(out)
+    seconds["tokenizer"] = lap()
+    counts: Counter = Counter()
+    layout = {key: (dtype, t.shape) for t, key in named}
+    with SafetensorsWriter(out / "model.safetensors", layout, {"format": "pt"}, workers=write_threads) as writer:
+        for key, w in iter_tensors(h, dtype=dtype, device=device, counts=counts):
+            writer.put(key, w)
+        seconds["dequant"] = lap(sync=True)
     seconds["write"] = lap()
     seconds["total"] = round(clock[-1] - clock[0], 3)
-    return {"reader": "eyas", "arch": arch, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
-            "tensors": sum(counts.values()), "types": dict(counts),
-            "parameters": sum(v.numel() for v in state.values()), "seconds": seconds}
+    return {"reader": "eyas", "metadata": problem or "header", "arch": h.arch, "device": str(device),
+            "dtype": str(dtype).replace("torch.", ""), "tensors": sum(counts.values()), "types": dict(counts),
+            "parameters": sum(t.numel for t, _ in named), "write_threads": write_threads, "seconds": seconds}
 
 
 def _via_transformers(gguf: Path, out: Path, dtype: torch.dtype) -> None:
