@@ -102,9 +102,9 @@ def run_steps(todo: list[tuple[Hashable, str]], needs: dict[str, tuple[str, ...]
               action: Callable[[Hashable, str], dict], state: dict, save: Callable[[], None], *, workers: int,
               budget_s: float | None = None, t0: float | None = None) -> list[tuple[Hashable, str]]:
     """Run each (unit, step) of `todo` once the steps it needs are done in state[unit], `workers` at a time, in
-    `todo`'s order among those ready; no step starts `budget_s` after `t0`. Each result goes to state[unit][step]
-    (a raised exception as {"error", "wall_s"}) and is saved. Returns the pairs left: failed, waiting for one that
-    failed or was not asked for, or past the budget."""
+    `todo`'s order among those ready; no step starts `budget_s` after `t0`. Each result (a raised exception as
+    {"error"}) goes to state[unit][step] with its wall_s and started_s (after `t0`), and is saved. Returns the
+    pairs left: failed, waiting for one that failed or was not asked for, or past the budget."""
     t0 = time.perf_counter() if t0 is None else t0
     todo = list(todo)
 
@@ -116,7 +116,10 @@ def run_steps(todo: list[tuple[Hashable, str]], needs: dict[str, tuple[str, ...]
         try:
             res = action(unit, s)
         except Exception as e:  # noqa: BLE001 - a failed step is a result; the steps after it wait for a re-run
-            res = {"error": f"{type(e).__name__}: {e}"[-4000:], "wall_s": round(time.perf_counter() - s0, 2)}
+            res = {"error": f"{type(e).__name__}: {e}"[-4000:]}
+        # when it started (seconds into this call) and how long it took: the call's timeline
+        res = {**res, "wall_s": res.get("wall_s", round(time.perf_counter() - s0, 2)),
+               "started_s": round(s0 - t0, 1)}
         state.setdefault(unit, {})[s] = res
         save()
 

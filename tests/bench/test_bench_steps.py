@@ -52,7 +52,9 @@ def test_a_second_call_continues_from_the_saved_state_and_redo_forgets_it(tmp_pa
     needs, todo = {"a": (), "b": ("a",), "c": ("b",)}, [("u", "a"), ("u", "b"), ("u", "c")]
     state, save = _steps.load_state(tmp_path / "state.json")
     assert _steps.run_steps(todo, needs, action, state, save, workers=2) == [("u", "b"), ("u", "c")]
-    assert "b broke" in json.loads((tmp_path / "state.json").read_text())["u"]["b"]["error"]
+    saved = json.loads((tmp_path / "state.json").read_text())["u"]
+    assert "b broke" in saved["b"]["error"] and saved["a"]["ok"] == "a"
+    assert all(saved[s]["wall_s"] >= 0 and saved[s]["started_s"] >= 0 for s in ("a", "b"))
     state, save = _steps.load_state(tmp_path / "state.json")
     left = [(u, s) for u, s in todo if "error" in state.get(u, {}).get(s, {"error": "not run"})]
     assert _steps.run_steps(left, needs, action, state, save, workers=2) == []
