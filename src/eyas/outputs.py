@@ -105,7 +105,8 @@ KINDS: dict[str, Kind] = {
                        sidecars=(".errors.jsonl", ".self-prompts.jsonl", ".task-prompts.jsonl",
                                  ".task-prompts.jsonl.tmp", ".vllm.log")),
     "eval": Kind("eval results", False, False, "", _result("results", "warm_only")),
-    "serve-check": Kind("serve-check results", False, False, "", _result("served_tau", "native_tau", "export")),
+    "serve-check": Kind("serve-check results", False, False, "", _result("served_tau", "native_tau", "export"),
+                        sidecars=(".engine.log",)),
 }
 
 

@@ -181,6 +181,26 @@ def test_gpu_memory_share_reaches_the_engine_only_when_set(tmp_path, monkeypatch
     assert llm[2]["tensor_parallel_size"] == 2 and llm[2]["enable_expert_parallel"] is True
 
 
+def test_the_engines_log_is_kept_beside_the_result(tmp_path, monkeypatch):
+    """A start-up that hangs or dies says where in the engine's own log, which stays beside --out."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "target"))
+    from fixtures import tiny_tokenizer  # noqa: E402
+
+    tdir, tmodel = make_target_dir(tmp_path / "target")
+    tiny_tokenizer().save_pretrained(tdir)
+    export = export_vllm(save_draft(make_draft(tmodel), tmp_path / "draft", {"target": str(tdir)}), tmp_path / "x")
+
+    def fake_engine(python, worker, payload, log=None, **kw):
+        log.write_text("INFO the engine core starts\n")
+        raise EngineError(f"{worker.name} did not finish within 5s; log {log}")
+
+    monkeypatch.setattr("eyas.engines.base.run_in_env", fake_engine)
+    with pytest.raises(EngineError, match="did not finish"):
+        check(ServeCheckConfig(draft=export, per_category=1, categories=["writing"], max_new_tokens=4,
+                               python=sys.executable, out=tmp_path / "sc.json"))
+    assert (tmp_path / "sc.json.engine.log").read_text() == "INFO the engine core starts\n"
+
+
 def test_tensor_parallel_size_the_heads_cannot_split_fails_before_the_engine(tmp_path, monkeypatch):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "target"))
     from fixtures import tiny_tokenizer  # noqa: E402

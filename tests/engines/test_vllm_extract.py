@@ -97,6 +97,23 @@ def test_vllm_path_with_stand_in_engine_matches_hf_backend(tiny_target, prepared
     assert res["relative_error"]["b-vs-fp32"]["mean"] < 1.5 * res["relative_error"]["a-vs-fp32"]["mean"] + 2e-3
 
 
+def test_a_memory_share_reaches_the_engine_only_when_set(tiny_target, prepared, tmp_path, monkeypatch):
+    """On a GPU shared with other jobs vLLM's default 0.9 share fails at start-up: the flag must reach LLM(...)."""
+    sent = []
+
+    def fake_engine(python, worker, payload, **kw):
+        sent.append(payload)
+        raise EngineError("stop after the payload")
+
+    monkeypatch.setattr(vllm_extract, "run_in_env", fake_engine)
+    monkeypatch.setattr(vllm_extract, "vllm_version", lambda python: "0.32.0")
+    for i, share in enumerate((0.2, None)):
+        with pytest.raises(EngineError, match="stop after the payload"):
+            run(ExtractConfig(target=str(tiny_target), data=prepared, out=tmp_path / f"s{i}", backend="vllm",
+                              python=sys.executable, gpu_memory_utilization=share))
+    assert sent[0]["gpu_memory_utilization"] == 0.2 and "gpu_memory_utilization" not in sent[1]
+
+
 def a_identity(store):
     return json.loads((store / "manifest.json").read_text())["target"]
 

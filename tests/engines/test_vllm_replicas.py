@@ -23,6 +23,7 @@ from eyas.engines.vllm_generate import VllmBackend, worker_config
 from eyas.engines.vllm_replicas import memory_share, replica_log
 from eyas.engines.serve_timing import exclusive
 from tests.data.test_regenerate import conv
+from tests.engines.test_base import alive
 from tests.engines.test_vllm_generate import FAKE_VLLM, fake_vllm_python, target  # noqa: F401 (fixture)
 
 # The greedy stand-in with the tiny target's (llama) modelling imported as the process starts (as vLLM's own
@@ -218,3 +219,68 @@ def test_engines_that_never_come_up_stop_the_run_naming_their_logs(light, target
     with pytest.raises(EngineError, match="2 of 2 vLLM engine\\(s\\) not up after 2 s") as err:
         VllmBackend(str(target), python=str(py), replicas=2, log=tmp_path / "vllm.log", startup_timeout_s=2)
     assert str(tmp_path / "vllm.log") in str(err.value) and str(tmp_path / "vllm-1.log") in str(err.value)
+
+
+# An engine whose core process (forked, as vLLM's is) logs its start-up through vLLM's logging stream and then
+# never comes up; the front process never returns either.
+STALLED = """
+import os, sys, time
+from vllm.sampling_params import SamplingParams
+
+class LLM:
+    def __init__(self, model, **kw):
+        stream = sys.stderr if os.environ.get("VLLM_LOGGING_STREAM") == "ext://sys.stderr" else sys.stdout
+        if os.fork() == 0:
+            stream.write(f"(EngineCore pid={os.getpid()}) INFO compiling the stand-in's kernels\\n")
+            stream.flush()
+            with open(os.environ["FAKE_CORE_PID"], "w") as f:
+                f.write(str(os.getpid()))
+            time.sleep(3600)
+        time.sleep(3600)
+"""
+
+
+def test_a_stalled_start_up_is_in_the_log_while_it_stalls_and_its_core_is_stopped(target, tmp_path, monkeypatch):  # noqa: F811
+    import threading
+    import time
+
+    py = fake_vllm_python(tmp_path, STALLED)
+    monkeypatch.setenv("FAKE_CORE_PID", str(tmp_path / "core.pid"))
+    log, err = tmp_path / "vllm.log", []
+
+    def start():
+        try:
+            VllmBackend(str(target), python=str(py), log=log, startup_timeout_s=8)
+        except EngineError as e:
+            err.append(e)
+
+    t = threading.Thread(target=start)
+    t.start()
+    deadline = time.monotonic() + 7
+    while "compiling the stand-in" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "compiling the stand-in" in log.read_text() and t.is_alive()  # written as it happened, start-up still on
+    t.join(30)
+    assert err and "not up after 8 s" in str(err[0]) and "compiling the stand-in" in str(err[0])
+    core = int((tmp_path / "core.pid").read_text())
+    deadline = time.monotonic() + 5
+    while alive(core) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(core)  # the engine core went with its worker: nothing left holding the GPU
+
+
+def test_eager_and_a_memory_share_reach_the_engines(light, target, tmp_path):  # noqa: F811
+    from eyas.cli import main
+
+    py, kw = light
+    data = tmp_path / "in.json"
+    data.write_text(json.dumps([conv(i, 1) for i in range(2)]))
+    args = ["regenerate", "--target", str(target), "--data", str(data), "--backend", "vllm", "--python", str(py),
+            "--max-new-tokens", "3", "--graph", "eager", "--gpu-memory-utilization", "0.3"]
+    assert main([*args, "--out", str(tmp_path / "a.jsonl")]) == 0
+    (one,) = builds(kw)
+    assert one["kw"]["enforce_eager"] is True and one["kw"]["gpu_memory_utilization"] == 0.3
+    for p in kw.iterdir():
+        p.unlink()
+    assert main([*args, "--out", str(tmp_path / "b.jsonl"), "--engine-replicas", "2"]) == 0
+    assert [b["kw"]["gpu_memory_utilization"] for b in builds(kw)] == [0.15, 0.15]   # the share, split

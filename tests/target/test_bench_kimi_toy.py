@@ -2,6 +2,7 @@
 
 import json
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,26 +37,80 @@ def test_last_json_takes_the_summary_a_command_prints_last(monkeypatch):
 
 
 def test_vllm_ar_asks_the_engine_for_plain_greedy_on_serve_checks_prompts(tmp_path, monkeypatch):
-    # vLLM's own AR through the engine interface (no draft), sharded like serve-check when --tp > 1
+    # vLLM's own AR through the engine interface (no draft), sharded like serve-check when --tp > 1, once for
+    # both drafts (serve-check gives both the same prompts)
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
     import kimi_toy
 
     sent = []
 
     def fake_worker(python, worker, payload, **kw):
-        sent.append(payload)
+        sent.append((payload, kw))
         return {"outputs": [[5, 6, 7], [8, 9, 9]], "version": "0.26.0", "startup_s": 1.5, "generate_s": 0.1,
                 "counters": {}}
 
     monkeypatch.setattr("eyas.engines.base.run_in_env", fake_worker)
-    ns = type("A", (), {"work": str(tmp_path), "python": str(Path(sys.executable)), "new_tokens": 3, "tp": 2})()
+    ns = type("A", (), {"work": str(tmp_path), "python": str(Path(sys.executable)), "new_tokens": 3, "tp": 2,
+                        "vllm_memory": 0.15, "vllm_timeout_s": 300.0})()
     r = kimi_toy.Run(ns, "kimi-k2.5")
-    (r.dir / "serve-offline.json").write_text(json.dumps({"prompt_ids": [[1, 2], [3]],
-                                                          "served_outputs": [[5, 6, 7], [8, 9, 4]]}))
-    res = kimi_toy.vllm_ar(r, "offline")
-    kwargs = sent[0]["engine"]["kwargs"]
-    assert sent[0]["prompts"] == [[1, 2], [3]] and sent[0]["max_tokens"] == 3 and sent[0]["engine"]["draft"] is None
+    for mode, served in (("offline", [[5, 6, 7], [8, 9, 4]]), ("online", [[5, 6, 7], [8, 9, 9]])):
+        (r.dir / f"serve-{mode}.json").write_text(json.dumps({"prompt_ids": [[1, 2], [3]], "served_outputs": served}))
+    res = kimi_toy.vllm_ar(r)
+    (payload, kw), = sent   # one engine for both drafts
+    kwargs = payload["engine"]["kwargs"]
+    assert payload["prompts"] == [[1, 2], [3]] and payload["max_tokens"] == 3 and payload["engine"]["draft"] is None
     assert kwargs["model"] == str(r.target) and kwargs["dtype"] == "bfloat16" and "speculative_config" not in kwargs
     assert kwargs["tensor_parallel_size"] == 2 and kwargs["enable_expert_parallel"] is True
-    assert res["identical_to_vllm_ar"] == "1/2" and res["first_difference"] == [None, 2]
+    assert kwargs["gpu_memory_utilization"] == 0.15 and kwargs["enforce_eager"] is True and kw["timeout"] == 300.0
+    assert res["offline"] == {"identical_to_vllm_ar": "1/2", "first_difference": [None, 2]}
+    assert res["online"] == {"identical_to_vllm_ar": "2/2", "first_difference": [None, None]}
     assert res["vllm_startup_s"] == 1.5
+
+
+def _fake_steps(monkeypatch, kimi_toy, calls, fail=(), slow=0.2):
+    """Every step a stand-in that records when it ran (and fails where asked)."""
+    def action(step):
+        def run(r):
+            t0 = time.monotonic()
+            time.sleep(slow)
+            calls.append((r.toy, step, t0, time.monotonic()))
+            if (r.toy, step) in fail:
+                raise RuntimeError(f"{step} broke")
+            return {"ok": True}
+        return run
+
+    monkeypatch.setattr(kimi_toy, "ACTIONS", {s: action(s) for s in kimi_toy.STEPS})
+
+
+def test_steps_run_after_what_they_need_both_toys_side_by_side_and_a_failure_stops_only_its_followers(
+        tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import kimi_toy
+
+    calls = []
+    _fake_steps(monkeypatch, kimi_toy, calls, fail={("llava-llama", "train_online")})
+    args = ["--python", "/no/vllm/needed", "--work", str(tmp_path / "w"), "--device", "cpu", "--workers", "4",
+            "--out", str(tmp_path / "a.json")]
+    assert kimi_toy.main(args) == 3
+    doc = json.loads((tmp_path / "a.json").read_text())
+    ran = {(toy, s): (a, b) for toy, s, a, b in calls}
+    for (toy, s), (start, _) in ran.items():
+        for need in kimi_toy.NEEDS[s]:
+            assert ran[(toy, need)][1] <= start, f"{toy}:{s} started before {need} ended"
+    # the two toys' builds ran at the same time, and so did independent steps of one toy
+    (a0, a1), (b0, b1) = ran[("kimi-k2.5", "build")], ran[("llava-llama", "build")]
+    assert a0 < b1 and b0 < a1
+    (c0, c1), (d0, d1) = ran[("kimi-k2.5", "regen_hf")], ran[("kimi-k2.5", "regen_vllm")]
+    assert c0 < d1 and d0 < c1
+    # the llava toy's online training failed: its export, serve and vLLM AR wait for a re-run, the rest went on
+    assert doc["left"] == ["llava-llama:train_online", "llava-llama:export_online", "llava-llama:serve_online",
+                           "llava-llama:vllm_ar"]
+    assert "train_online broke" in doc["results"]["llava-llama"]["train_online"]["error"]
+    assert ("llava-llama", "serve_offline") in ran and ("llava-llama", "export_online") not in ran
+    assert not any(s.startswith("eval_") for _, s, _, _ in calls)   # serve-check's native side is the eval
+    # a re-run does only what is left
+    calls.clear()
+    _fake_steps(monkeypatch, kimi_toy, calls)
+    assert kimi_toy.main(args) == 0
+    assert sorted((t, s) for t, s, _, _ in calls) == sorted(
+        [("llava-llama", s) for s in ("train_online", "export_online", "serve_online", "vllm_ar")])

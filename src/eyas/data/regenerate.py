@@ -42,7 +42,7 @@ class RegenerateConfig(StageConfig):
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling threshold when temperature > 0")
     seed: int = Field(0, description="sampling seed")
     batch_size: int = Field(16, ge=1, description="prompts per generate call (hf)")
-    graph: Literal["auto", "cudagraph", "compile", "eager"] = Field("auto", description="native decode step: CUDA graph on cuda, eager on cpu (auto)")
+    graph: Literal["auto", "cudagraph", "compile", "eager"] = Field("auto", description="native decode step: CUDA graph on cuda, eager on cpu (auto); vllm: eager = vLLM's enforce_eager (no torch.compile, no CUDA graphs: a small target's engine starts in seconds), else vLLM's default")
     attention: Literal["sdpa", "flex"] = Field("sdpa", description="native decode step's attention: sdpa, or flex (FlexAttention over each row's own KV blocks: 1.5x the SmolLM2 rate on an H200 at batch 512; greedy-identical in fp32, bf16 ties may flip)")
     self_max_new_tokens: int = Field(128, ge=8, description="max tokens of a self-written user prompt (data self:N)")
     self_temperature: float = Field(1.0, gt=0.0, description="sampling temperature of self-written prompts (data self:N)")
@@ -78,6 +78,10 @@ class RegenerateConfig(StageConfig):
                                           "the next step while the GPU runs this one, hiding CPU work per step; "
                                           "vLLM 0.26 turns it on by itself where compatible, this flag insists "
                                           "(an engine that cannot fails at start)")
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="vllm: the share of the GPU's memory "
+                                                 "the engine(s) take together (vLLM's gpu_memory_utilization, "
+                                                 "default 0.9, split over --engine-replicas); lower it when other "
+                                                 "jobs share the GPU (vLLM refuses to start with less free)")
     engine_startup_timeout: float = Field(1800.0, gt=0, description="seconds the vLLM engine(s) may take to come "
                                           "up (vllm; model load, compile, CUDA graphs) before the run stops, "
                                           "naming the logs of those not up")

@@ -22,6 +22,7 @@ import fcntl
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 from contextlib import contextmanager
@@ -121,26 +122,47 @@ def engine_python(python: str | os.PathLike | None, env_var: str, how_to: str) -
 def run_in_env(python: Path, worker: Path, payload: dict[str, Any], *, timeout: float | None = None,
                env: dict[str, str] | None = None, log: Path | None = None) -> dict[str, Any]:
     """Run `worker` under `python` with `payload`; return the JSON it wrote. Its stdout/stderr go to
-    `log` (or are kept for the error message) so an engine crash is reported, not swallowed."""
+    `log` as they are written (or are kept for the error message) so an engine crash is reported, not swallowed.
+    The worker runs in its own session: on a timeout (or any interruption) it is killed with everything it
+    started (an engine's core process would otherwise stay, holding the GPU), and so is what outlives its exit."""
     with tempfile.TemporaryDirectory(prefix="eyas-engine-") as tmp:
         inp, out = Path(tmp) / "in.json", Path(tmp) / "out.json"
         inp.write_text(json.dumps(payload))
-        run_env = {**os.environ, **(env or {})}
+        run_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         run_env.pop("PYTHONPATH", None)  # the engine env must not see eyas's site-packages
         sink = open(log, "w") if log else subprocess.PIPE
+        # -P: the worker's own folder (eyas/engines, which holds vllm.py) must not shadow the engine package.
+        proc = subprocess.Popen([str(python), "-P", str(worker), str(inp), str(out)], stdout=sink,
+                                stderr=subprocess.STDOUT, text=True, env=run_env, start_new_session=True)
         try:
-            # -P: the worker's own folder (eyas/engines, which holds vllm.py) must not shadow the engine package.
-            proc = subprocess.run([str(python), "-P", str(worker), str(inp), str(out)], stdout=sink,
-                                  stderr=subprocess.STDOUT, text=True, timeout=timeout, env=run_env)
+            output, _ = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired as e:
-            raise EngineError(f"{worker.name} did not finish within {timeout}s" + (f"; log: {log}" if log else "")) from e
+            kill_group(proc)
+            proc.communicate()
+            tail = Path(log).read_text()[-2000:] if log else ""
+            raise EngineError(f"{worker.name} did not finish within {timeout:.0f}s" + (
+                f"; log {log}, last lines:\n{tail}" if log else "")) from e
+        except BaseException:
+            kill_group(proc)
+            proc.wait()
+            raise
         finally:
+            kill_group(proc)
             if log:
                 sink.close()
         if proc.returncode != 0 or not out.exists():
-            tail = (Path(log).read_text()[-4000:] if log else (proc.stdout or "")[-4000:])
+            tail = (Path(log).read_text()[-4000:] if log else (output or "")[-4000:])
             raise EngineError(f"{worker.name} failed (exit {proc.returncode}) under {python}:\n{tail}")
         return json.loads(out.read_text())
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL a worker started in its own session and everything it started there (vLLM's engine core, compile
+    workers), which would otherwise outlive it holding the GPU; a group already gone is left alone."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 @contextmanager

@@ -86,6 +86,9 @@ FIELD_KEYS = {
 }
 
 
+ENGINE_LOG = ".engine.log"   # OUT + this: the engine's log (a sidecar of the serve-check output)
+
+
 class ServeCheckConfig(StageConfig):
     draft: Path = Field(description="export directory, as written by `eyas export` (--format vllm for --engine "
                                     "vllm, --format sglang for --engine sglang)")
@@ -249,14 +252,15 @@ def _check(cfg: ServeCheckConfig) -> dict:
         options = {} if cfg.gpu_memory_utilization is None else {"gpu_memory_utilization": cfg.gpu_memory_utilization}
         if cfg.tensor_parallel_size > 1 or cfg.expert_parallel:
             options.update(tensor_parallel_size=cfg.tensor_parallel_size, expert_parallel=cfg.expert_parallel)
+        # the engine's own log, as it is written: beside --out (it stays, a hang or a crash says where), else gone
+        log = Path(f"{cfg.out}{ENGINE_LOG}") if cfg.out else Path(tmp) / "engine.log"
         t0 = time.perf_counter()
         with engine.lock():
             t_locked = time.perf_counter()
             # the engine's own margins come back (top-2 logprobs), to judge any divergence from the target
             served = engine.serve(target_spec, Path(cfg.draft).resolve(), prompts, cfg.max_new_tokens,
                                   spec if tell else None, dtype=dtype_name, max_model_len=cfg.max_model_len,
-                                  logprobs=SERVED_LOGPROBS, timeout=cfg.timeout, log=Path(tmp) / "engine.log",
-                                  **options)
+                                  logprobs=SERVED_LOGPROBS, timeout=cfg.timeout, log=log, **options)
         t_end = time.perf_counter()
     tau_s, tau_n = served.stats.tau, native["tau"]
     greedy = [session.baseline[key][0] for key, _ in keyed]

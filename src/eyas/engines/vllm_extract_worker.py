@@ -3,7 +3,7 @@ method and eyas's hidden-states connector; report the file each sequence's state
 
     python vllm_extract_worker.py IN.json OUT.json
 IN:  {model, layer_ids, docs: [[token ids], ...], storage, max_model_len, dtype, tensor_parallel_size,
-      connector_dir (a directory holding only eyas_connector.py)}
+      connector_dir (a directory holding only eyas_connector.py), gpu_memory_utilization (optional)}
 OUT: {vllm_version, files: [path per doc]}  |  {error: "..."} for a setup eyas can explain.
 Imports only vLLM and the standard library (eyas is not installed here).
 """
@@ -43,7 +43,8 @@ def main(inp: str, out: str) -> None:
         return
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=p["model"], dtype=p["dtype"], max_model_len=p["max_model_len"], enforce_eager=True,
+    share = {"gpu_memory_utilization": p["gpu_memory_utilization"]} if p.get("gpu_memory_utilization") else {}
+    llm = LLM(model=p["model"], dtype=p["dtype"], max_model_len=p["max_model_len"], enforce_eager=True, **share,
               disable_log_stats=True, seed=0, tensor_parallel_size=p.get("tensor_parallel_size", 1),
               speculative_config={"method": "extract_hidden_states", "num_speculative_tokens": 1,
                                   "draft_model_config": {"hf_config": {

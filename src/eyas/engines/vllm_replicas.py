@@ -3,7 +3,8 @@
 A small target's vLLM engine is bound by its one engine-core CPU thread (per-request scheduling work grows with
 the requests in flight), not by the GPU, so several engines on one GPU, each with a share of its memory, generate
 more. Each replica's stdout is read by its own thread onto one shared queue, so the driver takes whichever answer
-comes first, from any replica.
+comes first, from any replica. vLLM's own log goes straight to the replica's log file (its stderr), line by line;
+each worker runs in its own session, so stopping it stops its engine core too.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import subprocess
 import threading
 from pathlib import Path
 
-from eyas.engines.base import EngineError
+from eyas.engines.base import EngineError, kill_group
 
 WORKER = Path(__file__).with_name("vllm_generate_worker.py")
 PREFIX = "EYAS> "
@@ -36,19 +37,28 @@ def replica_log(log: Path, index: int) -> Path:
     return log if index == 0 else log.with_name(f"{log.stem}-{index}{log.suffix}")
 
 
+def engine_env(env: dict) -> dict:
+    """A worker's environment: vLLM logs to stdout by default, which is the worker's protocol pipe, read by the
+    driver; sent to stderr instead (the log file itself), every line of the engine core's start-up reaches the log
+    as it is written, whatever the driver is doing (a start-up that hangs says where). Unbuffered, so does a print."""
+    return {**env, "VLLM_LOGGING_STREAM": env.get("VLLM_LOGGING_STREAM", "ext://sys.stderr"),
+            "PYTHONUNBUFFERED": "1"}
+
+
 class Replica:
     """One worker process and the thread reading its stdout: each `EYAS> ` message goes onto the shared queue as
-    (index, message), anything else vLLM prints goes to the log, and (index, None) follows once stdout ends
-    (the worker exited)."""
+    (index, message), anything else printed there goes to the log (vLLM's own logging writes it directly), and
+    (index, None) follows once stdout ends (the worker exited)."""
 
     def __init__(self, index: int, python: str, config: Path, log: Path, env: dict, answers: queue.Queue,
                  label: str = ""):
         self.index, self.log, self.label = index, log, label
         self.in_flight = self.answered = 0
         self.stats: dict = {}  # the worker's own step counts, from its closing message
-        self._logf = open(log, "w")
+        self._logf = open(log, "w", buffering=1)   # line-buffered: what the driver writes shows at once too
         self.proc = subprocess.Popen([str(python), "-P", str(WORKER), str(config)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self._logf, text=True, env=env)
+                                     stdout=subprocess.PIPE, stderr=self._logf, text=True, env=engine_env(env),
+                                     start_new_session=True)
         self._reader = threading.Thread(target=self._pump, args=(answers,), daemon=True,
                                         name=f"vllm-replica-{index}")
         self._reader.start()
@@ -76,8 +86,9 @@ class Replica:
         try:
             code = self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:  # stdin broke but the process lingers: it cannot be driven any more
-            self.proc.kill()
+            kill_group(self.proc)
             code = self.proc.wait()
+        kill_group(self.proc)   # an engine core the dead worker left behind
         return EngineError(f"the vLLM generation worker{self.label} exited (code {code}); log {self.log}:\n"
                            + self.log.read_text()[-3000:])
 
@@ -86,8 +97,9 @@ class Replica:
         try:
             self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            kill_group(self.proc)
             self.proc.wait()
+        kill_group(self.proc)   # whatever of its engine outlived it
         self._reader.join(timeout=10)
         for pipe in (self.proc.stdin, self.proc.stdout):
             try:
@@ -97,6 +109,5 @@ class Replica:
         self._logf.close()
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
+        kill_group(self.proc)
         self.stop()

@@ -1,0 +1,59 @@
+"""eyas.engines.base.run_in_env: a worker in an engine's environment, its output in the log as it is written, and
+on a timeout the worker and everything it started stopped, the log's last lines in the error."""
+
+import os
+import sys
+import time
+
+import pytest
+
+from eyas.engines.base import EngineError, run_in_env
+
+# A worker that starts a child (as an engine starts its core process), says so, and never finishes.
+STUCK = """
+import json, os, sys, time
+if os.fork() == 0:
+    open(json.load(open(sys.argv[1]))["pid_file"], "w").write(str(os.getpid()))
+    time.sleep(3600)
+print("loading the engine", flush=True)
+time.sleep(3600)
+"""
+
+DONE = """
+import json, sys
+print("engine says hello")
+json.dump({"ok": True, "payload": json.load(open(sys.argv[1]))}, open(sys.argv[2], "w"))
+"""
+
+
+def alive(pid: int) -> bool:
+    """The process runs (a zombie, exited but not yet reaped, does not)."""
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")
+
+
+def test_a_worker_past_its_timeout_is_stopped_with_its_children(tmp_path):
+    worker = tmp_path / "stuck.py"
+    worker.write_text(STUCK)
+    t0 = time.monotonic()
+    with pytest.raises(EngineError, match="did not finish within 3s") as err:
+        run_in_env(sys.executable, worker, {"pid_file": str(tmp_path / "child.pid")}, timeout=3,
+                   log=tmp_path / "engine.log")
+    assert time.monotonic() - t0 < 20
+    assert "loading the engine" in str(err.value) and str(tmp_path / "engine.log") in str(err.value)
+    child = int((tmp_path / "child.pid").read_text())
+    deadline = time.monotonic() + 5
+    while alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(child)
+
+
+def test_a_worker_that_finishes_returns_its_json_and_logs(tmp_path):
+    worker = tmp_path / "done.py"
+    worker.write_text(DONE)
+    assert run_in_env(sys.executable, worker, {"x": 1}, timeout=60, log=tmp_path / "w.log") == \
+        {"ok": True, "payload": {"x": 1}}
+    assert "engine says hello" in (tmp_path / "w.log").read_text()
