@@ -2,7 +2,9 @@
 # One H200 session: the Kimi-K2.5 toy through vLLM (issue 38), SGLang tree serving beside vLLM's chain (issue 40),
 # the 1.5B target's conversion and the AR pace of eyas vs vLLM (issue 37). Jobs run as lanes (lab/lanes.sh) and
 # write JSON under /tmp/res, which every `lanes.sh wait` call brings back in $OUT/lanes.tgz.
-#   bash lab/plan_real_targets.sh JOB    JOB: gputests kimi sgl_train sgl_check convert timed
+#   bash lab/plan_real_targets.sh JOB    JOB: gputests kimi sgl_train sgl_check convert timed back
+# A draft brought back by `back` in an earlier session: carry .carry/draft, then `cp -r .carry/draft /tmp/draft-parts`
+# before sgl_train (it restores instead of training).
 # Carry order (lab/gpu_carry.sh pack with ITEMS="eyas-deps vllm-deps vllm model sharegpt sglang qwen15"): p0 eyas and
 # vLLM deps, p1-p3 vLLM, p4-p5 SmolLM2 + ShareGPT, p6-p8 SGLang, p9-p27 the 1.5B's part wheels.
 set -uo pipefail
@@ -20,18 +22,29 @@ case "${1:-}" in
   kimi)       # issue 38: both toys, every step (resumable: rerun continues); every step's and engine's log beside
     python3 bench/kimi_toy.py --python /tmp/vpy --work /tmp/kimi --out $R/kimi_toy.json; rc=$?
     (cd /tmp/kimi && find . -name '*.log' | tar czf $R/kimi-logs.tgz -T -); exit $rc ;;
-  sgl_train)  # a SmolLM2 draft SGLang's layer can run (residual before norm)
+  sgl_train)  # a SmolLM2 draft SGLang's layer can run (residual before norm), or the one a session brought back
+    if [ -d /tmp/draft-parts ]; then
+      python3 lab/restore_draft.py --parts /tmp/draft-parts --target /tmp/smol-hf --out /tmp/run-s; exit $?
+    fi
     $E prepare --target /tmp/smol-hf --data /tmp/sharegpt.json --out /tmp/prep-s --max-samples 4000 --json \
         > $R/prepare_s.json &&
     $E train --target /tmp/smol-hf --data /tmp/prep-s --online --out /tmp/run-s --no-norm-before-residual \
         --epochs 2 --batch-size 8 --lr 1e-3 --ttt-steps 7 --max-length 2048 > $R/train_s.log 2>&1 ;;
-  sgl_check)  # SGLang's environment, then its tree served vs eyas's native tree (fp32)
+  sgl_check)  # SGLang's environment, then its tree served vs eyas's native tree (bf16: sgl_kernel has no fp32
+              # RMSNorm), at a 0.3 memory share so the Kimi lane's vLLM engines keep room beside it
     $E doctor --target /tmp/smol-hf --engine sglang --json > $R/doctor_sglang.json
     $E export --draft /tmp/run-s --format sglang --out /tmp/x-sgl &&
-    { $E serve-check --draft /tmp/x-sgl --engine sglang --tree total=60,depth=7,topk=10 --per-category 2 \
-        --max-new-tokens 128 --out $R/serve_check_sglang_tree.json ||
-      $E serve-check --draft /tmp/x-sgl --engine sglang --tree total=60,depth=7,topk=10 --per-category 2 \
-        --max-new-tokens 128 --dtype bf16 --out $R/serve_check_sglang_tree_bf16.json; } ;;
+    $E serve-check --draft /tmp/x-sgl --engine sglang --tree total=60,depth=7,topk=10 --per-category 2 \
+        --max-new-tokens 128 --dtype bf16 --gpu-memory-utilization 0.3 --out $R/serve_check_sglang_tree_bf16.json ;;
+  back)       # in a call (not a lane): the SmolLM2 draft into $OUT as draft.tar.NN (bf16, no embedding: the
+              # target's), so a later session carries it as .carry/draft instead of training it again
+    [ -n "${OUT:-}" ] && [ -f /tmp/run-s/model.safetensors ] || { echo "no OUT or no /tmp/run-s" >&2; exit 2; }
+    mkdir -p /tmp/back/run9k && cp /tmp/run-s/config.json /tmp/run-s/metrics.jsonl /tmp/back/run9k/ &&
+    python3 -c "import sys, torch; from safetensors.torch import load_file, save_file
+sd = load_file(sys.argv[1]); save_file({k: v.to(torch.bfloat16) if v.is_floating_point() else v
+for k, v in sd.items() if k != 'embed_tokens.weight'}, sys.argv[2])" /tmp/run-s/model.safetensors \
+        /tmp/back/draft-bf16.safetensors &&
+    tar cf - -C /tmp/back draft-bf16.safetensors run9k | split -b 15M -d - "$OUT/draft.tar." && ls -la "$OUT" ;;
   convert)    # issue 37 item 1: the 1.5B's GGUF -> bf16 HF dir on the GPU (goal <= 60 s)
     python3 bench/convert.py --target qwen2.5-coder-1.5b --device cuda --out $R/convert-q15-h200.json ;;
   timed)      # alone on the GPU, in order of need
