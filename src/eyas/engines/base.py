@@ -243,8 +243,14 @@ class WorkerEngine(ABC):
         return self.engine_request(target, export, spec, **options)
 
     def _run(self, engine: dict, prompts, max_new_tokens, *, logprobs: int = 0, timeout: float | None = None,
-             log: Path | None = None, env: dict | None = None) -> Served:
+             log: Path | None = None, env: dict | None = None, target: str | None = None) -> Served:
+        """One worker run. `target`: the engine stops on that target's stop ids (eyas.target.special), the ones
+        eyas's own decoding stops on, rather than on whatever its tokenizer calls eos."""
         payload = {"engine": engine, "prompts": prompts, "max_tokens": max_new_tokens, "logprobs": logprobs}
+        if target is not None:
+            from eyas.target.load import load_special_ids
+
+            payload["stop_token_ids"] = list(load_special_ids(target).stop)
         doc = run_in_env(self.python, self.worker, payload, timeout=timeout, log=log,
                          env={**self.env(), **(env or {})})
         spec = engine.get("draft") is not None
@@ -259,7 +265,8 @@ class WorkerEngine(ABC):
         setting, where the engine reads one from it). Raises EngineError when no drafting happened."""
         engine = self.engine_request(target, str(export), spec, dtype=dtype, max_model_len=max_model_len,
                                      **options)
-        served = self._run(engine, prompts, max_new_tokens, logprobs=logprobs, timeout=timeout, log=log)
+        served = self._run(engine, prompts, max_new_tokens, logprobs=logprobs, timeout=timeout, log=log,
+                           target=target)
         if not served.stats or not served.stats.steps:
             raise EngineError(f"{self.name} reported 0 verification steps: speculative decoding did not run")
         return served
@@ -269,4 +276,4 @@ class WorkerEngine(ABC):
                  **options) -> Served:
         """Greedy decoding of `prompts` by the target alone."""
         engine = self.engine_request(target, None, None, dtype=dtype, max_model_len=max_model_len, **options)
-        return self._run(engine, prompts, max_new_tokens, timeout=timeout, log=log)
+        return self._run(engine, prompts, max_new_tokens, timeout=timeout, log=log, target=target)
