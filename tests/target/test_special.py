@@ -121,9 +121,17 @@ def test_vllm_serve_worker_stops_only_on_eyas_stop_ids(tmp_path, monkeypatch):
     assert "stop_token_ids" not in made[1] and made[1]["ignore_eos"] is False
 
 
-def test_serve_check_sends_the_targets_stop_ids(qwen_dir, monkeypatch):
-    from eyas.engines.vllm import VllmAdapter
+def test_serve_check_sends_the_engine_the_ids_the_native_side_stopped_on(qwen_dir, tmp_path, monkeypatch):
+    from eyas.draft.io import save_draft
+    from eyas.draft.model import Eagle3Draft, draft_config_from_target
+    from eyas.engines.serve_check import ServeCheckConfig, check
+    from eyas.export import export_vllm
 
+    t = load_target(qwen_dir, dtype=torch.float32)
+    draft = Eagle3Draft(draft_config_from_target(t.model.config, aux_layer_ids=[0, 1]))
+    export = export_vllm(save_draft(draft, tmp_path / "draft", {"target": str(qwen_dir)}), tmp_path / "export")
+    bench = tmp_path / "bench.jsonl"
+    bench.write_text(json.dumps({"question_id": 0, "category": "x", "turns": ["ab cd"]}) + "\n")
     sent = []
 
     def fake_run(python, worker, payload, **kw):
@@ -131,11 +139,10 @@ def test_serve_check_sends_the_targets_stop_ids(qwen_dir, monkeypatch):
         raise RuntimeError("stop after the payload")
 
     monkeypatch.setattr("eyas.engines.base.run_in_env", fake_run)
-    adapter = VllmAdapter.__new__(VllmAdapter)
-    adapter.python = sys.executable
     with pytest.raises(RuntimeError, match="stop after the payload"):
-        adapter.generate(str(qwen_dir), [[1, 2]], 4)
-    assert sent[0]["stop_token_ids"] == [EOS, UNK]
+        check(ServeCheckConfig(draft=export, bench=str(bench), max_new_tokens=2, device="cpu",
+                               python=sys.executable))
+    assert sent[0]["stop_token_ids"] == [UNK, EOS]
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])

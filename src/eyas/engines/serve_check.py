@@ -256,7 +256,7 @@ def _check(cfg: ServeCheckConfig) -> dict:
             served = engine.serve(target_spec, Path(cfg.draft).resolve(), prompts, cfg.max_new_tokens,
                                   spec if tell else None, dtype=dtype_name, max_model_len=cfg.max_model_len,
                                   logprobs=SERVED_LOGPROBS, timeout=cfg.timeout, log=Path(tmp) / "engine.log",
-                                  **options)
+                                  stop_ids=sorted(session.eos), **options)   # where the native side stopped
         t_end = time.perf_counter()
     tau_s, tau_n = served.stats.tau, native["tau"]
     greedy = [session.baseline[key][0] for key, _ in keyed]
