@@ -100,11 +100,12 @@ class VllmBackend:
                  top_p: float = 1.0, seed: int = 0, max_model_len: int = 4096, tensor_parallel_size: int = 1,
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                  max_in_flight: int | None = None, replicas: int = 1, async_scheduling: bool = False,
-                 startup_timeout_s: float = 1800.0, log: Path | None = None, tokenizer=None):
+                 startup_timeout_s: float = 1800.0, log: Path | None = None, tokenizer=None, stop_ids=None):
         if tokenizer is None:
             tokenizer = load_tokenizer(target)
         self.tok, self.name = tokenizer, target
-        self.eos = sorted(load_special_ids(target).required_stop())   # the hf and native backends' stop set
+        # the hf and native backends' stop set (stop_ids: a caller's own, as `tokenizer`)
+        self.eos = sorted(load_special_ids(target).required_stop() if stop_ids is None else stop_ids)
         self.max_new_tokens, self.max_prompt_tokens = max_new_tokens, max_prompt_tokens
         self.temperature, self.top_p, self.seed = temperature, top_p, seed
         self.max_model_len = max_model_len
