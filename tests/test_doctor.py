@@ -340,3 +340,21 @@ def test_an_unwritable_store_location_fails(target, tmp_path, monkeypatch):
     monkeypatch.setattr(doctor.os, "access", lambda p, m: False if Path(p) == ro else real(p, m))
     got = failures(diagnose(DoctorConfig(target=target, store=ro / "store", max_samples=10, max_length=64)))
     assert "not writable" in got["store location"]
+
+
+def test_stop_tokens_check_names_a_tokenizer_and_template_that_disagree_with_the_config(tmp_path):
+    """A tiny Qwen2 whose config stops on </s> (2) while its tokenizer calls <s> (1) eos: warned, naming both; an
+    assistant turn ending in a token that is no stop id is named too; the agreeing tokenizer passes."""
+    from tests.target.fixtures import tiny_qwen2, tiny_tokenizer
+
+    tiny_qwen2(seed=1, hidden=64).save_pretrained(tmp_path)
+    tok = tiny_tokenizer()
+    cfg = DoctorConfig(target=str(tmp_path))
+    ids, mask = torch.tensor([1, 5, 6, 2, 1, 7, 8, 2]), torch.tensor([0, 0, 0, 0, 0, 1, 1, 1]).bool()
+    out = []
+    doctor.check_stops(cfg, tok, ids, mask, out)
+    assert (out[0].name, out[0].status) == ("stop tokens", "pass") and "2 '</s>'" in out[0].detail
+    tok.eos_token = "<s>"
+    doctor.check_stops(cfg, tok, ids, torch.tensor([0, 0, 0, 0, 0, 1, 1, 0]).bool(), out)
+    assert out[1].status == "warn" and "the tokenizer's eos is 1 '<s>', not a stop id" in out[1].detail
+    assert "the template ends assistant turns with 8 " in out[1].detail

@@ -45,7 +45,10 @@ class Scripted:
     criteria each step, as transformers does; row r's answer is r + 1 words, then EOS at step r + 1."""
 
     def __init__(self, eos: int, word: int, log):
+        from types import SimpleNamespace
+
         self.eos, self.word, self.log = eos, word, log
+        self.config = SimpleNamespace(eos_token_id=eos)   # where eyas reads the stop ids (eyas.target.special)
 
     def generate(self, input_ids, attention_mask, max_new_tokens, eos_token_id, pad_token_id, stopping_criteria,
                  **kw):

@@ -41,6 +41,7 @@ from eyas.store.format import MANIFEST as STORE_MANIFEST, identity_mismatches
 from eyas.target import LayoutError, build_meta, find_layout, load_config, load_tokenizer
 from eyas.target.fastload import weight_file_problems
 from eyas.target.inspect import architecture_name, block_kinds
+from eyas.target.load import load_special_ids
 from eyas.vocab import check_draft_vocab
 
 
@@ -338,7 +339,31 @@ def check_template(cfg: DoctorConfig, facts: TargetFacts, out: list[Check]):
                      f"{src}: {n}/{len(ids)} tokens of a 2-turn chat are assistant targets" if n else
                      f"{src}: the loss mask is empty (no assistant tokens)",
                      "" if n else "use a template that renders the assistant turns"))
+    check_stops(cfg, tok, ids, mask, out)
     return tok
+
+
+def check_stops(cfg: DoctorConfig, tok, ids, mask, out: list[Check]) -> None:
+    """The ids every stage stops on (eyas.target.special) against the template's assistant end-of-turn tokens
+    (each masked run's last token) and the tokenizer's own eos (what chat templates and engines call eos)."""
+    try:
+        stop = load_special_ids(cfg.target, cache=cfg.cache_dir, trust_remote_code=cfg.trust_remote_code).stop
+    except ValueError as e:
+        out.append(Check("stop tokens", "fail", str(e), "fix generation_config.json"))
+        return
+    m = mask.tolist()
+    ends = sorted({int(ids[i]) for i in range(len(m)) if m[i] and (i + 1 == len(m) or not m[i + 1])})
+    name = lambda i: f"{i} {tok.convert_ids_to_tokens(int(i))!r}"  # noqa: E731
+    problems = [f"the template ends assistant turns with {name(i)}, which is no stop id" for i in ends
+                if i not in stop]
+    if tok.eos_token_id is not None and tok.eos_token_id not in stop:
+        problems.append(f"the tokenizer's eos is {name(tok.eos_token_id)}, not a stop id (templates using "
+                        "eos_token render it)")
+    what = (f"stops on {', '.join(name(i) for i in stop)} (config / generation_config.json)" if stop else
+            "no eos_token_id in the config or generation_config.json: only the length stops generation")
+    out.append(Check("stop tokens", "warn" if problems or not stop else "pass", "; ".join([what] + problems),
+                     "set eos_token_id in generation_config.json (or re-convert a GGUF target with this eyas)"
+                     if problems or not stop else ""))
 
 
 def check_data(cfg: DoctorConfig, facts: TargetFacts, tok, out: list[Check]) -> dict | None:

@@ -50,6 +50,20 @@ def test_oracle_draft_gets_everything_accepted(make):
         assert st.steps == 6 and st.tau == 5.0 and st.accept_per_position() == [1.0] * 4
 
 
+@pytest.mark.parametrize("decoder", [SpecDecoder, HostSpecDecoder])
+def test_an_eos_accepted_mid_chain_ends_generation_in_that_round(decoder):
+    """The oracle accepts 4 drafts a round: with the round's third token as eos, generation ends in that first
+    round (one verification step, as vLLM counts it), not rounds later when an eos happens to come last."""
+    model = tiny_llama()
+    _, target = random_draft(model)
+    runner = TargetRunner(model, target.layout, [0, 1, 2], CAP)
+    prompt = next(p for p in prompts(8) if (r := ar_generate(runner, p, 31)[0])[3] not in r[:3])
+    ref, _ = ar_generate(runner, prompt, 31)
+    out, st = decoder(runner, OracleProposer(model, 4), eos_ids=[ref[3]]).generate(prompt, 31)
+    assert out == ref[:4] == ar_generate(runner, prompt, 31, eos_ids=[ref[3]])[0]
+    assert st.steps == 1 and st.emitted == 5 and st.new_tokens == 4
+
+
 def train_draft(model, steps=200, seed=0):
     """A few hundred steps of step-0 EAGLE training on the target's own greedy text: a draft that
     often (not always) agrees, so partial acceptance and KV compaction are exercised."""

@@ -197,7 +197,7 @@ def test_vllm_backend_worker_crash_is_an_engine_error(tmp_path):
     py.chmod(py.stat().st_mode | stat.S_IEXEC)
     tok = type("T", (), {"eos_token_id": 2})()
     with pytest.raises(EngineError, match="CUDA out of memory"):
-        VllmBackend("t", python=str(py), tokenizer=tok, log=tmp_path / "log")
+        VllmBackend("t", python=str(py), tokenizer=tok, stop_ids=[2], log=tmp_path / "log")
 
 
 # Records what the generation worker builds its LLM with, then serves nothing.

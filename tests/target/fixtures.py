@@ -121,10 +121,12 @@ CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }} {{ m['content'] }}</
 
 
 def write_tiny_gguf(path: Path, model=None, arch: str = "llama", qtypes=None, seed: int = 0,
-                    chat_template: str | None = None, extra: dict | None = None) -> Path:
+                    chat_template: str | None = None, extra: dict | None = None,
+                    special: tuple[int | None, int | None, int | None] = (1, 2, 2)) -> Path:
     """`model` as llama.cpp's converter writes it for `arch` (llama or qwen2). qtypes: GGUF tensor name ->
     GGMLQuantizationType (default F32 everywhere, so a load must reproduce the model exactly). extra: more
-    metadata, key -> value (typed by gguf's writer)."""
+    metadata, key -> value (typed by gguf's writer). special: tokenizer.ggml.{bos,eos,padding}_token_id (None:
+    the key is left out)."""
     import gguf
 
     model = model if model is not None else tiny_llama()
@@ -150,9 +152,9 @@ def write_tiny_gguf(path: Path, model=None, arch: str = "llama", qtypes=None, se
     w.add_token_list(TOKENS)
     w.add_token_types([3] * len(SPECIALS) + [1] * (len(TOKENS) - len(SPECIALS)))  # 3 = control, 1 = normal
     w.add_token_merges(MERGES)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_pad_token_id(2)
+    for add_id, i in zip((w.add_bos_token_id, w.add_eos_token_id, w.add_pad_token_id), special):
+        if i is not None:
+            add_id(i)
     if chat_template is not None:
         w.add_chat_template(chat_template)
     for key, value in (extra or {}).items():

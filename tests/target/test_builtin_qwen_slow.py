@@ -134,3 +134,37 @@ def test_every_stage_on_the_05b(tmp_path, capsys):
                  "--draft", str(d["export"]), "--json"]) == 0
     checks = json.loads(capsys.readouterr().out)
     assert not [c for c in checks["checks"] if c["status"] == "fail"]
+
+
+@pytest.mark.skipif(not os.path.exists(os.environ.get("EYAS_VLLM_PYTHON", "/work/vllm-venv/bin/python")),
+                    reason="needs the vLLM env")
+def test_real_vllm_serves_a_05b_draft_as_eyas_computes_it(tmp_path):
+    """Zero flags (LLM(model=EXPORT)): served τ equals native τ and vLLM's greedy is the target's, on prompts whose
+    answers end in <|im_end|> (stop ids from the config, an eos accepted mid-chain ending both sides' rounds). The
+    draft's head is the target's own restricted to a 2,048-token draft vocabulary (eos among them), so some drafts
+    are accepted."""
+    import torch
+
+    from eyas.draft.io import save_draft
+    from eyas.draft.model import Eagle3Draft, draft_config_from_target
+    from eyas.engines.serve_check import ServeCheckConfig, check
+    from eyas.export import export_vllm
+    from eyas.target import load_target
+    from eyas.vocab import vocab_from_target_ids
+
+    name = "qwen2.5-coder-0.5b"
+    t = load_target(name, dtype=torch.float32)
+    dc = draft_config_from_target(t.model.config, aux_layer_ids=SHAPES[name][2], draft_vocab_size=2048)
+    d = Eagle3Draft(dc)
+    eos = t.model.config.eos_token_id   # in the draft vocabulary, so the draft can propose the end of an answer
+    d.set_vocab_map(*vocab_from_target_ids(torch.cat([torch.arange(2047), torch.tensor([eos])]),
+                                           t.model.config.vocab_size))
+    d.init_from_target(t.layout.embed.weight, t.layout.lm_head.weight, t.layout.norm.weight)
+    run = save_draft(d, tmp_path / "draft", {"target": name})
+    export = export_vllm(run, tmp_path / "export", chain=3)
+    r = check(ServeCheckConfig(draft=export, python=os.environ.get("EYAS_VLLM_PYTHON", "/work/vllm-venv/bin/python"),
+                               categories=["qa", "coding"], per_category=1, max_new_tokens=32, device="cpu",
+                               out=tmp_path / "sc.json"))
+    assert r["ok"], r.get("reason")
+    assert r["served_drafts"] == r["native_steps"] and r["served_tau"] == pytest.approx(r["native_tau"], rel=1e-9)
+    assert r["served_identical_to_target_greedy"] == "2/2" and r["vllm"]["speculative_config"]["method"] == "eagle3"

@@ -14,9 +14,11 @@ import socket
 import threading
 import time
 import urllib.parse
+from pathlib import Path
 from typing import Any, Sequence
 
 from eyas.devices import resolve_device, resolve_dtype
+from eyas.target.special import model_special_ids
 
 
 class GenerationError(RuntimeError):
@@ -51,19 +53,15 @@ class HFBackend:
             from eyas.target.load import load_target
 
             t = load_target(target, dtype=resolve_dtype(dtype, self.device), device=self.device, cache=cache, trust_remote_code=trust_remote_code)
-            model, tokenizer = t.model, t.tokenizer
+            model, tokenizer, path = t.model, t.tokenizer, t.source.path
+        else:
+            path = target if Path(str(target)).is_dir() else None
         self.model, self.tok = model, tokenizer
         self.batch_size, self.max_new_tokens, self.max_prompt_tokens = batch_size, max_new_tokens, max_prompt_tokens
         self.temperature, self.top_p = temperature, top_p
         self.static_cache = self.device.startswith("cuda") if static_cache is None else static_cache
-        gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-        eos = set(gen_eos if isinstance(gen_eos, list) else [gen_eos] if gen_eos is not None else [])
-        if tokenizer.eos_token_id is not None:
-            eos.add(tokenizer.eos_token_id)
-        if not eos:
-            raise ValueError(f"target {target!r}: no eos token in its tokenizer or generation config")
-        self.eos = sorted(eos)
-        self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos[0]
+        ids = model_special_ids(model, path, where=f"target {target!r}")
+        self.eos, self.pad = sorted(ids.required_stop()), ids.pad
         self.name = target
 
     def encode(self, prompt: Sequence[dict]) -> list[int] | GenerationError:

@@ -35,6 +35,7 @@ from eyas.draft.kinds import get_kind
 from eyas.outputs import claim, input_id, write_result
 from eyas.progress import Progress
 from eyas.target import load_config, load_target, text_config
+from eyas.target.special import target_special_ids
 
 AUTO_PROBE = TreeSpec(total=80, depth=8, topk=10)   # recorded once; every smaller setting is replayed from it
 
@@ -88,14 +89,6 @@ def turn_prompt(tokenizer, question: dict, answers: list[list[int]]) -> list[int
             ids = ids["input_ids"]
         return list(ids)
     return tokenizer("\n\n".join(m["content"] for m in msgs))["input_ids"]
-
-
-def _eos_ids(target) -> set[int]:
-    ids = set()
-    for src in (getattr(target.model, "generation_config", None), target.tokenizer):
-        e = getattr(src, "eos_token_id", None)
-        ids |= set(e if isinstance(e, (list, tuple)) else [e] if e is not None else [])
-    return ids
 
 
 def _summary(stats: GenStats, base: GenStats, identical: list[bool]) -> dict:
@@ -157,7 +150,7 @@ class Session:
         self.max_new, self.temperature, self.seed = max_new_tokens, temperature, seed
         self.device = target.layout.lm_head.weight.device if device is None else torch.device(device)
         self.compile = (self.device.type == "cuda") if compile_graphs is None else compile_graphs
-        self.eos = _eos_ids(target)
+        self.eos = set(target_special_ids(target).stop)   # what vLLM is told to stop on too
         # Prompt lengths are only known turn by turn; size the caches for the longest first turn plus
         # every turn's answer, and grow (rebuilding the runner) if a later turn needs more.
         longest = max(len(turn_prompt(target.tokenizer, {"turns": q["turns"]}, [])) + sum(len(t) for t in q["turns"][1:])

@@ -106,6 +106,13 @@ def warm_ar(runner: TargetRunner, calls: int = 3, *, graphs: bool = True, temper
             _ar_step(runner, 0, b, anc)
 
 
+def _running(seq: list[int], n_prompt: int, max_new: int, eos: set[int], new: int) -> bool:
+    """Another verification round is due: room is left and none of the last round's `new` tokens stops
+    generation. An eos accepted mid-chain ends it there (as in vLLM, whose counters then stop too), not only
+    one in the round's last place: rounds past it would count acceptances the engine never sees."""
+    return len(seq) - n_prompt < max_new and not any(t in eos for t in seq[len(seq) - new:])
+
+
 def _finish(seq: list[int], n_prompt: int, max_new: int, eos: set[int]) -> list[int]:
     out = seq[n_prompt:n_prompt + max_new]
     for i, t in enumerate(out):
@@ -166,7 +173,8 @@ class HostSpecDecoder:
         self.proposer.observe(seq, aux, 0)
         _sync(dev)
         st.t_prefill = time.perf_counter() - t0
-        while len(seq) - len(prompt) < max_new_tokens and seq[-1] not in self.eos:
+        new = 1
+        while _running(seq, len(prompt), max_new_tokens, self.eos, new):
             t1 = time.perf_counter()
             tree: Tree = self.proposer.propose()              # ends with a host read: synchronised
             t2 = time.perf_counter()
@@ -204,6 +212,7 @@ class HostSpecDecoder:
                 st.rounds.append({"scores": tree.scores, "parents": tree.parents, "path": path,
                                   "match": self._matches(tree, seq[-1], logits) if self.temperature <= 0 else None})
             seq += [host_toks[i] for i in path] + [bonus]
+            new = len(path) + 1
             t4 = time.perf_counter()
             self.proposer.observe(seq, aux_keep, L - 1)
             t5 = time.perf_counter()
@@ -390,8 +399,8 @@ class SpecDecoder:
         seq = self._prefill(prompt, generator)
         _sync(self.device)
         st.t_prefill = time.perf_counter() - t0
-        marks, raw = [], []
-        while len(seq) - len(prompt) < max_new_tokens and seq[-1] not in self.eos:
+        marks, raw, new = [], [], 1
+        while _running(seq, len(prompt), max_new_tokens, self.eos, new):
             if len(seq) - 1 + W + D + 1 > runner.capacity:
                 raise ValueError(f"KV capacity {runner.capacity} too small for {len(seq)} tokens plus a {W}-node tree")
             verify, draft = self._round(runner.bucket(len(seq) - 1 + W))  # the verify's slots end at L - 1 + W
@@ -411,6 +420,7 @@ class SpecDecoder:
             out = self.out_host.tolist()
             n = out[0]
             seq += out[1:n + 2]
+            new = n + 1
             marks.append((m0, m1, m2))
             if self.record_rounds:
                 raw.append((out[D + 3:D + 3 + n], self.rec_host.clone()))

@@ -265,8 +265,12 @@ class WorkerEngine(ABC):
         return self.engine_request(target, export, spec, **options)
 
     def _run(self, engine: dict, prompts, max_new_tokens, *, logprobs: int = 0, timeout: float | None = None,
-             log: Path | None = None, env: dict | None = None) -> Served:
+             log: Path | None = None, env: dict | None = None, stop_ids=None) -> Served:
+        """One worker run. `stop_ids`: the only ids that end generation (eyas.target.special's, the ones eyas's own
+        decoding stops on), rather than whatever the engine's tokenizer calls eos; None: the engine's own."""
         payload = {"engine": engine, "prompts": prompts, "max_tokens": max_new_tokens, "logprobs": logprobs}
+        if stop_ids is not None:
+            payload["stop_token_ids"] = [int(i) for i in stop_ids]
         doc = run_in_env(self.python, self.worker, payload, timeout=timeout, log=log,
                          env={**self.env(), **(env or {})})
         spec = engine.get("draft") is not None
@@ -276,19 +280,22 @@ class WorkerEngine(ABC):
 
     def serve(self, target: str, export: str | os.PathLike, prompts: list[list[int]], max_new_tokens: int,
               spec: TreeSpec | None = None, *, dtype: str = "fp32", max_model_len: int = 2048,
-              logprobs: int = 0, timeout: float | None = None, log: Path | None = None, **options) -> Served:
+              logprobs: int = 0, timeout: float | None = None, log: Path | None = None, stop_ids=None,
+              **options) -> Served:
         """Greedy decoding of `prompts` with the draft export `export` drafting `spec` (None: the export's own
-        setting, where the engine reads one from it). Raises EngineError when no drafting happened."""
+        setting, where the engine reads one from it), stopping on `stop_ids` (see _run). Raises EngineError when
+        no drafting happened."""
         engine = self.engine_request(target, str(export), spec, dtype=dtype, max_model_len=max_model_len,
                                      **options)
-        served = self._run(engine, prompts, max_new_tokens, logprobs=logprobs, timeout=timeout, log=log)
+        served = self._run(engine, prompts, max_new_tokens, logprobs=logprobs, timeout=timeout, log=log,
+                           stop_ids=stop_ids)
         if not served.stats or not served.stats.steps:
             raise EngineError(f"{self.name} reported 0 verification steps: speculative decoding did not run")
         return served
 
     def generate(self, target: str, prompts: list[list[int]], max_new_tokens: int, *, dtype: str = "fp32",
                  max_model_len: int = 2048, timeout: float | None = None, log: Path | None = None,
-                 **options) -> Served:
-        """Greedy decoding of `prompts` by the target alone."""
+                 stop_ids=None, **options) -> Served:
+        """Greedy decoding of `prompts` by the target alone, stopping on `stop_ids` (see _run)."""
         engine = self.engine_request(target, None, None, dtype=dtype, max_model_len=max_model_len, **options)
-        return self._run(engine, prompts, max_new_tokens, timeout=timeout, log=log)
+        return self._run(engine, prompts, max_new_tokens, timeout=timeout, log=log, stop_ids=stop_ids)

@@ -260,7 +260,8 @@ def _check(cfg: ServeCheckConfig) -> dict:
             # the engine's own margins come back (top-2 logprobs), to judge any divergence from the target
             served = engine.serve(target_spec, Path(cfg.draft).resolve(), prompts, cfg.max_new_tokens,
                                   spec if tell else None, dtype=dtype_name, max_model_len=cfg.max_model_len,
-                                  logprobs=SERVED_LOGPROBS, timeout=cfg.timeout, log=log, **options)
+                                  logprobs=SERVED_LOGPROBS, timeout=cfg.timeout, log=log,
+                                  stop_ids=sorted(session.eos), **options)   # where the native side stopped
         t_end = time.perf_counter()
     tau_s, tau_n = served.stats.tau, native["tau"]
     greedy = [session.baseline[key][0] for key, _ in keyed]

@@ -71,8 +71,10 @@ def main(inp: str, out: str) -> None:
 
     def generate(prompts, max_tokens, logprobs=0):
         kw = {"return_logprob": True, "top_logprobs_num": logprobs} if logprobs else {}
+        # eyas's stop ids join SGLang's own eos set (its ignore_eos would drop stop_token_ids as well)
+        stop = {"stop_token_ids": req["stop_token_ids"]} if req.get("stop_token_ids") is not None else {}
         results = engine.generate(input_ids=[list(p) for p in prompts],
-                                  sampling_params={"temperature": 0.0, "max_new_tokens": max_tokens}, **kw)
+                                  sampling_params={"temperature": 0.0, "max_new_tokens": max_tokens, **stop}, **kw)
         for r in results:
             counters.add(r.get("meta_info") or {})
         return results

@@ -23,7 +23,7 @@ from eyas.data.backends import GenerationError, answer, prompt_ids
 from eyas.engines.base import EngineError, engine_python
 from eyas.engines.vllm import ENV_VAR, HOW_TO_CREATE, tensor_parallel_problem, worker_env
 from eyas.engines.vllm_replicas import WORKER, Replica, memory_share, replica_log  # noqa: F401 (WORKER: tests)
-from eyas.target.load import load_tokenizer
+from eyas.target.load import load_special_ids, load_tokenizer
 
 Request = tuple[Hashable, list[int], int]  # (key, prompt ids, max new tokens), as eyas.data.generate.Generator
 
@@ -104,18 +104,12 @@ class VllmBackend:
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                  max_in_flight: int | None = None, replicas: int = 1, async_scheduling: bool = False,
                  enforce_eager: bool = False, gpu_memory_utilization: float | None = None,
-                 startup_timeout_s: float = 1800.0, log: Path | None = None, tokenizer=None):
+                 startup_timeout_s: float = 1800.0, log: Path | None = None, tokenizer=None, stop_ids=None):
         if tokenizer is None:
             tokenizer = load_tokenizer(target)
         self.tok, self.name = tokenizer, target
-        eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-        gen_cfg = Path(target) / "generation_config.json"
-        if gen_cfg.is_file():  # the same stop set the hf backend takes from generation_config
-            e = json.loads(gen_cfg.read_text()).get("eos_token_id")
-            eos |= set(e if isinstance(e, list) else [e] if e is not None else [])
-        if not eos:
-            raise ValueError(f"target {target!r}: no eos token in its tokenizer or generation config")
-        self.eos = sorted(eos)
+        # the hf and native backends' stop set (stop_ids: a caller's own, as `tokenizer`)
+        self.eos = sorted(load_special_ids(target).required_stop() if stop_ids is None else stop_ids)
         self.max_new_tokens, self.max_prompt_tokens = max_new_tokens, max_prompt_tokens
         self.temperature, self.top_p, self.seed = temperature, top_p, seed
         self.max_model_len = max_model_len

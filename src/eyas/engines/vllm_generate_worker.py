@@ -111,9 +111,12 @@ def main(cfg_path: str) -> None:
         # FINAL_ONLY: a step returns a request once, when it has finished (no per-token copies); detokenize=False:
         # eyas reads token ids only, and vLLM would otherwise detokenize every running request at every step on
         # the engine's one CPU thread (with ~2,000 requests in flight, a cost of the same order as the GPU step)
+        # with stop_token_ids given, they alone stop it (eyas's stop set, eyas.target.special): ignore_eos drops
+        # vLLM's tokenizer-side eos, which a tokenizer converted by another transformers may name wrongly
+        stop = msg.get("stop_token_ids")
         params = SamplingParams(temperature=msg.get("temperature", 0.0), top_p=msg.get("top_p", 1.0),
-                                max_tokens=msg["max_tokens"], seed=msg.get("seed"),
-                                stop_token_ids=msg.get("stop_token_ids"), output_kind=RequestOutputKind.FINAL_ONLY,
+                                max_tokens=msg["max_tokens"], seed=msg.get("seed"), stop_token_ids=stop,
+                                ignore_eos=stop is not None, output_kind=RequestOutputKind.FINAL_ONLY,
                                 detokenize=False)
         rid = str(msg["id"])
         try:  # eyas's own id: vLLM's RequestOutput.request_id gives back the id it was added with

@@ -5,8 +5,8 @@ the served-speedup sweep (eyas.engines.speedup, bench mode).
 IN:  {"engine": {"draft": EXPORT | null, "kwargs": {LLM(**kwargs): model, dtype, seed, max_model_len,
       enforce_eager, gpu_memory_utilization, kv_cache_memory_bytes, speculative_config, tensor_parallel_size,
       enable_expert_parallel, ...}},
-      "prompts": [[token ids], ...], "max_tokens": N, "logprobs": n (0: none), and for bench mode the fields of
-      serve_timing.py ("batch_sizes", "rounds", "barrier", "start_after", "measure_lock")}
+      "prompts": [[token ids], ...], "max_tokens": N, "logprobs": n (0: none), "stop_token_ids": [ids] (optional:
+      the only tokens that end generation), and for bench mode the fields of serve_timing.py ("batch_sizes", "rounds", "barrier", "start_after", "measure_lock")}
      With a speculators export as the model, vLLM reads the verifier and K from the export's config.json: the
      zero-flag path eyas promises (vLLM locks method, model and K; a num_speculative_tokens override is ignored).
 OUT: {"version", "startup_s", "speculative_config", and either (serve) "outputs": [[generated ids], ...],
@@ -64,8 +64,12 @@ def main(inp: str, out: str) -> None:
     bench_mode = bool(req.get("batch_sizes"))
     extra = {"logprobs": int(req["logprobs"])} if req.get("logprobs") and not bench_mode else {}
 
+    # eyas's stop set (eyas.target.special), when sent, is the only one: ignore_eos drops vLLM's tokenizer-side eos
+    stop = req.get("stop_token_ids")
+    stops = {} if stop is None else {"stop_token_ids": stop, "ignore_eos": True}
+
     def generate(prompts, max_tokens, **kw):
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=False, **kw)
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, **{"ignore_eos": False, **stops, **kw})
         return llm.generate([{"prompt_token_ids": ids} for ids in prompts], params, use_tqdm=False)
 
     spec = llm.llm_engine.vllm_config.speculative_config

@@ -11,6 +11,9 @@ transformers' own GGUF loader (numpy, slower).
 llama.cpp stores Llama's q/k rows interleaved for its RoPE (pairs 2i, 2i+1); HF pairs i with i + d/2, so
 those rows are put back per head (`unpermute`, as transformers' loader does). Qwen2's are stored as HF has
 them, with q/k/v biases.
+
+The tokenizer names as bos/eos/pad the tokens of the GGUF's own `tokenizer.ggml.*_token_id` (as the config
+does), whichever tokens this transformers' GGUF converter picked (5.17 picks others: target/special.py).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import torch
 
 from eyas.target.dequant import dequantize
 from eyas.target.gguf_header import GGUFHeader, TensorInfo, read_header
+from eyas.target.special import align_tokenizer
 
 GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
                 "output.weight": "lm_head.weight"}
@@ -155,7 +159,7 @@ def gguf_to_hf(gguf: Path, out: Path, *, dtype: torch.dtype = torch.bfloat16, de
     what was left to write once the last tensor was dequantised) and counts."""
     from transformers import GenerationConfig
 
-    from eyas.target.gguf_meta import fast_path_problem, hf_config, hf_tokenizer
+    from eyas.target.gguf_meta import fast_path_problem, gguf_special_ids, hf_config, hf_tokenizer
     from eyas.target.st_write import SafetensorsWriter
 
     gguf, out = Path(gguf), Path(out)
@@ -171,7 +175,7 @@ def gguf_to_hf(gguf: Path, out: Path, *, dtype: torch.dtype = torch.bfloat16, de
     seconds: dict[str, float] = {}
     h = read_header(gguf)
     if h.arch not in ARCHITECTURES:
-        _via_transformers(gguf, out, dtype)
+        _via_transformers(gguf, out, dtype, h)
         return {"reader": "transformers", "arch": h.arch, "seconds": {"total": lap()}}
     out.mkdir(parents=True, exist_ok=True)
     named = tensor_names(h)
@@ -182,7 +186,8 @@ def gguf_to_hf(gguf: Path, out: Path, *, dtype: torch.dtype = torch.bfloat16, de
     config.save_pretrained(out)
     GenerationConfig.from_model_config(config).save_pretrained(out)
     seconds["config"] = lap()
-    (hf_tokenizer(h, config) if problem is None else _tokenizer(gguf)).save_pretrained(out)
+    tokenizer = hf_tokenizer(h, config) if problem is None else _tokenizer(gguf)
+    align_tokenizer(tokenizer, gguf_special_ids(h)).save_pretrained(out)
     seconds["tokenizer"] = lap()
     counts: Counter = Counter()
     layout = {key: (dtype, t.shape) for t, key in named}
@@ -197,9 +202,11 @@ def gguf_to_hf(gguf: Path, out: Path, *, dtype: torch.dtype = torch.bfloat16, de
             "parameters": sum(t.numel for t, _ in named), "write_threads": write_threads, "seconds": seconds}
 
 
-def _via_transformers(gguf: Path, out: Path, dtype: torch.dtype) -> None:
+def _via_transformers(gguf: Path, out: Path, dtype: torch.dtype, h: GGUFHeader) -> None:
     """Any architecture transformers' GGUF loader knows: load in float32, save in `dtype`."""
     from transformers import AutoModelForCausalLM
+
+    from eyas.target.gguf_meta import gguf_special_ids
 
     config, tokenizer = _config(gguf, dtype), _tokenizer(gguf)
     with warnings.catch_warnings():
@@ -212,4 +219,4 @@ def _via_transformers(gguf: Path, out: Path, dtype: torch.dtype) -> None:
     fresh.tie_weights()
     out.mkdir(parents=True, exist_ok=True)
     fresh.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    align_tokenizer(tokenizer, gguf_special_ids(h)).save_pretrained(out)

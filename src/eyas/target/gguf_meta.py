@@ -40,6 +40,17 @@ TOKEN_IDS = {"bos_token_id": "bos_token_id", "eos_token_id": "eos_token_id", "un
              "padding_token_id": "pad_token_id"}
 
 
+# tokenizer.ggml.<key> -> the tokenizer role it names (target/special.align_tokenizer)
+TOKEN_ROLES = {"bos_token_id": "bos", "eos_token_id": "eos", "padding_token_id": "pad"}
+
+
+def gguf_special_ids(h: GGUFHeader) -> dict[str, int | None]:
+    """{"bos"|"eos"|"pad": id} as the GGUF's `tokenizer.ggml.*_token_id` give them (None where it has none): what
+    the converted tokenizer names, whatever this transformers' converter picked."""
+    return {role: (None if (v := h.metadata.get(f"tokenizer.ggml.{key}")) is None else int(_scalar(h, f"tokenizer.ggml.{key}", v)))
+            for key, role in TOKEN_ROLES.items()}
+
+
 def _head_dim(c: dict) -> int:
     return c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
 

@@ -1,6 +1,7 @@
 """Checks of a GGUF conversion against the references: eyas's header parse against `gguf.GGUFReader`'s, and
 a converted directory against what transformers itself builds from the GGUF (config dicts, tokenizer files
-byte for byte, encode/decode/chat-template output over a few hundred varied strings).
+byte for byte, encode/decode/chat-template output over a few hundred varied strings), the reference tokenizer's
+bos/eos/pad set to the GGUF's ids as the converter sets them (target/special.py).
 
 bench/convert.py runs them on the real files (on the GPU machine's transformers as well as here) and the tests
 on tiny GGUFs. The references parse the GGUF again (slow: seconds to a minute for a real file).
@@ -108,8 +109,15 @@ def tokenizer_differences(gguf: Path, hf_dir: Path, texts: list[str] | None = No
     texts encode, decode or render a chat differently (with the first such text)."""
     from transformers import AutoTokenizer
 
+    from eyas.target.gguf_header import read_header
+    from eyas.target.gguf_meta import gguf_special_ids
+    from eyas.target.special import align_tokenizer, tokenizer_roles
+
     gguf = Path(gguf)
     ref = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    # the one change eyas makes on purpose: bos/eos/pad name the GGUF's ids (transformers' own roles are reported)
+    transformers_roles = tokenizer_roles(ref)
+    align_tokenizer(ref, gguf_special_ids(read_header(gguf)))
     ours = AutoTokenizer.from_pretrained(str(hf_dir))
     with tempfile.TemporaryDirectory(prefix="eyas-gguf-verify-") as tmp:
         ref.save_pretrained(tmp)
@@ -132,6 +140,7 @@ def tokenizer_differences(gguf: Path, hf_dir: Path, texts: list[str] | None = No
                     mismatched.append({"chat": conv, "transformers": a, "converted": b})
                 chats += 1
     return {"class": [type(ref).__name__, type(ours).__name__], "files_differ": files, "texts": len(texts),
+            "roles": tokenizer_roles(ours), "transformers_roles": transformers_roles,
             "chats": chats, "mismatched": len(mismatched), "first_mismatch": mismatched[0] if mismatched else None,
             "equal": not files and not mismatched and type(ref) is type(ours)}
 

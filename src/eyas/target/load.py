@@ -19,6 +19,7 @@ from torch import nn
 from eyas.target.builtins import BUILTIN_TARGETS, builtin_target_dir
 from eyas.target.gguf_convert import gguf_to_hf  # noqa: F401  (the public name of the conversion)
 from eyas.target.layers import Layout, build_meta, find_layout, model_class_for  # noqa: F401  (build_meta: public here)
+from eyas.target.special import SpecialIds, generation_dict, special_ids
 from eyas.target.wrapped import WrappedTextLM, unknown_model_type, wrapper_config
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -124,11 +125,28 @@ def load_config(spec: str | os.PathLike, *, cache=None, trust_remote_code: bool 
     return _auto_config(resolve(spec, cache=cache, trust_remote_code=trust_remote_code))
 
 
-def load_tokenizer(spec: str | os.PathLike, *, cache=None, trust_remote_code: bool = False):
+def _tokenizer(src: TargetSource):
+    """The target's tokenizer; one read from a GGUF names the GGUF's bos/eos/pad ids (as a converted dir's does)."""
     from transformers import AutoTokenizer
 
+    tokenizer = _hf(src, "tokenizer", AutoTokenizer.from_pretrained, src.path, **src.kwargs())
+    if src.gguf_file:
+        from eyas.target.gguf_header import read_header
+        from eyas.target.gguf_meta import gguf_special_ids
+        from eyas.target.special import align_tokenizer
+
+        align_tokenizer(tokenizer, gguf_special_ids(read_header(Path(src.path) / src.gguf_file)))
+    return tokenizer
+
+
+def load_tokenizer(spec: str | os.PathLike, *, cache=None, trust_remote_code: bool = False):
+    return _tokenizer(resolve(spec, cache=cache, trust_remote_code=trust_remote_code))
+
+
+def load_special_ids(spec: str | os.PathLike, *, cache=None, trust_remote_code: bool = False) -> SpecialIds:
+    """A target's stop / pad / bos ids (target/special.py) from its config files alone: no weights load."""
     src = resolve(spec, cache=cache, trust_remote_code=trust_remote_code)
-    return _hf(src, "tokenizer", AutoTokenizer.from_pretrained, src.path, **src.kwargs())
+    return special_ids(_auto_config(src), generation_dict(src.path), where=f"target {str(spec)!r}")
 
 
 def load_target(spec: str | os.PathLike, *, dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu",
@@ -138,8 +156,6 @@ def load_target(spec: str | os.PathLike, *, dtype: torch.dtype = torch.bfloat16,
 
     fast: local safetensors dirs and GGUF files load through target/fastload.py (meta build, parallel
     mmap'd reads, assign), falling back to from_pretrained when it cannot prove the load complete."""
-    from transformers import AutoTokenizer
-
     src = resolve(spec, cache=cache, trust_remote_code=trust_remote_code)
     config = _auto_config(src)
     wrapped = model_class_for(config) is WrappedTextLM
@@ -149,7 +165,7 @@ def load_target(spec: str | os.PathLike, *, dtype: torch.dtype = torch.bfloat16,
         try:
             model = fast_load_model(src.path, config, dtype=dtype, device=device,
                                     attn_implementation=attn_implementation, gguf_file=src.gguf_file)
-            tokenizer = _hf(src, "tokenizer", AutoTokenizer.from_pretrained, src.path, **src.kwargs())
+            tokenizer = _tokenizer(src)
             return Target(model=model, tokenizer=tokenizer, layout=find_layout(model), source=src, load_path="fast")
         except FastLoadUnsupported as e:
             if wrapped:  # from_pretrained cannot build a wrapper's text model on its own
@@ -164,7 +180,7 @@ def load_target(spec: str | os.PathLike, *, dtype: torch.dtype = torch.bfloat16,
     model = _hf(src, "weights", model_class_for(config).from_pretrained, src.path, **kw)
     model = model.to(device).eval()
     model.requires_grad_(False)
-    tokenizer = _hf(src, "tokenizer", AutoTokenizer.from_pretrained, src.path, **src.kwargs())
+    tokenizer = _tokenizer(src)
     return Target(model=model, tokenizer=tokenizer, layout=find_layout(model), source=src)
 
 
