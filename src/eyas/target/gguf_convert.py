@@ -47,6 +47,9 @@ LAYER_NAMES = {
 ARCHITECTURES = {"llama": True, "qwen2": False}
 # llama.cpp's precomputed RoPE scaling factors: the model computes them from its config (transformers skips it too)
 SKIPPED = {"rope_freqs.weight"}
+# What a converted dir was written by: a built-in target converted by an older one is converted again (version 2:
+# the tokenizer names the GGUF's own bos/eos/pad ids, whatever transformers' GGUF reader assigns).
+CONVERTER_VERSION = 2
 _LAYER = re.compile(r"blk\.(\d+)\.(.+)")
 
 
