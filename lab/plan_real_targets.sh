@@ -45,8 +45,10 @@ sd = load_file(sys.argv[1]); save_file({k: v.to(torch.bfloat16) if v.is_floating
 for k, v in sd.items() if k != 'embed_tokens.weight'}, sys.argv[2])" /tmp/run-s/model.safetensors \
         /tmp/back/draft-bf16.safetensors &&
     tar cf - -C /tmp/back draft-bf16.safetensors run9k | split -b 15M -d - "$OUT/draft.tar." && ls -la "$OUT" ;;
-  convert)    # issue 37 item 1: the 1.5B's GGUF -> bf16 HF dir on the GPU (goal <= 60 s)
-    python3 bench/convert.py --target qwen2.5-coder-1.5b --device cuda --out $R/convert-q15-h200.json ;;
+  convert)    # issue 37 item 1: the 1.5B's GGUF -> bf16 HF dir on the GPU (goal <= 60 s), then doctor on it (transformers
+              # 5.17: the stop-tokens check must name <|im_end|>)
+    python3 bench/convert.py --target qwen2.5-coder-1.5b --device cuda --out $R/convert-q15-h200.json
+    $E doctor --target qwen2.5-coder-1.5b --json > $R/doctor-q15.json ;;
   timed)      # alone on the GPU, in order of need
     python3 bench/ar_pace.py --target qwen2.5-coder-1.5b --device cuda --per-category 2 --max-new-tokens 256 \
         --vllm-python /tmp/vpy --out $R/ar_pace_q15.json
