@@ -5,8 +5,8 @@
 #   bash lab/plan_real_targets.sh JOB    JOB: gputests kimi sgl_train sgl_check convert timed back (or tick, below)
 # A draft brought back by `back` in an earlier session: carry .carry/draft, then `cp -r .carry/draft /tmp/draft-parts`
 # before sgl_train (it restores instead of training).
-# Carry order (lab/gpu_carry.sh pack with ITEMS="eyas-deps vllm-deps vllm model sharegpt sglang qwen15"): p0 eyas and
-# vLLM deps, p1-p3 vLLM, p4-p5 SmolLM2 + ShareGPT, p6-p8 SGLang, p9-p27 the 1.5B's part wheels.
+# Carry order (lab/gpu_carry.sh pack with ITEMS="eyas-deps vllm-deps vllm model sharegpt sglang qwen15", 48 MiB parts):
+# eyas deps in p0, vLLM's deps by p1, vLLM by p4, SmolLM2 + ShareGPT by p6, SGLang by p10, the 1.5B's wheels by p31.
 # Or, on every call of session A (lab/GPU.md), carrying the next part:   bash lab/plan_real_targets.sh tick [WAIT_S]
 # tick receives the parts, snapshots the tree once, starts each lane whose inputs have arrived and whose lanes before
 # it are done (gputests, sgl_train, kimi, convert; sgl_check after sgl_train; timed alone after the others), waits up to WAIT_S
