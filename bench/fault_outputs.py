@@ -4,7 +4,7 @@
                command's output, a directory of the user's files (with and without --overwrite)
   resume       a stopped regenerate / extract / train resumed with one setting or input changed
   concurrent   two writers started on one --out (regenerate, train with two seeds, extract)
-  non-finite   training that diverges (--lr 100, a target emitting NaN), and a NaN draft given to eval, export,
+  non-finite   training that diverges (--lr 100, a target emitting NaN), and a NaN or inf draft given to eval, export,
                doctor
 
 A fault is `detected` when the command refused in one line and what it must not touch is byte for byte as before,
@@ -287,9 +287,18 @@ def family_nonfinite(tally, w, store, run, work: Path, train_cmd) -> None:
     sd["fc.weight"] = sd["fc.weight"].clone()
     sd["fc.weight"][0, 0] = float("nan")
     save_file(sd, str(bad / "model.safetensors"), metadata={"format": "pt"})
+    inf = shutil.copytree(run, root / "inf-draft")   # inf, not NaN: a norm weight overflowed
+    sd = load_file(str(inf / "model.safetensors"))
+    key = next(k for k in sd if k.endswith("norm.weight"))
+    sd[key] = sd[key].clone()
+    sd[key][-1] = float("inf")
+    save_file(sd, str(inf / "model.safetensors"), metadata={"format": "pt"})
     bench = root / "bench.jsonl"
     bench.write_text(json.dumps({"question_id": 1, "category": "a", "turns": ["t1 t2 t3"]}) + "\n")
     for name, cmd, marker in [
+        ("eval of a draft holding inf", ["eval", "--target", str(w["target"]), "--draft", str(inf), "--bench",
+                                         str(bench), "--device", "cpu", "--max-new-tokens", "4"], "inf"),
+        ("doctor on a draft holding inf", ["doctor", "--target", str(w["target"]), "--draft", str(inf)], "inf"),
         ("eval of a NaN draft", ["eval", "--target", str(w["target"]), "--draft", str(bad), "--bench", str(bench),
                                  "--device", "cpu", "--max-new-tokens", "4"], "NaN"),
         ("export of a NaN draft", ["export", "--draft", str(bad), "--out", str(root / "exp"), "--verifier", "t"],
