@@ -7,7 +7,7 @@ Both sides generate greedily from the first turn of `--per-category` Spec-Bench 
 template), one request at a time, stopping at EOS or `--max-new-tokens`, and report generated tokens / wall seconds
 with prefill included (what vLLM's `LLM.generate` at batch 1 costs a user); eyas's decode-only rate and its prefill
 of a `--prefill-tokens` prompt (median of 5) are reported beside it. vLLM runs in its own environment (one engine,
-`eyas.engines.vllm_speedup.measure` with no drafts) after eyas has released the GPU's memory.
+`eyas.engines.speedup.measure` with no drafts) after eyas has released the GPU's memory.
 """
 from __future__ import annotations
 
@@ -106,15 +106,16 @@ def main(argv=None) -> int:
     out = Path(a.out)
     out.write_text(json.dumps(doc, indent=1))
     if a.vllm_python:
-        from eyas.engines.vllm_speedup import measure
+        from eyas.engines.adapters import ADAPTERS
+        from eyas.engines.speedup import measure
 
         model_dir = target.source.path
         del target
         gc.collect()
         torch.cuda.empty_cache()
-        res = measure(Path(a.vllm_python), model_dir, "", prompts, [], [1], a.max_new_tokens, ["0"],
+        res = measure(ADAPTERS["vllm"](a.vllm_python), model_dir, "", prompts, [], [1], a.max_new_tokens, ["0"],
                       out.with_suffix(".logs"))
-        doc["vllm"] = {"tok_s": res["base_tok_s"].get("1"), "version": res.get("vllm_version"),
+        doc["vllm"] = {"tok_s": res["base_tok_s"].get("1"), "version": res.get("engine_version"),
                        "failed": res.get("failed"), "engines": res.get("engines")}
         if doc["vllm"]["tok_s"]:
             doc["eyas_over_vllm"] = doc["eyas"]["tok_s"] / doc["vllm"]["tok_s"]
