@@ -8,9 +8,10 @@ import pytest
 from eyas import doctor
 from eyas.doctor import DoctorConfig, diagnose
 from eyas.draft.io import save_draft
+from eyas.engines.vllm import entry_points_for
 from eyas.draft.kinds import build_draft, draft_config
 from eyas.export import export_vllm
-from test_doctor import VOCAB, failures, llama_config, target  # noqa: F401 - the shared fixture
+from test_doctor import VOCAB, failures, fake_engine, llama_config, target  # noqa: F401 - the shared fixture
 
 
 def make_parallel(path, kind, layers=2, K=3):
@@ -82,3 +83,36 @@ def test_planned_parameters_are_the_planned_kind_s(target):
     # p-eagle: 3 more llama layers, the mask hidden state and a trainable embedding; dflash: 5 layers of its own
     assert counts["p-eagle"][0] > counts["eagle3"][0] + 3 * layer and counts["p-eagle"][1] == 0
     assert counts["dflash"][0] > 4 * layer and counts["dflash"][1] > 0
+
+
+# --- the engine's side of the hand-over: the speculators updater and draft class of the kind, and its release
+
+@pytest.mark.parametrize("kind", ["p-eagle", "dflash"])
+def test_engine_serving_the_kind_passes_with_its_own_entry_points(target, tmp_path, kind):
+    draft = make_parallel(tmp_path / "draft", kind)
+    py = fake_engine.make_fake_vllm(tmp_path / "env")
+    checks = {c.name: c for c in diagnose(DoctorConfig(target=target, draft=draft, engine="vllm", python=str(py)))}
+    assert checks["engine: entry points"].status == "pass", failures(checks.values())
+    n_eagle3 = len(entry_points_for())
+    n_kind = len(entry_points_for(drafters=(kind,)))
+    assert n_kind > n_eagle3 and f"{n_kind}/{n_kind} vLLM entry points bind" in checks["engine: entry points"].detail
+
+
+def test_engine_without_the_kinds_updater_fails_naming_it(target, tmp_path):
+    py = fake_engine.make_fake_vllm(tmp_path / "env", replace={
+        ("vllm/transformers_utils/configs/speculators/algos.py", "def update_peagle"): "def update_pard"})
+    draft = make_parallel(tmp_path / "draft", "p-eagle")
+    bad = failures(diagnose(DoctorConfig(target=target, draft=draft, engine="vllm", python=str(py))))
+    assert bad["engine: vllm.transformers_utils.configs.speculators.algos.update_peagle"].startswith("absent")
+    # an EAGLE-3 user of the same env is not bothered by the P-EAGLE updater
+    ok = {c.name: c for c in diagnose(DoctorConfig(target=target, engine="vllm", python=str(py)))}
+    assert ok["engine: entry points"].status == "pass"
+
+
+def test_dflash_on_a_release_whose_updater_means_other_layers_fails(target, tmp_path):
+    # 0.20's update_dflash has eyas's signature but passes the aux ids unchanged: only the version can tell.
+    py = fake_engine.make_fake_vllm(tmp_path / "env", replace={("vllm/__init__.py", "'0.32.0'"): "'0.20.0'"})
+    draft = make_parallel(tmp_path / "draft", "dflash")
+    bad = failures(diagnose(DoctorConfig(target=target, draft=draft, engine="vllm", python=str(py))))
+    assert "needs 0.26.0 or newer, this is 0.20.0" in bad["engine: drafter dflash"]
+    assert "engine: entry points" not in bad

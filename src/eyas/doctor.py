@@ -526,16 +526,17 @@ def check_memory(cfg: DoctorConfig, facts: TargetFacts, ids: list[int], vd: int,
 
 
 # ---------------------------------------------------------------- engine
-def check_engine(cfg: DoctorConfig, facts: TargetFacts | None = None) -> list[Check]:
+def check_engine(cfg: DoctorConfig, facts: TargetFacts | None = None, drafter: str = "eagle3") -> list[Check]:
     """The engine's version and every entry point eyas calls, plus those of the target's architecture (a Kimi-K2.5
-    target: the wrapper class, its text model, the registries that read its config)."""
+    target: the wrapper class, its text model, the registries that read its config) and of the drafter kind (P-EAGLE,
+    DFlash: the speculators updater, the draft class)."""
     from eyas.engines.adapters import ADAPTERS
     from eyas.engines.base import EngineError
 
     t0, out, kind = time.perf_counter(), [], ADAPTERS[cfg.engine]
     archs = list(getattr(facts.config, "architectures", None) or []) if facts is not None else []
     try:
-        engine = kind(cfg.python, architectures=archs)
+        engine = kind(cfg.python, architectures=archs, drafters=(drafter,))
         results = engine.probe()  # one worker run: the version comes with it
         version = engine.version()
     except EngineError as e:
@@ -549,6 +550,9 @@ def check_engine(cfg: DoctorConfig, facts: TargetFacts | None = None) -> list[Ch
         out.append(Check(f"engine: {r.entry_point}", "fail", r.detail,
                          f"{kind.label} {version} changed an API eyas calls: install {kind.label} "
                          f"{kind.tested_versions[-1]}, or update the caller and {kind.__module__}.ENTRY_POINTS"))
+    for problem in engine.drafter_problems(version):
+        out.append(Check(f"engine: drafter {drafter}", "fail", problem,
+                         f"install {kind.label} {kind.tested_versions[-1]}"))
     out.append(Check("engine: entry points", "fail" if bad else "pass",
                      f"{len(results) - len(bad)}/{len(results)} {kind.label} entry points bind with eyas's arguments "
                      f"(probed in {time.perf_counter() - t0:.1f}s, no model loaded)"))
@@ -597,7 +601,7 @@ def diagnose(cfg: DoctorConfig) -> list[Check]:
             out.append(Check(f"engine: {cfg.engine}", "skip", "not probed: fix the failures above first"))
         else:
             pool = ThreadPoolExecutor(max_workers=1)
-            engine = pool.submit(check_engine, cfg, facts)
+            engine = pool.submit(check_engine, cfg, facts, draft.drafter if draft else cfg.draft_kind)
             pool.shutdown(wait=False)
     if facts is not None:
         tokenizer = check_template(cfg, facts, out)

@@ -57,3 +57,13 @@ def test_a_worker_that_finishes_returns_its_json_and_logs(tmp_path):
     assert run_in_env(sys.executable, worker, {"x": 1}, timeout=60, log=tmp_path / "w.log") == \
         {"ok": True, "payload": {"x": 1}}
     assert "engine says hello" in (tmp_path / "w.log").read_text()
+
+
+def test_release_numbers_and_drafter_rules():
+    from eyas.engines.entry_points import drafter_problems, release
+    assert release("0.32.0+cpu") == (0, 32, 0) and release("0.26.0rc1") == (0, 26, 0) and release("1.2") == (1, 2)
+    since = {"dflash": ("0.26.0", "layers mean other things")}
+    assert drafter_problems("0.20.0", ["dflash"], since) == [
+        "dflash: needs 0.26.0 or newer, this is 0.20.0: layers mean other things"]
+    assert drafter_problems("0.26.0rc1", ["dflash"], since) == []     # the release candidate counts as 0.26
+    assert drafter_problems("0.20.0", ["eagle3"], since) == drafter_problems(None, ["dflash"], since) == []

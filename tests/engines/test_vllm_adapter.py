@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from eyas.engines.base import EngineError
+from eyas.engines.entry_points import SIGNATURES_DIR
 from eyas.engines.signatures import record as rec
 from eyas.engines.vllm import (ENTRY_POINTS, HOW_TO_CREATE, KIMI_K25, TESTED_VERSIONS, VllmAdapter, check_signatures,
                                entry_points_for, load_recorded, version_status)
@@ -81,6 +82,38 @@ def test_middle_release_lacks_the_connector_internals_eyas_subclasses():
     assert "_kv_cache" in bad[conn + "ExampleHiddenStatesConnector"]
 
 
+def test_every_recorded_release_covers_every_entry_point():
+    for path in sorted(SIGNATURES_DIR.glob("vllm-*.json")):
+        doc = json.loads(path.read_text())
+        assert set(doc["signatures"]) == {ep.name for ep in ENTRY_POINTS}, f"re-record {path.name}"
+
+
+def test_kimi_k25_target_drift_by_release():
+    kimi = {v: failing(check_signatures(load_recorded(v)["signatures"], entry_points_for(KIMI_K25)))
+            for v in ("0.10.1", "0.20.0", "0.33.0")}
+    assert kimi["0.33.0"] == {}
+    own = {ep.name for ep in entry_points_for(KIMI_K25)} - {ep.name for ep in entry_points_for()}
+    assert own <= set(kimi["0.10.1"])   # no Kimi-K2.5 in vLLM yet, nor aux capture in DeepSeek-V2
+    # 0.20 built the wrapper but read its image processor through remote code, not the fused processor
+    assert set(kimi["0.20.0"]) & own == {"vllm.transformers_utils.processors.kimi_k25_vision_fused."
+                                         "KimiK25FusedVisionProcessor"}
+
+
+def test_parallel_drafters_by_release():
+    both = entry_points_for(drafters=("p-eagle", "dflash"))
+    for v in ("0.26.0", "0.32.0", "0.33.0"):
+        assert failing(check_signatures(load_recorded(v)["signatures"], both)) == {}, v
+    bad = failing(check_signatures(load_recorded("0.20.0")["signatures"], both))
+    peagle = "vllm.transformers_utils.configs.speculators.algos.update_peagle"
+    assert peagle in bad and "PeagleLlamaForCausalLM" in bad["vllm.model_executor.models.registry."
+                                                              "_SPECULATIVE_DECODING_MODELS[p-eagle]"]
+    assert not any("dflash" in name for name in bad)   # 0.20 has DFlash's signatures; its meaning differs:
+    assert VllmAdapter.drafter_since["dflash"][0] == "0.26.0"
+    old = failing(check_signatures(load_recorded("0.10.1")["signatures"], both))
+    assert {peagle, "vllm.transformers_utils.configs.speculators.algos.update_dflash",
+            "vllm.config.speculative.SpeculativeMethod[dflash]"} <= set(old)
+
+
 def test_unknown_release_recording_names_the_known_ones():
     with pytest.raises(FileNotFoundError, match="0.32.0"):
         load_recorded("9.9.9")
@@ -130,7 +163,8 @@ def test_version_matrix():
 def test_recorder_matches_live_probe_on_fake_engine(tmp_path):
     py = fake_engine.make_fake_vllm(tmp_path)
     recorded = rec.record(tmp_path / "src", "0.32.0")["signatures"]
-    live = VllmAdapter(py, architectures=KIMI_K25)   # also a Kimi-K2.5 target's: registry tables, the wrapper class
+    # also a Kimi-K2.5 target's (registry tables, the wrapper class) and the parallel drafters' (updaters, classes)
+    live = VllmAdapter(py, architectures=KIMI_K25, drafters=("p-eagle", "dflash"))
     assert live.version() == "0.32.0"  # from the module's __version__: the fake has no dist metadata
     live_sigs = live._probe_report()["signatures"]
     assert set(live_sigs) == set(recorded)
@@ -147,7 +181,7 @@ def test_recorder_reports_absent_and_overload_implementation(tmp_path):
     gen = [p[0] for p in sigs["vllm.LLM.generate"]["params"]]
     assert gen[:3] == ["self", "prompts", "sampling_params"]  # the implementation, not the @overload stub
     assert sigs["vllm.config.speculative.SpeculativeMethod"]["values"] == [
-        "ngram", "draft_model", "eagle", "eagle3", "extract_hidden_states", "mtp"]
+        "ngram", "draft_model", "eagle", "eagle3", "extract_hidden_states", "mtp", "dflash"]
     with pytest.raises(FileNotFoundError, match="vllm/"):
         rec.SourceTree(tmp_path)
 

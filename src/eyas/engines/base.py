@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from eyas import env as switches
-from eyas.engines.entry_points import EntryPoint, ProbeResult, applicable, check_signatures, version_status
+from eyas.engines.entry_points import (EntryPoint, ProbeResult, applicable, check_signatures, drafter_problems,
+                                       version_status)
 
 if TYPE_CHECKING:
     from eyas.decode.tree import TreeSpec
@@ -190,16 +191,18 @@ class WorkerEngine(ABC):
     tested_versions: ClassVar[tuple[str, ...]]
     entry_points: tuple[EntryPoint, ...]          # the class's: all (the recorder's); an instance's: its target's
     served_layers: ClassVar[dict[str, str]] = {}  # wrapper architecture -> where the engine keeps its decoder layers
+    drafter_since: ClassVar[dict[str, tuple[str, str]]] = {}   # kind -> (first release serving eyas's export, why)
     worker: ClassVar[Path]                        # its serve worker
     export_format: ClassVar[str]
     dtypes: ClassVar[tuple[str, ...]] = ("fp32", "bf16")   # what its kernels run; the first is serve-check's default
     trees: ClassVar[bool]
 
-    def __init__(self, python: str | os.PathLike | None = None, architectures=()):
-        """`architectures`: the target's (config.architectures); entry points only such a target needs are
-        probed for it alone."""
+    def __init__(self, python: str | os.PathLike | None = None, architectures=(), drafters=()):
+        """`architectures`: the target's (config.architectures); `drafters`: the draft kinds served (eagle3,
+        p-eagle, dflash). Entry points only such a target or drafter needs are probed for it alone."""
         self.python = engine_python(python, self.env_var, self.how_to_create)
-        self.entry_points = applicable(type(self).entry_points, architectures)
+        self.entry_points = applicable(type(self).entry_points, architectures, drafters)
+        self.drafters = tuple(drafters or ())
         self._report: dict[str, Any] | None = None
 
     # ---- version and entry points
@@ -228,6 +231,10 @@ class WorkerEngine(ABC):
 
     def version_status(self, version: str | None) -> tuple[str, str]:
         return version_status(version, self.tested_versions, self.label)
+
+    def drafter_problems(self, version: str | None) -> list[str]:
+        """The served drafter kinds this version takes with the right signatures but another meaning."""
+        return drafter_problems(version, self.drafters, self.drafter_since)
 
     def probe(self, used_by: str | None = None) -> list[ProbeResult]:
         """Every entry point's verdict; `used_by="extraction"` (or "serve-check") keeps one caller's."""

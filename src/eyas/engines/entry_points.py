@@ -42,12 +42,15 @@ class EntryPoint:
     values: tuple[str, ...] = ()                   # kind == "values": members that must be present
     reads_only: bool = False                       # eyas only reads these fields (never constructs it)
     architectures: tuple[str, ...] = ()            # probed only for targets of these architectures (() = always)
+    drafters: tuple[str, ...] = ()                 # probed only when serving these drafter kinds (() = always)
 
 
-def applicable(entry_points, architectures=()) -> tuple[EntryPoint, ...]:
-    """The entry points every caller uses plus those of a target of these architectures."""
-    archs = set(architectures or ())
-    return tuple(ep for ep in entry_points if not ep.architectures or archs & set(ep.architectures))
+def applicable(entry_points, architectures=(), drafters=()) -> tuple[EntryPoint, ...]:
+    """The entry points every caller uses plus those of a target of these architectures and of these drafter
+    kinds (eyas.draft.kinds: eagle3, p-eagle, dflash)."""
+    archs, kinds = set(architectures or ()), set(drafters or ())
+    return tuple(ep for ep in entry_points if (not ep.architectures or archs & set(ep.architectures))
+                 and (not ep.drafters or kinds & set(ep.drafters)))
 
 
 def _check_callable(ep: EntryPoint, params: list[list], sigs: dict[str, dict]) -> list[str]:
@@ -128,6 +131,28 @@ def version_status(version: str | None, tested: tuple[str, ...], engine: str) ->
         return "pass", f"{engine} {version} (tested)"
     return "warn", (f"{engine} {version} is not in eyas's tested matrix {list(tested)}; "
                     f"the entry-point probe below says whether eyas's calls still bind")
+
+
+def release(version: str) -> tuple[int, ...]:
+    """'0.32.0+cpu' -> (0, 32, 0): the numeric release, for "at least" comparisons."""
+    nums = []
+    for part in version.split("+")[0].split("."):
+        digits = part[:len(part) - len(part.lstrip("0123456789"))]   # leading digits: "0rc1" -> "0"
+        if not digits:
+            break
+        nums.append(int(digits))
+        if digits != part:
+            break
+    return tuple(nums)
+
+
+def drafter_problems(version: str | None, drafters, since: dict[str, tuple[str, str]]) -> list[str]:
+    """Drafter kinds whose hand-over changed meaning, not signature, at a release newer than `version`: the probe
+    cannot see those, the version can. `since`: kind -> (first release that serves it as eyas exports it, why)."""
+    if not version:
+        return []
+    return [f"{kind}: needs {since[kind][0]} or newer, this is {version}: {since[kind][1]}"
+            for kind in drafters or () if kind in since and release(version) < release(since[kind][0])]
 
 
 def load_recorded(engine: str, version: str) -> dict[str, Any]:

@@ -144,6 +144,37 @@ ENTRY_POINTS: tuple[EntryPoint, ...] = (
     EntryPoint(f"{_SPEC}.algos.update_eagle3", f"{_SPEC}.algos", "update_eagle3",
                "export (the eagle3 keys vLLM reads)", "vllm/transformers_utils/configs/speculators/algos.py",
                positional=("config_dict", "pre_trained_config")),
+    # --- the draft as vLLM builds it: the registry maps the architecture the speculators updater names to the class
+    # whose load_weights reads eyas's tensor names. EAGLE-3 always; P-EAGLE and DFlash only when serving that kind.
+    EntryPoint(f"{_MODELS}.registry._SPECULATIVE_DECODING_MODELS", f"{_MODELS}.registry",
+               "_SPECULATIVE_DECODING_MODELS", "serve-check, speedup bench (update_eagle3 names a Llama draft so)",
+               "vllm/model_executor/models/registry.py", kind="values", values=("Eagle3LlamaForCausalLM",)),
+    EntryPoint(f"{_MODELS}.llama_eagle3.Eagle3LlamaForCausalLM", f"{_MODELS}.llama_eagle3", "Eagle3LlamaForCausalLM",
+               "serve-check, speedup bench (loads eagle3 and p-eagle exports)", "vllm/model_executor/models/llama_eagle3.py",
+               kind="attrs", values=("load_weights", "combine_hidden_states", "compute_logits")),
+    EntryPoint(f"{_SPEC}.algos.update_peagle", f"{_SPEC}.algos", "update_peagle",
+               "export --draft-kind p-eagle (speculators_model_type peagle: mask_token_id becomes pard_token)",
+               "vllm/transformers_utils/configs/speculators/algos.py", positional=("config_dict", "pre_trained_config"),
+               drafters=("p-eagle",)),
+    EntryPoint(f"{_MODELS}.registry._SPECULATIVE_DECODING_MODELS[p-eagle]", f"{_MODELS}.registry",
+               "_SPECULATIVE_DECODING_MODELS", "serve-check of a p-eagle export (update_peagle's architecture)",
+               "vllm/model_executor/models/registry.py", kind="values", values=("PeagleLlamaForCausalLM",),
+               drafters=("p-eagle",)),
+    EntryPoint(f"{_SPEC}.algos.update_dflash", f"{_SPEC}.algos", "update_dflash",
+               "export --draft-kind dflash (aux ids - 1 become dflash_config.target_layer_ids)",
+               "vllm/transformers_utils/configs/speculators/algos.py", positional=("config_dict", "pre_trained_config"),
+               drafters=("dflash",)),
+    EntryPoint(f"{_MODELS}.registry._SPECULATIVE_DECODING_MODELS[dflash]", f"{_MODELS}.registry",
+               "_SPECULATIVE_DECODING_MODELS", "serve-check of a dflash export (update_dflash's architecture)",
+               "vllm/model_executor/models/registry.py", kind="values", values=("DFlashDraftModel",),
+               drafters=("dflash",)),
+    EntryPoint("vllm.config.speculative.SpeculativeMethod[dflash]", "vllm.config.speculative", "SpeculativeMethod",
+               "serve-check of a dflash export (method dflash)", "vllm/config/speculative.py", kind="values",
+               values=("dflash",), drafters=("dflash",)),
+    EntryPoint(f"{_MODELS}.qwen3_dflash.DFlashQwen3ForCausalLM", f"{_MODELS}.qwen3_dflash", "DFlashQwen3ForCausalLM",
+               "serve-check of a dflash export (loads its Qwen3-layer tensors)",
+               "vllm/model_executor/models/qwen3_dflash.py", kind="attrs", values=("load_weights", "compute_logits"),
+               drafters=("dflash",)),
     # --- vllm extraction: kv_transfer_config={...} and eyas_connector.EyasHiddenStatesConnector, a subclass of
     # vLLM's reference hidden-states connector that overrides _submit_async_write and reads its internals.
     EntryPoint("vllm.config.KVTransferConfig", "vllm.config", "KVTransferConfig", "vllm extraction",
@@ -194,6 +225,13 @@ ENTRY_POINTS: tuple[EntryPoint, ...] = (
                reads_only=True, architectures=KIMI_K25),
 )
 
+# Drafter kinds whose hand-over changed meaning (not signature) at a release: the probe cannot see it, the version can.
+DRAFTER_SINCE = {
+    "dflash": ("0.26.0", "before it, update_dflash passes the aux ids unchanged as dflash_config.target_layer_ids "
+                         "(0.26 subtracts 1, as eyas's export expects) and has no sliding_window_non_causal switch, "
+                         "so an eyas DFlash export would read the wrong target layers with a causal block"),
+}
+
 # Where vLLM's model keeps the decoder layers of a wrapped target (eyas finds its own by structure).
 SERVED_LAYERS = {"KimiK25ForConditionalGeneration": "language_model.model.layers (DeepseekV2ForCausalLM)"}
 
@@ -213,9 +251,9 @@ def aux_layer_id_problems_in_vllm(config, ids: list[int]) -> list[str]:
     return []
 
 
-def entry_points_for(architectures=()) -> tuple[EntryPoint, ...]:
-    """The vLLM entry points every caller uses plus those of a target of these architectures."""
-    return E.applicable(ENTRY_POINTS, architectures)
+def entry_points_for(architectures=(), drafters=()) -> tuple[EntryPoint, ...]:
+    """The vLLM entry points every caller uses plus those of a target of these architectures and drafter kinds."""
+    return E.applicable(ENTRY_POINTS, architectures, drafters)
 
 
 def check_signatures(sigs: dict[str, dict], entry_points=None) -> list[E.ProbeResult]:
@@ -306,6 +344,7 @@ class VllmAdapter(WorkerEngine):
     tested_versions = TESTED_VERSIONS
     entry_points = ENTRY_POINTS
     served_layers = SERVED_LAYERS
+    drafter_since = DRAFTER_SINCE
     worker = Path(__file__).with_name("vllm_serve_worker.py")
     export_format = "vllm"
     trees = False

@@ -136,7 +136,8 @@ FILES: dict[str, str] = {
         "from dataclasses import dataclass\n"
         "from typing import Literal\n"
         "MTPModelTypes = Literal['mtp']\n"
-        "EagleModelTypes = Literal['eagle', 'eagle3', 'extract_hidden_states', MTPModelTypes]\n"
+        "DFlashModelTypes = Literal['dflash']\n"
+        "EagleModelTypes = Literal['eagle', 'eagle3', 'extract_hidden_states', MTPModelTypes, DFlashModelTypes]\n"
         "SpeculativeMethod = Literal['ngram', 'draft_model', EagleModelTypes]\n"
         "@dataclass\n"
         "class SpeculativeConfig:\n"
@@ -157,7 +158,28 @@ FILES: dict[str, str] = {
         "        return {}\n"),
     "vllm/transformers_utils/configs/speculators/algos.py": (
         "def update_eagle3(config_dict: dict, pre_trained_config: dict) -> None:\n"
-        "    pre_trained_config['draft_vocab_size'] = config_dict.get('draft_vocab_size')\n"),
+        "    pre_trained_config['draft_vocab_size'] = config_dict.get('draft_vocab_size')\n"
+        "def update_peagle(config_dict: dict, pre_trained_config: dict) -> None:\n"
+        "    pre_trained_config['pard_token'] = config_dict['mask_token_id']\n"
+        "def update_dflash(config_dict: dict, pre_trained_config: dict) -> None:\n"
+        "    pre_trained_config['architectures'] = ['DFlashDraftModel']\n"),
+    # --- the draft classes the registry maps the updaters' architectures to
+    "vllm/model_executor/models/llama_eagle3.py": (
+        "class Eagle3LlamaForCausalLM:\n"
+        "    def __init__(self, vllm_config, prefix=''):\n"
+        "        pass\n"
+        "    def compute_logits(self, hidden_states):\n"
+        "        raise RuntimeError('never called by the probe')\n"
+        "    def combine_hidden_states(self, hidden_states):\n"
+        "        raise RuntimeError('never called by the probe')\n"
+        "    def load_weights(self, weights):\n"
+        "        raise RuntimeError('never called by the probe')\n"),
+    "vllm/model_executor/models/qwen3_dflash.py": (
+        "class DFlashQwen3ForCausalLM:\n"
+        "    def compute_logits(self, hidden_states):\n"
+        "        raise RuntimeError('never called by the probe')\n"
+        "    def load_weights(self, weights):\n"
+        "        raise RuntimeError('never called by the probe')\n"),
     # --- what a Kimi-K2.5 target needs (probed only for one)
     "vllm/model_executor/__init__.py": "",
     "vllm/model_executor/models/__init__.py": "",
@@ -165,6 +187,11 @@ FILES: dict[str, str] = {
         "_MULTIMODAL_MODELS = {\n"
         "    'LlavaForConditionalGeneration': ('llava', 'LlavaForConditionalGeneration'),\n"
         "    'KimiK25ForConditionalGeneration': ('kimi_k25', 'KimiK25ForConditionalGeneration'),\n"
+        "}\n"
+        "_SPECULATIVE_DECODING_MODELS = {\n"
+        "    'DFlashDraftModel': ('qwen3_dflash', 'DFlashQwen3ForCausalLM'),\n"
+        "    'PeagleLlamaForCausalLM': ('llama_eagle3', 'Eagle3LlamaForCausalLM'),\n"
+        "    'Eagle3LlamaForCausalLM': ('llama_eagle3', 'Eagle3LlamaForCausalLM'),\n"
         "}\n"),
     "vllm/model_executor/models/deepseek_v2.py": (
         "class DeepseekV2Model:\n"
