@@ -1,33 +1,10 @@
 """lab/plan_real_targets.sh tick: each lane starts once its inputs have arrived and the lanes it waits on ended."""
 
-import os
-import shutil
-import subprocess
-from pathlib import Path
+from functools import partial
 
-ROOT = Path(__file__).resolve().parents[2]
-STUB = """#!/usr/bin/env bash
-echo "$*" >> "$CALLS"
-"""
+from ticks import started
 
-
-def _tick(tmp_path: Path, installed: list[str], ended: dict[str, int]) -> list[str]:
-    repo, carry, lanes = tmp_path / "repo", tmp_path / "carry", tmp_path / "lanes"
-    for d in (repo / "lab", carry, lanes):
-        d.mkdir(parents=True, exist_ok=True)
-    shutil.copy(ROOT / "lab" / "plan_real_targets.sh", repo / "lab")
-    (repo / "lab" / "lanes.sh").write_text(STUB)   # records what would start; starts nothing
-    for name in installed:
-        (carry / f"installed.{name}").touch()
-    for name, rc in ended.items():
-        (lanes / f"{name}.rc").write_text(f"{rc}\n")
-    calls = tmp_path / "calls"
-    calls.write_text("")
-    env = {k: v for k, v in os.environ.items() if k != "OUT"}
-    r = subprocess.run(["bash", "lab/plan_real_targets.sh", "tick", "0"], cwd=repo, capture_output=True, text=True,
-                       env={**env, "CARRY_DIR": str(carry), "LANES_DIR": str(lanes), "CALLS": str(calls)})
-    assert r.returncode == 0, r.stderr
-    return [line.split()[1] for line in calls.read_text().splitlines() if line.startswith("start ")]
+_tick = partial(started, "plan_real_targets.sh")
 
 
 def test_nothing_arrived_starts_nothing(tmp_path):

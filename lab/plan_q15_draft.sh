@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# One H200 session (lab/GPU.md "Next sessions" B): the best EAGLE-3 draft for Qwen2.5-Coder-1.5B and what vLLM
+# makes of it (issue 37 items 2, 3). Jobs run as lanes (lab/lanes.sh); results under /tmp/res come back in
+# $OUT/lanes.tgz with every call.
+#   bash lab/plan_q15_draft.sh JOB    JOB: scaling served back (or tick, below)
+# Carry (lab/gpu_carry.sh pack, ITEMS="eyas-deps qwen15 vllm-deps vllm", 48 MiB parts: the 1.5B first, so the
+# recipe starts while vLLM arrives); on every call, carrying the next part:   bash lab/plan_q15_draft.sh tick [WAIT_S]
+# tick receives the parts, snapshots the tree once, starts `scaling` when eyas's deps and the 1.5B are in, `served`
+# when vLLM is in and `scaling` has ended, then waits up to WAIT_S (default 20) and packs logs and results; the
+# ticks after `served` ends run `back` alone, 4 parts a call (the self-written rows and the best draft: a later
+# session carries them as .carry/q15back and resumes instead of generating again; lab/restore_draft.py --parts
+# .carry/q15back rebuilds the draft). Knobs: SCALE_BUDGET (s, default 1000), SCALE_SIZES (default 1e6,2e6,4e6:
+# three points that fit one session; a later session adds larger sizes from the rows brought back), SCALE_SET.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+if [ "${1:-}" = tick ]; then
+  C=${CARRY_DIR:-/tmp/eyas-carry} L=${LANES_DIR:-/tmp/lanes}   # (both overridable for the test)
+  have() { for i in "$@"; do [ -e "$C/installed.$i" ] || return 1; done; }
+  ended() { for n in "$@"; do [ -f "$L/$n.rc" ] || return 1; done; }
+  lane() { bash lab/lanes.sh start "$1" bash lab/plan_q15_draft.sh "$1"; }
+  if [ -d .carry ]; then bash lab/gpu_carry.sh recv || true; fi
+  [ -d /tmp/snap ] || bash lab/lanes.sh snap
+  # rows and a draft an earlier session brought back (.carry/q15back): the recipe resumes from them
+  [ -d .carry/q15back ] && [ ! -d /tmp/q15back ] && cp -r .carry/q15back /tmp/q15back
+  have eyas-deps qwen15 && lane scaling
+  have eyas-deps qwen15 vllm-deps vllm && ended scaling && lane served
+  if ended served && [ -n "${OUT:-}" ] && [ ! -e /tmp/back.sent ]; then
+    bash lab/plan_q15_draft.sh back; exit 0      # alone in its call, until every part has gone
+  fi
+  bash lab/lanes.sh wait "${2:-20}"
+  exit 0
+fi
+. /tmp/eyas-env.sh
+export PYTHONUNBUFFERED=1 EYAS_CACHE=/tmp/ec
+R=/tmp/res W=/tmp/w/q15 T=qwen2.5-coder-1.5b
+E="python3 -m eyas.cli"
+mkdir -p $R /tmp/w
+
+best() {  # the run dir of the largest point with a Spec-Bench tau
+  python3 -c "import json, sys
+pts = [p for p in json.load(open(sys.argv[1]))['points'] if p.get('spec_bench_tree_tau')]
+p = max(pts, key=lambda p: p['tokens']); print(f\"{sys.argv[2]}/run-{p['kind']}-{p['size']}\")" $W/result.json $W
+}
+
+case "${1:-}" in
+  scaling)   # issue 37 item 2: three curve points of target-written data; the largest is the best draft
+    if [ -d /tmp/q15back ] && [ ! -d $W ]; then   # an earlier session's rows: `regenerate` resumes past them
+      mkdir -p $W /tmp/q15back/x && cat /tmp/q15back/draft.tar.* | tar x -C /tmp/q15back/x &&
+        tar xzf /tmp/q15back/x/rows.tgz -C $W || exit 1
+    fi
+    $E run scaling --out $W --budget "${SCALE_BUDGET:-1000}s" --set target=$T device=cuda kinds=self \
+        sizes=${SCALE_SIZES:-1e6,2e6,4e6} epochs=2 eval_per_category=2 ${SCALE_SET:-}; rc=$?
+    cp $W/result.json $R/scaling-q15.json 2>/dev/null; cp $W/result.png $R/scaling-q15.png 2>/dev/null
+    cp $W/eval-*.json $R/ 2>/dev/null
+    [ $rc = 0 ] || [ $rc = 3 ]; exit $? ;;      # 3: steps left (the budget ran out); what is done still serves
+  served)    # issue 37 items 2-3: T=1 of the best draft, vLLM's K = 1..5 against vLLM's AR, served tau vs native
+    B=$(best) || { echo "no evaluated point in $W/result.json" >&2; exit 2; }
+    echo "best draft: $B"
+    $E eval --draft $B --target $T --per-category 2 --max-new-tokens 256 --chain 3 --tree total=60,depth=7,topk=10 \
+        --device cuda --temperature 1 --baseline-cache $W/baseline-cache --out $R/eval-q15-t1.json
+    for k in 1 2 3 4 5; do $E export --draft $B --format vllm --chain $k --out /tmp/x-q15-k$k || exit 1; done
+    $E serve-check --draft /tmp/x-q15-k3 --engine vllm --python /tmp/vpy --per-category 2 --max-new-tokens 128 \
+        --dtype bf16 --gpu-memory-utilization 0.3 --out $R/serve_check_q15_k3.json
+    python3 bench/vllm_speedup.py --engine vllm --target /tmp/ec/models/$T --export '/tmp/x-q15-k{k}' \
+        --python /tmp/vpy --chains 1 2 3 4 5 --batch-sizes 1 8 32 --per-category 2 --max-new-tokens 256 \
+        --engines-per-gpu 3 --out $R/speedup_vllm_q15.json ;;
+  back)      # in a call (not a lane): the self-written rows (gz) and the best draft (bf16, no embedding: the
+             # target's; restore_draft.py's layout) split into 15 MB parts once, then 4 parts into $OUT per call
+    [ -n "${OUT:-}" ] && [ -f $W/result.json ] || { echo "no OUT or no $W/result.json" >&2; exit 2; }
+    if [ ! -d /tmp/back-parts ]; then
+      mkdir -p /tmp/back/run9k /tmp/back-parts &&
+        tar czf /tmp/back/rows.tgz -C $W self.jsonl self.jsonl.eyas-output.json self.jsonl.self-prompts.jsonl
+      B=$(best) && python3 -c "import sys, torch; from safetensors.torch import load_file, save_file
+sd = load_file(sys.argv[1]); save_file({k: v.to(torch.bfloat16) if v.is_floating_point() else v
+for k, v in sd.items() if k != 'embed_tokens.weight'}, sys.argv[2])" $B/model.safetensors /tmp/back/draft-bf16.safetensors \
+        && cp $B/config.json $B/metrics.jsonl /tmp/back/run9k/
+      tar cf - -C /tmp/back . | split -b 15M -d - /tmp/back-parts/draft.tar. || exit 1
+    fi
+    for f in $(ls /tmp/back-parts | head -4); do mv /tmp/back-parts/$f "$OUT/"; done
+    [ -n "$(ls /tmp/back-parts)" ] || touch /tmp/back.sent
+    echo "parts left: $(ls /tmp/back-parts | wc -l)"; ls -la "$OUT" ;;
+  *) sed -n '2,10p' "$0"; exit 2 ;;
+esac

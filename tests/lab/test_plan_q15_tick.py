@@ -1,0 +1,29 @@
+"""lab/plan_q15_draft.sh tick: the recipe starts once the 1.5B is in, the served sweep after it ended with vLLM in,
+and the draft comes back alone, 4 parts a call, only after the served lane ended."""
+
+from functools import partial
+
+from ticks import calls
+
+_tick = partial(calls, "plan_q15_draft.sh")
+
+
+def test_recipe_starts_when_the_target_is_in(tmp_path):
+    assert _tick(tmp_path, ["eyas-deps"], {}) == ["wait"]
+    assert _tick(tmp_path / "b", ["eyas-deps", "qwen15"], {}) == ["scaling", "wait"]
+
+
+def test_served_waits_for_vllm_and_the_recipe(tmp_path):
+    assert "served" not in _tick(tmp_path, ["eyas-deps", "qwen15", "vllm-deps", "vllm"], {})
+    assert "served" not in _tick(tmp_path / "b", ["eyas-deps", "qwen15"], {"scaling": 0})
+    assert "served" in _tick(tmp_path / "c", ["eyas-deps", "qwen15", "vllm-deps", "vllm"], {"scaling": 3})
+
+
+def test_back_goes_alone_once_served_ended(tmp_path):
+    have, done = ["eyas-deps", "qwen15", "vllm-deps", "vllm"], {"scaling": 0, "served": 0}
+    out = tmp_path / "out"
+    out.mkdir()
+    # `back` (here failing at once: no GPU machine's files) replaces the wait that would pack lanes.tgz beside it
+    assert "wait" not in _tick(tmp_path / "a", have, done, out=out)
+    assert "wait" in _tick(tmp_path / "b", have, done)              # no OUT: nothing can come back
+    assert "wait" in _tick(tmp_path / "c", have, {"scaling": 0}, out=out)
