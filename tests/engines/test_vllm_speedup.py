@@ -98,3 +98,27 @@ def test_side_by_side_without_a_target_config_fails_before_any_engine(tmp_path, 
     with pytest.raises(FileNotFoundError, match="config.json"):
         sweep.measure(vs.VllmAdapter(sys.executable), str(tmp_path / "t"), str(tmp_path / "x{k}"), [[1]], [2], [1],
                       4, ["0"], tmp_path / "logs", engines_per_gpu=2)
+
+
+def test_a_built_in_target_reaches_the_engine_as_its_local_dir(tmp_path, monkeypatch):
+    # vLLM knows nothing of eyas's built-ins: given "smollm2-135m" it went to the hub (found by the drafters recipe)
+    import eyas.target.load as load
+
+    target, export = write_models(tmp_path, [2])
+    monkeypatch.setattr(load, "builtin_target_dir", lambda name, cache=None: target)
+    sent = {}
+
+    def fake_worker(python, worker, payload, **_):
+        sent[payload["barrier"]["name"]] = payload["engine"]
+        raise RuntimeError("no engine here")
+    monkeypatch.setattr(sweep, "run_in_env", fake_worker)
+    sweep.measure(vs.VllmAdapter(sys.executable), "smollm2-135m", export, [[1]], [2], [1], 4, ["0"], tmp_path / "logs")
+    assert sent["base"]["kwargs"]["model"] == target   # (the speculative engines load the export, naming its verifier)
+
+
+def test_engine_path_keeps_what_it_does_not_know(tmp_path):
+    from eyas.target.load import engine_path
+
+    (tmp_path / "m").mkdir()
+    assert engine_path(tmp_path / "m" / ".." / "m") == str((tmp_path / "m").resolve())
+    assert engine_path("Qwen/Qwen2.5-1.5B") == "Qwen/Qwen2.5-1.5B"          # a hub id: the engine's to fetch

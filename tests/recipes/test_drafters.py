@@ -41,6 +41,16 @@ def test_equal_time_steps_come_from_each_kind_s_own_pace(tmp_path):
     assert D.time_steps(r, p, "dflash") == 10
 
 
+def test_dflash_trees_stop_at_its_block():
+    p = SimpleNamespace(eval_tree="total=60,depth=7,topk=10", ttt_steps=3)
+    assert D.native_tree(p, "dflash") == "total=60,depth=3,topk=10"   # 60 of the 210 candidates depth 3 has
+    assert D.native_tree(p, "eagle3") == D.native_tree(p, "p-eagle") == p.eval_tree
+    p.eval_tree, p.ttt_steps = "total=60,depth=7,topk=4", 2
+    assert D.native_tree(p, "dflash") == "total=20,depth=2,topk=4"    # all that depth 2 of top-4 holds
+    p.ttt_steps = 7
+    assert D.native_tree(p, "dflash") == p.eval_tree
+
+
 def test_served_sweep_exports_each_chain_and_measures_them(tmp_path, monkeypatch):
     calls, measured, state = [], {}, {}
 

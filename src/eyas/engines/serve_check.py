@@ -55,7 +55,7 @@ from eyas.flags import Device, ResultsFile
 from eyas.outputs import claim, write_result
 from eyas.target import load_target
 from eyas.target.layers import text_config
-from eyas.target.load import resolve
+from eyas.target.load import engine_path
 
 # A divergence is a cross-engine near-tie when BOTH engines put the two tokens within this fraction of the logit
 # magnitude of each other. Two fp32 implementations of one model (an engine's fused GPU kernels vs HF's eager
@@ -176,8 +176,7 @@ def export_target(config: dict, fmt: str, where: Path) -> str:
     spec = (config.get("eyas") or {}).get("target")
     if not spec:
         raise ContractError(str(where), ["eyas.target: missing; the export names no target (re-export it with eyas)"])
-    src = resolve(spec)
-    return str(Path(src.path).resolve()) if Path(src.path).is_dir() else src.path
+    return engine_path(spec)
 
 
 def run(cfg: ServeCheckConfig) -> int:

@@ -28,6 +28,7 @@ from typing import Callable
 
 from eyas.decode.tree import TreeSpec
 from eyas.engines.base import Engine, SpecStats, run_in_env
+from eyas.target.load import engine_path
 
 
 def job_name(spec: TreeSpec) -> str:
@@ -105,6 +106,7 @@ def measure(engine: Engine, target: str, export: str, prompts: list[list[int]], 
     with "gpu" and "wall_s". A failed engine does not stop the sweep: it is listed under "failed". start_after:
     a file; no engine times before it exists. `engine_options` go to every engine's request (e.g. SGLang's
     attention_backend). Returns `report` of all engines plus "sweep_s"."""
+    target = engine_path(target)   # a built-in name or a dir: the engine gets the local dir
     todo = {job_name(s): s for s in (TreeSpec.chain(k) if isinstance(k, int) else k for k in specs)}
     jobs = {"base": None, **{name: export.format(k=s.depth) for name, s in todo.items()}}
     log_dir.mkdir(parents=True, exist_ok=True)

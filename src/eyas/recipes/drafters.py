@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from eyas.decode.tree import TreeSpec
 from eyas.flags import DRAFT_KINDS
 from eyas.recipes.recipe import Recipe, RecipeError
 from eyas.recipes.runner import Runner
@@ -72,6 +73,17 @@ def native_chain(p, kind: str) -> int:
     return p.eval_chain if kind == "eagle3" else (p.eval_chain_parallel or p.ttt_steps)
 
 
+def native_tree(p, kind: str) -> str:
+    """The tree a kind is evaluated at: eval_tree, but no deeper than a DFlash block's masks (its one pass drafts
+    only those positions; the kept nodes shrink with the candidates a shallower tree has)."""
+    spec = TreeSpec.parse(p.eval_tree)
+    if kind != "dflash" or spec.depth <= p.ttt_steps:
+        return p.eval_tree
+    depth = p.ttt_steps
+    total = min(spec.total, spec.topk + (depth - 1) * spec.topk * spec.topk)
+    return f"total={total},depth={depth},topk={spec.topk}"
+
+
 def train(r: Runner, p, kind: str, regime: str, steps: int | None = None) -> bool:
     name, run = f"train:{kind}:{regime}", p.work / f"run-{kind}-{regime}"
     length = ["--steps", str(steps)] if steps else ["--epochs", str(p.epochs)]
@@ -93,6 +105,7 @@ def time_steps(r: Runner, p, kind: str) -> int:
 def evaluate(r: Runner, p, kind: str, regime: str) -> bool:
     flags = eval_flags(p)
     flags[flags.index("--chain") + 1] = str(native_chain(p, kind))
+    flags[flags.index("--tree") + 1] = native_tree(p, kind)
     return r.eyas(f"eval:{kind}:{regime}", "eval", "--draft", str(p.work / f"run-{kind}-{regime}"), *flags,
                   "--temperature", "0", "--out", str(p.work / f"eval-{kind}-{regime}.json"), "--baseline-cache",
                   str(p.work / "baseline-cache"), need=eval_need(r, p))

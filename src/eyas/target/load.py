@@ -82,6 +82,17 @@ def resolve(spec: str | os.PathLike, *, cache: str | os.PathLike | None = None,
     return TargetSource(spec_s, spec_s, None, trust_remote_code)  # hub id: from_pretrained resolves it
 
 
+def engine_path(spec: str | os.PathLike, *, cache: str | os.PathLike | None = None) -> str:
+    """What an engine (vLLM, SGLang) is given for a target: a built-in's local dir (converted on first use), an
+    existing dir or file made absolute, anything else (a hub id) as it is, for the engine to judge. Engines know
+    nothing of eyas's built-ins: a built-in name would send them to the hub."""
+    spec_s = str(spec).strip()
+    if spec_s in BUILTIN_TARGETS:
+        return str(Path(builtin_target_dir(spec_s, cache)).resolve())
+    p = Path(spec_s).expanduser()
+    return str(p.resolve()) if p.exists() else spec_s
+
+
 def _hf(src: TargetSource, what: str, fn, *args, **kwargs):
     """Call a transformers loader; turn its errors into one message naming the target and a fix."""
     try:
