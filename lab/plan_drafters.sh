@@ -13,12 +13,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = tick ]; then
-  C=${CARRY_DIR:-/tmp/eyas-carry} L=${LANES_DIR:-/tmp/lanes}   # (both overridable for the test)
-  have() { for i in "$@"; do [ -e "$C/installed.$i" ] || return 1; done; }
-  ok() { for n in "$@"; do [ "$(cat "$L/$n.rc" 2>/dev/null)" = 0 ] || return 1; done; }
-  lane() { bash lab/lanes.sh start "$1" bash lab/plan_drafters.sh "${2:-$1}"; }
-  if [ -d .carry ]; then bash lab/gpu_carry.sh recv || true; fi
-  [ -d /tmp/snap ] || bash lab/lanes.sh snap
+  PLAN=lab/plan_drafters.sh; . lab/tick.sh
   have eyas-deps model sharegpt && lane prep
   have vllm-deps vllm && ok prep && lane drafters
   # steps left after the first start (rc 3): one more start of the same recipe, which resumes

@@ -14,12 +14,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = tick ]; then
-  C=${CARRY_DIR:-/tmp/eyas-carry} L=${LANES_DIR:-/tmp/lanes}   # (both overridable for the test)
-  have() { for i in "$@"; do [ -e "$C/installed.$i" ] || return 1; done; }
-  ended() { for n in "$@"; do [ -f "$L/$n.rc" ] || return 1; done; }
-  lane() { bash lab/lanes.sh start "$1" bash lab/plan_q15_draft.sh "$1"; }
-  if [ -d .carry ]; then bash lab/gpu_carry.sh recv || true; fi
-  [ -d /tmp/snap ] || bash lab/lanes.sh snap
+  PLAN=lab/plan_q15_draft.sh; . lab/tick.sh
   # rows and a draft an earlier session brought back (.carry/q15back): the recipe resumes from them
   [ -d .carry/q15back ] && [ ! -d /tmp/q15back ] && cp -r .carry/q15back /tmp/q15back
   have eyas-deps qwen15 && lane scaling

@@ -15,13 +15,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = tick ]; then
-  C=${CARRY_DIR:-/tmp/eyas-carry} L=${LANES_DIR:-/tmp/lanes}   # (both overridable for the test)
-  have() { for i in "$@"; do [ -e "$C/installed.$i" ] || return 1; done; }
-  ended() { for n in "$@"; do [ -f "$L/$n.rc" ] || return 1; done; }
-  ok() { for n in "$@"; do [ "$(cat "$L/$n.rc" 2>/dev/null)" = 0 ] || return 1; done; }
-  lane() { bash lab/lanes.sh start "$1" bash lab/plan_real_targets.sh "$1"; }
-  if [ -d .carry ]; then bash lab/gpu_carry.sh recv || true; fi
-  [ -d /tmp/snap ] || bash lab/lanes.sh snap
+  PLAN=lab/plan_real_targets.sh; . lab/tick.sh
   # a draft an earlier session brought back (.carry/draft): sgl_train restores it instead of training
   [ -d .carry/draft ] && [ ! -d /tmp/draft-parts ] && cp -r .carry/draft /tmp/draft-parts
   have eyas-deps && lane gputests

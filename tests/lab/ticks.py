@@ -19,7 +19,8 @@ def calls(script: str, tmp_path: Path, installed: list[str], ended: dict[str, in
     repo, carry, lanes = tmp_path / "repo", tmp_path / "carry", tmp_path / "lanes"
     for d in (repo / "lab", carry, lanes):
         d.mkdir(parents=True, exist_ok=True)
-    shutil.copy(ROOT / "lab" / script, repo / "lab")
+    for name in (script, "tick.sh"):
+        shutil.copy(ROOT / "lab" / name, repo / "lab")
     (repo / "lab" / "lanes.sh").write_text(STUB)   # records what would start; starts nothing
     for name in installed:
         (carry / f"installed.{name}").touch()
