@@ -46,6 +46,10 @@ PATHS = {
     "llava": _CORE + ["vllm.model_executor.models.llava", "vllm.model_executor.models.llama",
                       "vllm.model_executor.models.clip"],
     "llama": _CORE + ["vllm.model_executor.models.llama"],
+    # session C: SmolLM2 with P-EAGLE (parallel drafting in the EAGLE proposer) and DFlash (its own proposer, model)
+    "drafters": _CORE + ["vllm.model_executor.models.llama", "vllm.v1.spec_decode.dflash",
+                         "vllm.model_executor.models.qwen3_dflash",
+                         "vllm.transformers_utils.configs.speculators.algos"],
 }
 # Distribution name -> the top-level modules it installs, where they differ from the name (lower case, - -> _).
 DIST_MODULES = {
