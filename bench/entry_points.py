@@ -33,7 +33,7 @@ DRAFTERS = ("p-eagle", "dflash")
 def releases(engine: str) -> list[str]:
     """Recorded releases of one engine, oldest first."""
     names = [p.stem.removeprefix(f"{engine}-") for p in E.SIGNATURES_DIR.glob(f"{engine}-*.json")]
-    return sorted(names, key=lambda v: tuple(int(x) for x in v.split(".")))
+    return sorted(names, key=E.release)
 
 
 def what_eyas_uses(ep: E.EntryPoint) -> str:
