@@ -71,9 +71,7 @@ for k, v in sd.items() if k != 'embed_tokens.weight'}, sys.argv[2])" /tmp/run-s/
               # 5.17: the stop-tokens check must name <|im_end|>)
     python3 bench/convert.py --target qwen2.5-coder-1.5b --device cuda --out $R/convert-q15-h200.json
     $E doctor --target qwen2.5-coder-1.5b --json > $R/doctor-q15.json ;;
-  timed)      # alone on the GPU, in order of need
-    python3 bench/ar_pace.py --target qwen2.5-coder-1.5b --device cuda --per-category 2 --max-new-tokens 256 \
-        --vllm-python /tmp/vpy --out $R/ar_pace_q15.json
+  timed)      # alone on the GPU, in order of need (what closes an issue first)
     $E export --draft /tmp/run-s --format vllm --chain 3 --out /tmp/x-vllm-k3
     python3 bench/vllm_speedup.py --engine sglang --target /tmp/smol-hf --export /tmp/x-sgl --python /tmp/spy \
         --chains 3 --trees total=60,depth=7,topk=10 --batch-sizes 1 8 --per-category 2 --max-new-tokens 256 \
@@ -81,6 +79,8 @@ for k, v in sd.items() if k != 'embed_tokens.weight'}, sys.argv[2])" /tmp/run-s/
     python3 bench/vllm_speedup.py --engine vllm --target /tmp/smol-hf --export '/tmp/x-vllm-k{k}' --python /tmp/vpy \
         --chains 3 --batch-sizes 1 8 --per-category 2 --max-new-tokens 256 --engines-per-gpu 2 \
         --out $R/speedup_vllm.json
+    python3 bench/ar_pace.py --target qwen2.5-coder-1.5b --device cuda --per-category 2 --max-new-tokens 256 \
+        --vllm-python /tmp/vpy --out $R/ar_pace_q15.json
     python3 bench/ar_pace.py --target /tmp/smol-hf --device cuda --per-category 2 --max-new-tokens 256 \
         --vllm-python /tmp/vpy --out $R/ar_pace_smol.json ;;
   *) sed -n '2,8p' "$0"; exit 2 ;;
