@@ -69,6 +69,19 @@ KIMI_K25 = ("KimiK25ForConditionalGeneration",)
 _CONN_FILE = "vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py"
 _SPEC = "vllm.transformers_utils.configs.speculators"
 
+
+def _hand_over(kind: str, algo: str, architecture: str, what: str) -> tuple[EntryPoint, EntryPoint]:
+    """A parallel drafter's hand-over to vLLM, probed only when serving that kind: the speculators updater its
+    export's speculators_model_type selects, and the draft architecture that updater names in the registry."""
+    return (EntryPoint(f"{_SPEC}.algos.update_{algo}", f"{_SPEC}.algos", f"update_{algo}",
+                       f"export --draft-kind {kind} (speculators_model_type {algo}: {what})",
+                       "vllm/transformers_utils/configs/speculators/algos.py",
+                       positional=("config_dict", "pre_trained_config"), drafters=(kind,)),
+            EntryPoint(f"{_MODELS}.registry._SPECULATIVE_DECODING_MODELS[{kind}]", f"{_MODELS}.registry",
+                       "_SPECULATIVE_DECODING_MODELS", f"serve-check of a {kind} export (update_{algo}'s architecture)",
+                       "vllm/model_executor/models/registry.py", kind="values", values=(architecture,),
+                       drafters=(kind,)))
+
 ENTRY_POINTS: tuple[EntryPoint, ...] = (
     # --- LLM construction, shared by serve-check (vllm_serve_worker.py) and extraction (vllm_extract_worker.py)
     EntryPoint("vllm.LLM.__init__", "vllm", "LLM.__init__", "serve-check, vllm extraction, regenerate, speedup bench",
@@ -152,22 +165,8 @@ ENTRY_POINTS: tuple[EntryPoint, ...] = (
     EntryPoint(f"{_MODELS}.llama_eagle3.Eagle3LlamaForCausalLM", f"{_MODELS}.llama_eagle3", "Eagle3LlamaForCausalLM",
                "serve-check, speedup bench (loads eagle3 and p-eagle exports)", "vllm/model_executor/models/llama_eagle3.py",
                kind="attrs", values=("load_weights", "combine_hidden_states", "compute_logits")),
-    EntryPoint(f"{_SPEC}.algos.update_peagle", f"{_SPEC}.algos", "update_peagle",
-               "export --draft-kind p-eagle (speculators_model_type peagle: mask_token_id becomes pard_token)",
-               "vllm/transformers_utils/configs/speculators/algos.py", positional=("config_dict", "pre_trained_config"),
-               drafters=("p-eagle",)),
-    EntryPoint(f"{_MODELS}.registry._SPECULATIVE_DECODING_MODELS[p-eagle]", f"{_MODELS}.registry",
-               "_SPECULATIVE_DECODING_MODELS", "serve-check of a p-eagle export (update_peagle's architecture)",
-               "vllm/model_executor/models/registry.py", kind="values", values=("PeagleLlamaForCausalLM",),
-               drafters=("p-eagle",)),
-    EntryPoint(f"{_SPEC}.algos.update_dflash", f"{_SPEC}.algos", "update_dflash",
-               "export --draft-kind dflash (aux ids - 1 become dflash_config.target_layer_ids)",
-               "vllm/transformers_utils/configs/speculators/algos.py", positional=("config_dict", "pre_trained_config"),
-               drafters=("dflash",)),
-    EntryPoint(f"{_MODELS}.registry._SPECULATIVE_DECODING_MODELS[dflash]", f"{_MODELS}.registry",
-               "_SPECULATIVE_DECODING_MODELS", "serve-check of a dflash export (update_dflash's architecture)",
-               "vllm/model_executor/models/registry.py", kind="values", values=("DFlashDraftModel",),
-               drafters=("dflash",)),
+    *_hand_over("p-eagle", "peagle", "PeagleLlamaForCausalLM", "mask_token_id becomes pard_token"),
+    *_hand_over("dflash", "dflash", "DFlashDraftModel", "aux ids - 1 become dflash_config.target_layer_ids"),
     EntryPoint("vllm.config.speculative.SpeculativeMethod[dflash]", "vllm.config.speculative", "SpeculativeMethod",
                "serve-check of a dflash export (method dflash)", "vllm/config/speculative.py", kind="values",
                values=("dflash",), drafters=("dflash",)),
