@@ -10,6 +10,8 @@ Steps (per toy, each after the steps it needs; both toys' steps run side by side
                and on the toy; `doctor --engine vllm` on the toy; three faults (aux id out of range, the transformers
                wrapper path, a draft for another hidden size) that must fail, one line each, before vLLM is probed
   regen_hf     the toy's greedy answers from eyas (HF generate, bf16); failures counted by reason
+  vllm_start   one bounded vLLM start-up on the toy before its other vLLM steps; if it hangs (its stacks in its
+               log), one text-only start (vLLM's language_model_only), and the toy's vLLM steps run text-only
   regen_vllm   the same from `eyas regenerate --backend vllm`; regen_cmp compares them token by token
   prepare      PREPARED rows from the HF answers
   extract_hf / extract_vllm   stores from both backends; extract_cmp compares them state by state, each also
@@ -26,7 +28,8 @@ after it run again), and --budget-s starts no step past it (the JSON lists the s
 vLLM steps, bounded and diagnosable: one engine at a time (eyas's vLLM lock), each eager (no torch.compile, no CUDA
 graphs: what is compared is tokens and states, not speed) with --vllm-memory of the GPU (vLLM refuses to start when
 less than that is free, so a neighbour holding most of it cannot starve the step, and HF steps beside it keep room);
-every step's process tree is killed past --vllm-timeout-s / --step-timeout-s (engine cores included); a failed
+every step's process tree is killed past --vllm-timeout-s / --step-timeout-s (engine cores included; an engine
+that outlives its bound first leaves its processes and Python stacks in its log); a failed
 step's error names the exceptions and last lines of the step's log and of the engine's own log, written as the engine
 writes it
 (logs/NAME.log, regen-vllm.jsonl.vllm.log, store-vllm/vllm-extract.log, serve-*.json.engine.log, logs/vllm-ar.log).
@@ -70,16 +73,17 @@ from _steps import StepError, kill_tree, load_state, run_logged, run_steps, tail
 FULL_CONFIG = ROOT / "tests" / "target" / "data" / "kimi-k2.5-config.json"
 # Each step and the steps (of its toy) it needs.
 NEEDS = {
-    "build": (), "config": ("build",), "regen_hf": ("build",), "regen_vllm": ("build",),
-    "regen_cmp": ("regen_hf", "regen_vllm"), "prepare": ("regen_hf",), "extract_hf": ("prepare",),
-    "extract_vllm": ("prepare",), "extract_cmp": ("extract_hf", "extract_vllm"), "train_offline": ("extract_hf",),
+    "build": (), "config": ("build",), "regen_hf": ("build",), "vllm_start": ("build",),
+    "regen_vllm": ("build", "vllm_start"), "regen_cmp": ("regen_hf", "regen_vllm"), "prepare": ("regen_hf",),
+    "extract_hf": ("prepare",), "extract_vllm": ("prepare", "vllm_start"), "extract_cmp": ("extract_hf", "extract_vllm"), "train_offline": ("extract_hf",),
     "train_online": ("prepare",), "export_offline": ("train_offline",), "export_online": ("train_online",),
-    "serve_offline": ("export_offline",), "serve_online": ("export_online",),
+    "serve_offline": ("export_offline", "vllm_start"), "serve_online": ("export_online", "vllm_start"),
     "vllm_ar": ("serve_offline", "serve_online"), "eval_offline": ("train_offline",),
     "eval_online": ("train_online",)}
 STEPS = tuple(NEEDS)
 DEFAULT_STEPS = tuple(s for s in STEPS if not s.startswith("eval_"))
-VLLM_STEPS = ("regen_vllm", "extract_vllm", "serve_offline", "serve_online", "vllm_ar")
+VLLM_STEPS = ("vllm_start", "regen_vllm", "extract_vllm", "serve_offline", "serve_online", "vllm_ar")
+TEXT_ONLY = "text-only"   # in a toy's dir once vllm_start chose text-only engines for it
 # FlashInfer modules vLLM 0.26 builds at its first start-up on an H200 when no AOT cache is installed.
 JIT_MODULES = {"sampling": "flashinfer.sampling:get_sampling_module", "rope": "flashinfer.rope:get_rope_module"}
 
@@ -122,6 +126,17 @@ class Run:
 
     def tp(self) -> list[str]:
         return ["--tensor-parallel-size", str(self.a.tp)] if self.a.tp > 1 else []
+
+    def text_only(self) -> bool:
+        """vllm_start found the engine with every modality on hung, and text-only up: the vLLM steps use that."""
+        return (self.dir / TEXT_ONLY).is_file()
+
+    def text_only_flag(self) -> list[str]:
+        return ["--text-only"] if self.text_only() else []
+
+    def parallel(self) -> dict:
+        """VllmAdapter options for --tp (an MoE target's experts split over the GPUs)."""
+        return {"tensor_parallel_size": self.a.tp, "expert_parallel": self.toy == "kimi-k2.5"} if self.a.tp > 1 else {}
 
 
 def last_json(text: str):
@@ -211,7 +226,8 @@ def summarize(res: dict) -> dict:
 def regen(r: Run, backend: str) -> dict:
     out = r.dir / f"regen-{backend}.jsonl"
     if backend == "vllm":   # eager, a small share of the GPU, a window the toy fills, a start-up bound
-        extra = [*r.vllm(), *r.tp(), "--graph", "eager", "--gpu-memory-utilization", str(r.a.vllm_memory),
+        extra = [*r.vllm(), *r.tp(), *r.text_only_flag(), "--graph", "eager", "--gpu-memory-utilization",
+                 str(r.a.vllm_memory),
                  "--engine-max-seqs", "256", "--engine-startup-timeout", str(max(60, r.a.vllm_timeout_s - 60))]
     else:
         extra = ["--device", r.a.device, "--batch-size", str(r.a.hf_batch)]
@@ -258,10 +274,12 @@ def prepare(r: Run) -> dict:
 
 def extract(r: Run, backend: str) -> dict:
     store = r.dir / f"store-{backend}"
-    extra = ["--backend", "vllm", *r.vllm(), *r.tp(), "--gpu-memory-utilization", str(r.a.vllm_memory)
+    # --engine-timeout bounds the engine from the moment it holds the vLLM lock; the step's bound covers the wait
+    extra = ["--backend", "vllm", *r.vllm(), *r.tp(), *r.text_only_flag(), "--gpu-memory-utilization",
+             str(r.a.vllm_memory), "--engine-timeout", str(r.a.vllm_timeout_s)
              ] if backend == "vllm" else ["--device", r.a.device]
     res = r.eyas(f"extract-{backend}", "extract", "--target", str(r.target), "--data", str(r.dir / "prepared"),
-                 "--out", str(store), *extra, timeout=r.a.vllm_timeout_s if backend == "vllm" else None,
+                 "--out", str(store), *extra,
                  engine_logs=[store / "vllm-extract.log"] if backend == "vllm" else ())
     return {**(res["json"] or {}), "wall_s": res["seconds"]}
 
@@ -320,6 +338,7 @@ def serve(r: Run, mode: str) -> dict:
                  str(r.dir / "bench.jsonl"), "--per-category", str(r.a.eval_prompts), "--max-new-tokens",
                  str(r.a.new_tokens), "--dtype", "bf16", "--device", r.a.device, "--out", str(out),
                  "--gpu-memory-utilization", str(r.a.vllm_memory), "--timeout", str(r.a.vllm_timeout_s), *ep,
+                 *r.text_only_flag(),
                  ok_rc=(0, 1), timeout=r.a.step_timeout_s, engine_logs=[Path(f"{out}.engine.log")])
     if not out.is_file():   # vLLM did not come up: its own words are the result
         raise StepError("serve-check wrote no result:\n" + tails(r.logs / f"serve-{mode}.log",
@@ -339,15 +358,15 @@ def vllm_ar(r: Run) -> dict:
               if (r.dir / f"serve-{m}.json").is_file()}
     prompts = next(iter(served.values()))["prompt_ids"]
     engine = VllmAdapter(r.a.python)
-    parallel = {"tensor_parallel_size": r.a.tp, "expert_parallel": r.toy == "kimi-k2.5"} if r.a.tp > 1 else {}
     t0, log = time.perf_counter(), r.logs / "vllm-ar.log"
     try:
         with engine.lock():
             ar = engine.generate(str(r.target), prompts, r.a.new_tokens, dtype="bf16", max_model_len=2048, log=log,
-                                 gpu_memory_utilization=r.a.vllm_memory, timeout=r.a.vllm_timeout_s, **parallel)
+                                 gpu_memory_utilization=r.a.vllm_memory, timeout=r.a.vllm_timeout_s,
+                                 text_only=r.text_only(), **r.parallel())
     except Exception as e:  # noqa: BLE001 - the engine's words are the result
         raise StepError(f"vLLM AR: {e}"[-2000:] + "\n" + tails(log)) from None
-    out = {"wall_s": round(time.perf_counter() - t0, 2), "vllm_startup_s": ar.startup_s}
+    out = {"wall_s": round(time.perf_counter() - t0, 2), "vllm_startup_s": ar.startup_s, "text_only": r.text_only()}
     for mode, doc in served.items():
         if doc["prompt_ids"] != prompts:
             out[mode] = {"error": "serve-check's prompts differ between the drafts"}
@@ -359,7 +378,41 @@ def vllm_ar(r: Run) -> dict:
     return out
 
 
-ACTIONS = {"build": build, "config": config, "regen_hf": lambda r: regen(r, "hf"),
+def vllm_start(r: Run) -> dict:
+    """One bounded start of vLLM on the toy (8 greedy tokens), before its other vLLM steps: a start-up that hangs
+    costs --start-timeout-s once, not each step's bound, and leaves its processes and Python stacks in
+    logs/vllm-start-full.log. If the engine with every modality on does not come up, one text-only start follows
+    (vLLM's language_model_only: no multimodal profiling; eyas sends token ids only, so states and tokens are the
+    same); when that one comes up, the toy's vLLM steps run text-only (TEXT_ONLY in its dir, `text_only` true in
+    the results)."""
+    with IN_PROCESS:
+        from eyas.engines.base import EngineError
+        from eyas.engines.vllm import VllmAdapter
+
+    (r.dir / TEXT_ONLY).unlink(missing_ok=True)
+    engine, out = VllmAdapter(r.a.python), {}
+    for mode in ("full", "text_only_start"):
+        t0 = time.perf_counter()
+        try:
+            with engine.lock():
+                ar = engine.generate(str(r.target), [[1, 2, 3]], 8, dtype="bf16", max_model_len=1024,
+                                     log=r.logs / f"vllm-start-{mode}.log", gpu_memory_utilization=r.a.vllm_memory,
+                                     timeout=r.a.start_timeout_s, text_only=mode != "full", **r.parallel())
+        except EngineError as e:   # its log holds the processes and stacks of where it stood
+            out[mode] = {"up": False, "error": str(e)[-3000:], "wall_s": round(time.perf_counter() - t0, 2)}
+            continue
+        out[mode] = {"up": True, "startup_s": ar.startup_s, "wall_s": round(time.perf_counter() - t0, 2)}
+        break
+    out["text_only"] = not out["full"]["up"]
+    if not any(out[m]["up"] for m in ("full", "text_only_start") if m in out):
+        raise StepError("vLLM did not come up on the toy, with every modality on nor text-only:\n"
+                        + json.dumps(out, indent=1)[-4000:])
+    if out["text_only"]:
+        (r.dir / TEXT_ONLY).write_text(out["full"]["error"])
+    return out
+
+
+ACTIONS = {"build": build, "vllm_start": vllm_start, "config": config, "regen_hf": lambda r: regen(r, "hf"),
            "regen_vllm": lambda r: regen(r, "vllm"), "regen_cmp": regen_cmp, "prepare": prepare,
            "extract_hf": lambda r: extract(r, "hf"), "extract_vllm": lambda r: extract(r, "vllm"),
            "extract_cmp": extract_cmp, "vllm_ar": vllm_ar,
@@ -474,6 +527,7 @@ def main(argv=None) -> int:
     ap.add_argument("--compile", action="store_true", help="let train/eval compile (default: eager)")
     ap.add_argument("--vllm-memory", type=float, default=0.15, help="each vLLM engine's gpu_memory_utilization")
     ap.add_argument("--vllm-timeout-s", type=float, default=420.0, help="bound of a vLLM engine's step")
+    ap.add_argument("--start-timeout-s", type=float, default=240.0, help="bound of vllm_start's engine starts")
     ap.add_argument("--step-timeout-s", type=float, default=900.0, help="bound of any other step")
     ap.add_argument("--workers", type=int, default=6, help="steps running at once (both toys together)")
     ap.add_argument("--budget-s", type=float, default=None, help="start no step after this many seconds")

@@ -39,9 +39,24 @@ dl() {  # dl DIR SPEC...: download wheels for the GPU machine's python 3.12
   python3 -m pip download -q --no-deps "${PLAT[@]}" -d "$1" "${@:2}" 2>&1 | grep -v "is ignored" || true
 }
 
-build_item() {  # build_item NAME -> $STAGE/items/NAME (one file)
-  local it="$STAGE/items/$1"
-  [ -s "$it" ] && return 0
+source_of() {  # source_of NAME: what an item is built from (its wheel lists, its pins), as one hash
+  case "$1" in
+    eyas-deps) echo "$EYAS_DEPS" ;;
+    vllm-deps) cat "$ROOT/lab/vllm-0.26-wheels.txt" "$ROOT/lab/vllm-0.26-own-wheels.txt" ;;
+    sglang)    cat "$ROOT/bench/sglang-0.5.14-wheels.txt" ;;
+    sharegpt)  echo "${SHAREGPT_ROWS:-}" ;;
+    *)         echo "$1" ;;
+  esac | sha256sum | cut -c1-16
+}
+
+build_item() {  # build_item NAME -> $STAGE/items/NAME (one file), rebuilt when what it is built from changed
+  local it="$STAGE/items/$1" src
+  src=$(source_of "$1")
+  if [ -s "$it" ] && [ -f "$it.src" ] && [ "$(cat "$it.src")" != "$src" ]; then
+    echo "$1: its wheel list or pins changed since it was staged: rebuilding" >&2
+    rm -f "$it"
+  fi
+  [ -s "$it" ] && { [ -f "$it.src" ] || echo "$src" > "$it.src"; return 0; }
   mkdir -p "$STAGE/items" "$STAGE/dl"
   case "$1" in
     eyas-deps) rm -rf "$STAGE/dl/eyas-deps"; dl "$STAGE/dl/eyas-deps" $EYAS_DEPS
@@ -77,7 +92,7 @@ build_item() {  # build_item NAME -> $STAGE/items/NAME (one file)
                tar cf "$it.tmp" -C "$STAGE/dl/sglang" . ;;
     *) echo "unknown item $1" >&2; exit 2 ;;
   esac
-  mv "$it.tmp" "$it"
+  mv "$it.tmp" "$it" && echo "$src" > "$it.src"
 }
 
 closure() {  # vLLM's imports on eyas's paths against what the machine will have (when both vLLM items are staged)

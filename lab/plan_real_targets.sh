@@ -6,7 +6,7 @@
 # A draft brought back by `back` in an earlier session: carry .carry/draft, then `cp -r .carry/draft /tmp/draft-parts`
 # before sgl_train (it restores instead of training).
 # Carry order (lab/gpu_carry.sh pack with ITEMS="eyas-deps vllm-deps vllm model sharegpt sglang qwen15", 48 MiB parts):
-# eyas deps in p0, vLLM's deps by p1, vLLM by p4, SmolLM2 + ShareGPT by p6, SGLang by p10, the 1.5B's wheels by p31.
+# eyas deps in p0, vLLM's deps by p1, vLLM by p4, SmolLM2 + ShareGPT by p6, SGLang by p10, the 1.5B's wheels by p32 (33 parts, restaged 2026-12-05).
 # Or, on every call of session A (lab/GPU.md), carrying the next part:   bash lab/plan_real_targets.sh tick [WAIT_S]
 # tick receives the parts, snapshots the tree once, starts each lane whose inputs have arrived and whose lanes before
 # it are done (gputests, sgl_train, kimi, convert; sgl_check after sgl_train; timed alone after the others), waits up to WAIT_S
@@ -22,8 +22,12 @@ if [ "${1:-}" = tick ]; then
   have eyas-deps model sharegpt && lane sgl_train
   have eyas-deps vllm-deps vllm && lane kimi
   have eyas-deps qwen15 && lane convert
-  have sglang && ok sgl_train && lane sgl_check
-  have vllm sglang qwen15 && ended gputests kimi sgl_check convert && lane timed
+  # SGLang's served tree τ is measured (2026-12-04b and -05: 2.212 vs native 2.179); SGL_CHECK=1 measures it again
+  sgl_check_asked() { [ "${SGL_CHECK:-0}" = 1 ]; }
+  sgl_check_asked && have sglang && ok sgl_train && lane sgl_check
+  # timed alone: after every other lane (and a trained draft, which its speedup runs serve)
+  have vllm sglang qwen15 && ok sgl_train && ended gputests kimi convert && \
+    { ! sgl_check_asked || ended sgl_check; } && lane timed
   if ended timed && ok sgl_train && [ -n "${OUT:-}" ] && [ ! -e /tmp/back.sent ]; then
     # alone in its call: the draft's parts (~47 MiB) and lanes.tgz together could pass the 64 MiB that come back
     bash lab/plan_real_targets.sh back && touch /tmp/back.sent && exit 0
@@ -39,8 +43,9 @@ mkdir -p $R
 
 case "${1:-}" in
   gputests)   # the GPU paths first run on this machine: graphed AR baseline, CUDA dequantisation
-    python3 -m pytest -p no:timeout -q -m gpu tests/decode/test_decode_gpu.py -k graphed \
-      tests/target/test_dequant.py tests/target/test_gguf_convert.py --junitxml $R/gputests.xml ;;
+    python3 -m pytest -p no:timeout -q -m gpu tests/decode/test_decode_gpu.py -k graphed --junitxml $R/gputests.xml
+    python3 -m pytest -p no:timeout -q -m gpu tests/target/test_dequant.py tests/target/test_gguf_convert.py \
+      --junitxml $R/gputests_dequant.xml ;;
   kimi)       # issue 38: both toys, every step (resumable: rerun continues); every step's and engine's log beside
     python3 bench/kimi_toy.py --python /tmp/vpy --work /tmp/kimi --out $R/kimi_toy.json; rc=$?
     (cd /tmp/kimi && find . -name '*.log' | tar czf $R/kimi-logs.tgz -T -); exit $rc ;;
@@ -72,6 +77,7 @@ for k, v in sd.items() if k != 'embed_tokens.weight'}, sys.argv[2])" /tmp/run-s/
     python3 bench/convert.py --target qwen2.5-coder-1.5b --device cuda --out $R/convert-q15-h200.json
     $E doctor --target qwen2.5-coder-1.5b --json > $R/doctor-q15.json ;;
   timed)      # alone on the GPU, in order of need (what closes an issue first)
+    [ -d /tmp/x-sgl ] || $E export --draft /tmp/run-s --format sglang --out /tmp/x-sgl
     $E export --draft /tmp/run-s --format vllm --chain 3 --out /tmp/x-vllm-k3
     python3 bench/vllm_speedup.py --engine sglang --target /tmp/smol-hf --export /tmp/x-sgl --python /tmp/spy \
         --chains 3 --trees total=60,depth=7,topk=10 --batch-sizes 1 8 --per-category 2 --max-new-tokens 256 \

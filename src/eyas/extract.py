@@ -17,7 +17,7 @@ from eyas.aux_layers import resolve_aux_layer_ids
 from eyas.config import StageConfig
 from eyas.data import PreparedDataset
 from eyas.devices import StoreDtype, dist_env, fast_bf16, resolve_device
-from eyas.flags import AuxLayerIds, CacheDir, Device, Target, TrustRemoteCode
+from eyas.flags import AuxLayerIds, CacheDir, Device, Target, TextOnly, TrustRemoteCode
 from eyas.outputs import claim
 from eyas.store.extract import extract_to_store
 from eyas.store.format import StoreError, target_identity
@@ -42,6 +42,10 @@ class ExtractConfig(StageConfig):
                                                  "of the GPU's memory (vLLM's gpu_memory_utilization, default 0.9); "
                                                  "lower it when other jobs share the GPU (vLLM refuses to start "
                                                  "with less free)")
+    engine_timeout: float | None = Field(None, gt=0, description="--backend vllm: seconds the engine may run once "
+                                         "it holds eyas's vLLM lock (start-up and prefill); past them its "
+                                         "processes' stacks go to its log and it is stopped (default: no bound)")
+    text_only: TextOnly = False
     device: Device = "auto"
     attn_implementation: str = Field("sdpa", description="transformers attention: sdpa | flash_attention_2 "
                                      "(packs each batch into one row) | flex_attention | eager")

@@ -73,6 +73,10 @@ CacheDir = Annotated[Path | None, Field(description="cache for built-in targets,
                                                     "(default: $EYAS_CACHE, else ~/.cache/eyas)")]
 TrustRemoteCode = Annotated[bool, Field(description="allow the target's own modelling and tokenizer code")]
 JsonSwitch = Annotated[bool, Field(description="print the result as JSON instead of a table")]
+TextOnly = Annotated[bool, Field(description="vLLM engines: the target's text model only (vLLM's "
+                                         "language_model_only: every multimodal input off, so start-up skips the "
+                                         "encoder's profiling); eyas sends token ids only, so states and tokens "
+                                         "are unchanged")]
 ResultsFile = Annotated[Path | None, Field(description="also write the result JSON to this file")]
 DraftVocabSize = Annotated[int, Field(ge=1, description="draft vocabulary: the N target tokens most frequent in "
                                                         "the data's assistant turns (capped at the target's)")]
@@ -84,7 +88,7 @@ DRAFT_VOCAB_SIZE = 32000
 
 # concept -> its field type; tests/test_flags.py fails on a config field of that name typed any other way.
 SHARED = {"target": Target, "device": Device, "cache_dir": CacheDir, "trust_remote_code": TrustRemoteCode,
-          "json": JsonSwitch, "draft_vocab_size": DraftVocabSize}
+          "json": JsonSwitch, "draft_vocab_size": DraftVocabSize, "text_only": TextOnly}
 
 # The drafter kinds (their packages: eyas.draft.kinds.PACKAGES, which must name the same ones).
 DRAFT_KINDS = ("eagle3", "p-eagle", "dflash")

@@ -27,7 +27,7 @@ def vllm_backend(cfg: RegenerateConfig):
                        max_num_batched_tokens=cfg.engine_max_batched_tokens, max_in_flight=cfg.engine_in_flight,
                        replicas=cfg.engine_replicas, async_scheduling=cfg.engine_async_scheduling,
                        enforce_eager=cfg.graph == "eager", gpu_memory_utilization=cfg.gpu_memory_utilization,
-                       startup_timeout_s=cfg.engine_startup_timeout,
+                       startup_timeout_s=cfg.engine_startup_timeout, text_only=cfg.text_only,
                        log=Path(cfg.out).with_name(Path(cfg.out).name + ".vllm.log"))
 
 

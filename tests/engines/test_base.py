@@ -51,6 +51,38 @@ def test_a_worker_past_its_timeout_is_stopped_with_its_children(tmp_path):
     assert not alive(child)
 
 
+# A worker whose start-up hangs in two processes (its own and its engine core's) while a JIT build runs below it.
+HUNG = """
+import json, os, subprocess, sys, time
+cfg = json.load(open(sys.argv[1]))
+def engine_core_init():
+    time.sleep(3600)
+def load_weights():
+    subprocess.Popen([cfg["ninja"], "3600"])
+    if os.fork() == 0:
+        engine_core_init()
+    print("loading the engine", flush=True)
+    time.sleep(3600)
+load_weights()
+"""
+
+
+def test_a_hung_worker_leaves_its_processes_and_stacks_in_the_log(tmp_path):
+    """Past its bound, the log names every process of the worker's session and each Python process's stack
+    (faulthandler on SIGABRT), and the error names a compiler build among them: where a start-up stood."""
+    worker, ninja = tmp_path / "hung.py", tmp_path / "ninja"
+    worker.write_text(HUNG)
+    ninja.symlink_to("/bin/sleep")
+    log = tmp_path / "engine.log"
+    with pytest.raises(EngineError, match=r"did not finish within 3s; 3 process\(es\) in its session, building: "
+                                          r"ninja, their stacks in the log") as err:
+        run_in_env(sys.executable, worker, {"ninja": str(ninja)}, timeout=3, log=log)
+    text = log.read_text()
+    assert "[eyas] the worker outlived its bound" in text and f"{ninja} 3600" in text
+    assert "in engine_core_init" in text and "in load_weights" in text   # both Python processes' stacks
+    assert "load_weights" in str(err.value)                                 # the log's tail is in the error
+
+
 def test_a_worker_that_finishes_returns_its_json_and_logs(tmp_path):
     worker = tmp_path / "done.py"
     worker.write_text(DONE)

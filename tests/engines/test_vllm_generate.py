@@ -18,6 +18,7 @@ import torch
 
 from eyas.data.backends import HFBackend
 from eyas.regenerate import RegenerateConfig, regenerate
+from eyas.engines.base import EngineError
 from eyas.engines.vllm_generate import VllmBackend
 from eyas.engines.speedup import measure, summarize
 from eyas.engines.vllm import VllmAdapter
@@ -559,3 +560,33 @@ def test_speedup_bench_writes_partial_results_after_each_engine(target, tmp_path
     final = json.loads(out.read_text())
     assert final["complete"] is True and final["rows"] == after_k2["rows"] and list(final["failed"]) == ["k1"]
     assert final["sweep_s"] > 0 and set(final["engines"]) == {"base", "k1", "k2"}
+
+
+def test_text_only_flag_reaches_vllms_llm_as_language_model_only(target, tmp_path, monkeypatch):
+    """--text-only -> RegenerateConfig -> the worker config -> LLM(language_model_only=True); unset, not passed
+    (vLLM keeps every modality of a wrapped target); serve-check's engine request and the extraction payload the
+    same; SGLang refuses it in one line."""
+    import argparse
+
+    from eyas.config import add_config_args, build_config
+    from eyas.engines.sglang import SglangAdapter
+    from eyas.engines.vllm import VllmAdapter
+    from eyas.regenerate import vllm_backend
+
+    parser = argparse.ArgumentParser()
+    add_config_args(parser, RegenerateConfig)
+    py = fake_vllm_python(tmp_path, RECORDING_VLLM)
+    monkeypatch.setenv("FAKE_VLLM_KW", str(tmp_path / "kw.json"))
+    seen = []
+    for extra in (["--text-only"], []):
+        args = ["--target", str(target), "--data", "x", "--out", str(tmp_path / "o.jsonl"), "--backend", "vllm",
+                "--python", str(py), *extra]
+        vllm_backend(build_config(RegenerateConfig, parser.parse_args(args))).close()
+        seen.append(json.loads((tmp_path / "kw.json").read_text()))
+    assert seen[0]["language_model_only"] is True and "language_model_only" not in seen[1]
+    request = VllmAdapter.engine_request
+    assert request(None, "t", None, None, dtype="bf16", max_model_len=64, text_only=True)["kwargs"][
+        "language_model_only"] is True
+    assert "language_model_only" not in request(None, "t", None, None, dtype="bf16", max_model_len=64)["kwargs"]
+    with pytest.raises(EngineError, match="--text-only is vLLM's language_model_only"):
+        SglangAdapter.engine_request(None, "t", None, None, dtype="bf16", max_model_len=64, text_only=True)

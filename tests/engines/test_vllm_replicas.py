@@ -219,6 +219,10 @@ def test_engines_that_never_come_up_stop_the_run_naming_their_logs(light, target
     with pytest.raises(EngineError, match="2 of 2 vLLM engine\\(s\\) not up after 2 s") as err:
         VllmBackend(str(target), python=str(py), replicas=2, log=tmp_path / "vllm.log", startup_timeout_s=2)
     assert str(tmp_path / "vllm.log") in str(err.value) and str(tmp_path / "vllm-1.log") in str(err.value)
+    for log in ("vllm.log", "vllm-1.log"):   # where each stood: its processes and Python stacks (faulthandler)
+        text = (tmp_path / log).read_text()
+        assert "[eyas] the worker outlived its bound" in text and "most recent call first" in text
+    assert "process(es) in its session, their stacks in the log" in str(err.value)
 
 
 # An engine whose core process (forked, as vLLM's is) logs its start-up through vLLM's logging stream and then

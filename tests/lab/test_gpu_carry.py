@@ -99,3 +99,19 @@ def test_qwen_items_download_the_parts_eyas_joins():
         fmt = re.sub(r"part\d+==", "part%g==", parts[0].requirement)
         assert f'seq -f "{fmt}" 1 {len(parts)}' in text, item
         assert [fmt.replace("%g", str(i)) for i in range(1, len(parts) + 1)] == [p.requirement for p in parts]
+
+
+def test_an_item_staged_from_another_wheel_list_is_rebuilt_not_carried(tmp_path):
+    """A staged item remembers what it was built from (.src); after its list changes, pack rebuilds it instead
+    of carrying the stale one (here the rebuild itself fails: the name is no real item)."""
+    repo = _repo(tmp_path)
+    items = tmp_path / "stage" / "items"
+    items.mkdir(parents=True)
+    (items / "alpha").write_bytes(os.urandom(1000))
+    env = {"STAGE": str(tmp_path / "stage"), "ITEMS": "alpha", "PART_MB": "1", "CARRY_DIR": str(tmp_path / "c")}
+    assert _run(repo, "pack", env).returncode == 0
+    assert (items / "alpha.src").read_text().strip()          # an item staged before .src existed gets one
+    (items / "alpha.src").write_text("built-from-an-older-list\n")
+    r = _run(repo, "pack", env)
+    assert r.returncode == 2 and "alpha: its wheel list or pins changed since it was staged: rebuilding" in r.stderr
+    assert "unknown item alpha" in r.stderr and not (items / "alpha").exists()

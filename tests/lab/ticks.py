@@ -13,7 +13,7 @@ echo "$*" >> "$CALLS"
 
 
 def calls(script: str, tmp_path: Path, installed: list[str], ended: dict[str, int],
-          out: Path | None = None) -> list[str]:
+          out: Path | None = None, env: dict | None = None) -> list[str]:
     """What the tick asked of lanes.sh, in order: a started lane's name, or the verb (`wait`); the once-per-machine
     `snap` is left out."""
     repo, carry, lanes = tmp_path / "repo", tmp_path / "carry", tmp_path / "lanes"
@@ -28,7 +28,7 @@ def calls(script: str, tmp_path: Path, installed: list[str], ended: dict[str, in
         (lanes / f"{name}.rc").write_text(f"{rc}\n")
     log = tmp_path / "calls"
     log.write_text("")
-    env = {k: v for k, v in os.environ.items() if k != "OUT"}
+    env = {**{k: v for k, v in os.environ.items() if k != "OUT"}, **(env or {})}
     if out is not None:
         env["OUT"] = str(out)
     r = subprocess.run(["bash", f"lab/{script}", "tick", "0"], cwd=repo, capture_output=True, text=True,

@@ -5,6 +5,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -67,6 +69,41 @@ def test_vllm_ar_asks_the_engine_for_plain_greedy_on_serve_checks_prompts(tmp_pa
     assert res["vllm_startup_s"] == 1.5
 
 
+def test_vllm_start_falls_back_to_text_only_when_the_full_engine_hangs(tmp_path, monkeypatch):
+    """A start-up with every modality on that outlives its bound -> one text-only start; that one up, the toy's
+    vLLM steps ask for text-only engines (regenerate, extract, serve-check, vLLM AR). Neither up: the step fails."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import kimi_toy
+
+    from eyas.engines.base import EngineError
+
+    sent, hangs = [], {"full"}
+
+    def fake_worker(python, worker, payload, **kw):
+        text_only = payload["engine"]["kwargs"].get("language_model_only", False)
+        sent.append((text_only, kw["timeout"]))
+        if ("text_only" if text_only else "full") in hangs:
+            raise EngineError("vllm_serve_worker.py did not finish within 240s; 3 process(es) in its session")
+        return {"outputs": [[5] * 8], "version": "0.26.0", "startup_s": 2.5, "generate_s": 0.1, "counters": {}}
+
+    monkeypatch.setattr("eyas.engines.base.run_in_env", fake_worker)
+    ns = type("A", (), {"work": str(tmp_path), "python": str(Path(sys.executable)), "tp": 1, "vllm_memory": 0.15,
+                        "start_timeout_s": 240.0})()
+    r = kimi_toy.Run(ns, "kimi-k2.5")
+    res = kimi_toy.vllm_start(r)
+    assert sent == [(False, 240.0), (True, 240.0)]
+    assert res["full"]["up"] is False and "did not finish" in res["full"]["error"]
+    assert res["text_only_start"] == {"up": True, "startup_s": 2.5, "wall_s": res["text_only_start"]["wall_s"]}
+    assert res["text_only"] is True and r.text_only() and r.text_only_flag() == ["--text-only"]
+    hangs.clear()   # a re-run whose full engine comes up: the marker goes, the steps use the full engine
+    sent.clear()
+    res = kimi_toy.vllm_start(r)
+    assert sent == [(False, 240.0)] and res["text_only"] is False and not r.text_only()
+    hangs.update({"full", "text_only"})
+    with pytest.raises(kimi_toy.StepError, match="with every modality on nor text-only"):
+        kimi_toy.vllm_start(r)
+
+
 def _fake_steps(monkeypatch, kimi_toy, calls, fail=(), slow=0.2):
     """Every step a stand-in that records when it ran (and fails where asked)."""
     def action(step):
@@ -100,7 +137,7 @@ def test_steps_run_after_what_they_need_both_toys_side_by_side_and_a_failure_sto
     # the two toys' builds ran at the same time, and so did independent steps of one toy
     (a0, a1), (b0, b1) = ran[("kimi-k2.5", "build")], ran[("llava-llama", "build")]
     assert a0 < b1 and b0 < a1
-    (c0, c1), (d0, d1) = ran[("kimi-k2.5", "regen_hf")], ran[("kimi-k2.5", "regen_vllm")]
+    (c0, c1), (d0, d1) = ran[("kimi-k2.5", "regen_hf")], ran[("kimi-k2.5", "vllm_start")]
     assert c0 < d1 and d0 < c1
     # the llava toy's online training failed: its export, serve and vLLM AR wait for a re-run, the rest went on
     assert doc["left"] == ["llava-llama:train_online", "llava-llama:export_online", "llava-llama:serve_online",

@@ -25,7 +25,7 @@ from eyas.data.backends import GenerationError, HFBackend, OpenAIBackend
 from eyas.data.selfgen import done_rows, self_prompts
 from eyas.data.sources import ASSISTANT_FIRST_DEFAULT, AssistantFirst, Record, iter_conversations, self_source_size
 from eyas.data.tasks import task_source_path, write_task_prompts
-from eyas.flags import CacheDir, Device, JsonSwitch, ModelDtype, Target, TrustRemoteCode
+from eyas.flags import CacheDir, Device, JsonSwitch, ModelDtype, Target, TextOnly, TrustRemoteCode
 from eyas.outputs import claim
 from eyas.progress import Progress
 
@@ -85,6 +85,7 @@ class RegenerateConfig(StageConfig):
     engine_startup_timeout: float = Field(1800.0, gt=0, description="seconds the vLLM engine(s) may take to come "
                                           "up (vllm; model load, compile, CUDA graphs) before the run stops, "
                                           "naming the logs of those not up")
+    text_only: TextOnly = False
     cache_dir: CacheDir = None
     trust_remote_code: TrustRemoteCode = False
     overwrite: bool = Field(False, description="--out holds something else, or conversations made with other settings: "

@@ -25,6 +25,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -129,7 +130,7 @@ def run_in_env(python: Path, worker: Path, payload: dict[str, Any], *, timeout: 
     with tempfile.TemporaryDirectory(prefix="eyas-engine-") as tmp:
         inp, out = Path(tmp) / "in.json", Path(tmp) / "out.json"
         inp.write_text(json.dumps(payload))
-        run_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        run_env = {**os.environ, "PYTHONUNBUFFERED": "1", **HANG_ENV, **(env or {})}
         run_env.pop("PYTHONPATH", None)  # the engine env must not see eyas's site-packages
         sink = open(log, "w") if log else subprocess.PIPE
         # -P: the worker's own folder (eyas/engines, which holds vllm.py) must not shadow the engine package.
@@ -138,10 +139,11 @@ def run_in_env(python: Path, worker: Path, payload: dict[str, Any], *, timeout: 
         try:
             output, _ = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired as e:
+            where = report_hang(proc, sink if log else None)
             kill_group(proc)
             proc.communicate()
             tail = Path(log).read_text()[-2000:] if log else ""
-            raise EngineError(f"{worker.name} did not finish within {timeout:.0f}s" + (
+            raise EngineError(f"{worker.name} did not finish within {timeout:.0f}s; {where}" + (
                 f"; log {log}, last lines:\n{tail}" if log else "")) from e
         except BaseException:
             kill_group(proc)
@@ -155,6 +157,52 @@ def run_in_env(python: Path, worker: Path, payload: dict[str, Any], *, timeout: 
             tail = (Path(log).read_text()[-4000:] if log else (output or "")[-4000:])
             raise EngineError(f"{worker.name} failed (exit {proc.returncode}) under {python}:\n{tail}")
         return json.loads(out.read_text())
+
+
+# Every engine worker runs with faulthandler on: SIGABRT then prints each Python thread's stack to the process's
+# stderr (the worker's log), even in a process blocked in C code, so a start-up that hangs says where.
+HANG_ENV = {"PYTHONFAULTHANDLER": "1"}
+
+
+def session_processes(sid: int) -> list[tuple[int, str]]:
+    """(pid, command line) of every process in session `sid` (a worker started with start_new_session and all it
+    started there: the engine core, compiler and JIT processes), read from /proc; [] where there is no /proc."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[3]) == sid:
+                cmd = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                found.append((int(stat.parent.name), cmd.strip()[:200]))
+        except (OSError, IndexError, ValueError):   # a process that ended meanwhile
+            continue
+    return sorted(found)
+
+
+def report_hang(proc: subprocess.Popen, sink=None, wait_s: float = 5.0) -> str:
+    """A worker outlived its bound: write its session's processes to `sink` (its log), then SIGABRT each so
+    faulthandler (HANG_ENV) appends its Python stacks, and wait up to `wait_s` for the worker to end. Returns
+    one line for the error message: how many processes, and the names of any compiler or JIT build among them
+    (a silent nvcc / ninja build is the usual start-up that looks hung). The caller kills what is left."""
+    procs = session_processes(proc.pid)
+    if sink is not None:
+        sink.write("\n[eyas] the worker outlived its bound; its processes:\n"
+                   + "".join(f"[eyas]   {pid} {cmd}\n" for pid, cmd in procs)
+                   + "[eyas] SIGABRT to each: the Python stacks below (faulthandler)\n")
+        sink.flush()
+    for pid, _ in sorted(procs, reverse=True):   # one at a time, the engine's processes before the worker,
+        try:                                       # so the stacks do not interleave in the shared log
+            os.kill(pid, signal.SIGABRT)
+        except (ProcessLookupError, PermissionError):
+            continue
+        time.sleep(min(0.5, wait_s / max(1, len(procs))))
+    try:
+        proc.wait(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        pass
+    builds = sorted({Path(cmd.split()[0]).name for _, cmd in procs if cmd}
+                    & {"nvcc", "cicc", "ptxas", "ninja", "gcc", "g++", "cc", "c++", "cmake", "ld"})
+    return (f"{len(procs)} process(es) in its session" + (f", building: {', '.join(builds)}" if builds else "")
+            + (", their stacks in the log" if sink is not None else ""))
 
 
 def kill_group(proc: subprocess.Popen) -> None:

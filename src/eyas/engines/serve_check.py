@@ -51,7 +51,7 @@ from eyas.engines.vllm import tensor_parallel_problem
 from eyas.export import ContractError, check_contract, import_draft, read_export
 from eyas.export.contract import MIDLAYER, SPECULATORS, rename
 from eyas.export.files import detect_format, parse_config
-from eyas.flags import Device, ResultsFile
+from eyas.flags import Device, ResultsFile, TextOnly
 from eyas.outputs import claim, write_result
 from eyas.target import load_target
 from eyas.target.layers import text_config
@@ -121,6 +121,7 @@ class ServeCheckConfig(StageConfig):
                                                  "memory (vLLM's gpu_memory_utilization, default 0.9; SGLang's "
                                                  "mem_fraction_static, default its own); lower it when other jobs "
                                                  "share the GPU")
+    text_only: TextOnly = False
     timeout: float = Field(3600.0, description="seconds before the engine's worker is killed")
     run_anyway: bool = Field(False, description="start the engine even when gates 1-2 found problems "
                                                 "(to see the τ gap they cause)")
@@ -251,6 +252,8 @@ def _check(cfg: ServeCheckConfig) -> dict:
         options = {} if cfg.gpu_memory_utilization is None else {"gpu_memory_utilization": cfg.gpu_memory_utilization}
         if cfg.tensor_parallel_size > 1 or cfg.expert_parallel:
             options.update(tensor_parallel_size=cfg.tensor_parallel_size, expert_parallel=cfg.expert_parallel)
+        if cfg.text_only:
+            options["text_only"] = True
         # the engine's own log, as it is written: beside --out (it stays, a hang or a crash says where), else gone
         log = Path(f"{cfg.out}{ENGINE_LOG}") if cfg.out else Path(tmp) / "engine.log"
         t0 = time.perf_counter()

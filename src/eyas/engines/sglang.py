@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from eyas.decode.tree import TreeSpec
-from eyas.engines.base import SpecStats, WorkerEngine
+from eyas.engines.base import EngineError, SpecStats, WorkerEngine
 from eyas.engines.entry_points import EntryPoint
 
 ENV_VAR = "EYAS_SGLANG_PYTHON"
@@ -91,10 +91,13 @@ class SglangAdapter(WorkerEngine):
     def engine_request(self, target: str, export: str | None, spec: TreeSpec | None, *, dtype: str,
                        max_model_len: int, seed: int = 0, enforce_eager: bool = True,
                        gpu_memory_utilization: float | None = None, attention_backend: str | None = None,
-                       tensor_parallel_size: int = 1, expert_parallel: bool = False, **_) -> dict:
+                       tensor_parallel_size: int = 1, expert_parallel: bool = False, text_only: bool = False,
+                       **_) -> dict:
         """`Engine(**kwargs)`: the target as the model and, with an export, EAGLE-3 drafting `spec` (default: a
         chain of 3). Attention on SGLang's triton backend unless told: it runs fp32 and bf16, chains and trees, and
         needs neither FA3's kernel library (551 of sglang-kernel's 587 MiB) nor FlashInfer's JIT compiles."""
+        if text_only:
+            raise EngineError("--text-only is vLLM's language_model_only; eyas does not pass it to SGLang")
         kw = {"model_path": target, "dtype": DTYPES.get(dtype, dtype), "random_seed": seed,
               "context_length": max_model_len, "log_level": "error", "disable_cuda_graph": enforce_eager,
               "attention_backend": attention_backend or "triton"}

@@ -89,7 +89,8 @@ ENTRY_POINTS: tuple[EntryPoint, ...] = (
                keywords=("model", "dtype", "seed", "max_model_len", "enforce_eager", "disable_log_stats",
                          "tensor_parallel_size", "speculative_config", "kv_transfer_config",
                          "gpu_memory_utilization", "kv_cache_memory_bytes", "max_num_seqs",
-                         "max_num_batched_tokens", "async_scheduling", "enable_expert_parallel"),
+                         "max_num_batched_tokens", "async_scheduling", "enable_expert_parallel",
+                         "language_model_only"),
                kwargs_into="vllm.engine.arg_utils.EngineArgs"),
     EntryPoint("vllm.engine.arg_utils.EngineArgs", "vllm.engine.arg_utils", "EngineArgs",
                "serve-check, vllm extraction, regenerate, speedup bench (LLM(**kwargs))",
@@ -97,7 +98,8 @@ ENTRY_POINTS: tuple[EntryPoint, ...] = (
                keywords=("model", "dtype", "seed", "max_model_len", "enforce_eager", "disable_log_stats",
                          "tensor_parallel_size", "speculative_config", "kv_transfer_config",
                          "gpu_memory_utilization", "kv_cache_memory_bytes", "max_num_seqs",
-                         "max_num_batched_tokens", "async_scheduling", "enable_expert_parallel")),
+                         "max_num_batched_tokens", "async_scheduling", "enable_expert_parallel",
+                         "language_model_only")),
     EntryPoint("vllm.LLM.generate", "vllm", "LLM.generate", "serve-check, vllm extraction, regenerate, speedup bench",
                "vllm/entrypoints/llm.py", positional=("prompts", "sampling_params"), keywords=("use_tqdm",)),
     EntryPoint("vllm.SamplingParams", "vllm", "SamplingParams", "serve-check, vllm extraction, regenerate (vllm)",
@@ -358,7 +360,8 @@ class VllmAdapter(WorkerEngine):
     def engine_request(self, target: str, export: str | None, spec: TreeSpec | None, *, dtype: str,
                        max_model_len: int, seed: int = 0, enforce_eager: bool = True,
                        gpu_memory_utilization: float | None = None, kv_cache_memory_bytes: int | None = None,
-                       tensor_parallel_size: int = 1, expert_parallel: bool = False, **_) -> dict:
+                       tensor_parallel_size: int = 1, expert_parallel: bool = False, text_only: bool = False,
+                       **_) -> dict:
         """`LLM(**kwargs)`: the export as the model (vLLM reads the verifier and K from it: the zero-flag path),
         or the target alone. A chain length other than the export's is asked for with num_speculative_tokens.
         expert_parallel: an MoE target's experts split over the tensor_parallel_size GPUs."""
@@ -374,6 +377,8 @@ class VllmAdapter(WorkerEngine):
             kw["tensor_parallel_size"] = int(tensor_parallel_size)
         if expert_parallel:
             kw["enable_expert_parallel"] = True
+        if text_only:
+            kw["language_model_only"] = True
         if spec is not None:
             kw["speculative_config"] = {"num_speculative_tokens": spec.depth}
         return {"draft": export, "kwargs": kw}

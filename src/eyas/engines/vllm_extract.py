@@ -74,7 +74,7 @@ def documents(position_ids: torch.Tensor) -> list[tuple[int, int]]:
 
 def run_vllm(python: Path, model: str, layer_ids: list[int], docs: list[list[int]], storage: Path, *,
              tensor_parallel_size: int = 1, gpu_memory_utilization: float | None = None, log: Path | None = None,
-             timeout: float | None = None) -> list[Path]:
+             timeout: float | None = None, text_only: bool = False) -> list[Path]:
     """Prefill `docs` in vLLM; return the safetensors file holding each one's [T, len(layer_ids), H] states."""
     plugin = Path(tempfile.mkdtemp(prefix="eyas-connector-"))
     try:
@@ -84,7 +84,8 @@ def run_vllm(python: Path, model: str, layer_ids: list[int], docs: list[list[int
         payload = {"model": model, "layer_ids": layer_ids, "docs": docs, "storage": str(storage),
                    "max_model_len": max(len(d) for d in docs) + 1, "dtype": "bfloat16",
                    "tensor_parallel_size": tensor_parallel_size, "connector_dir": str(plugin),
-                   **({"gpu_memory_utilization": gpu_memory_utilization} if gpu_memory_utilization else {})}
+                   **({"gpu_memory_utilization": gpu_memory_utilization} if gpu_memory_utilization else {}),
+                   **({"language_model_only": True} if text_only else {})}
         env = worker_env()
         with vllm_lock():
             res = run_in_env(python, WORKER, payload, env=env, log=log, timeout=timeout)
@@ -127,7 +128,8 @@ def extract_with_vllm(cfg, dataset, config, aux_ids: list[int], *, rank: int = 0
     shutil.rmtree(storage, ignore_errors=True)
     files = run_vllm(python, src.path, aux_ids + [n_layers], [rows[i]["input_ids"][a:b].tolist() for i, a, b in order],
                      storage, tensor_parallel_size=cfg.tensor_parallel_size,
-                     gpu_memory_utilization=cfg.gpu_memory_utilization, log=job.out / "vllm-extract.log")
+                     gpu_memory_utilization=cfg.gpu_memory_utilization, log=job.out / "vllm-extract.log",
+                     timeout=cfg.engine_timeout, text_only=cfg.text_only)
     t_vllm = time.perf_counter() - t0
     by_row: dict[int, list[Path]] = {}
     for (i, _, _), f in zip(order, files):

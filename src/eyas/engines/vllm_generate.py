@@ -31,16 +31,19 @@ Request = tuple[Hashable, list[int], int]  # (key, prompt ids, max new tokens), 
 def worker_config(target: str, *, dtype: str, max_model_len: int, tensor_parallel_size: int, seed: int,
                   max_num_seqs: int | None, max_num_batched_tokens: int | None = None,
                   gpu_memory_utilization: float | None = None, async_scheduling: bool = False,
-                  enforce_eager: bool = False) -> dict:
+                  enforce_eager: bool = False, text_only: bool = False) -> dict:
     """The engine settings `vllm_generate_worker.py` builds its LLM from. max_num_seqs only when set: vLLM's
     default depends on the GPU (1024 on an H100/H200); requests beyond it wait in vLLM's queue. Likewise
     max_num_batched_tokens, the per-step token budget that arriving prefills share with the running decodes,
     gpu_memory_utilization (a replica's share of the GPU) and async_scheduling (scheduling overlaps the GPU step).
-    enforce_eager: no torch.compile and no CUDA graphs (a start-up of seconds, not minutes, for a small target)."""
+    enforce_eager: no torch.compile and no CUDA graphs (a start-up of seconds, not minutes, for a small target).
+    text_only: vLLM's language_model_only (eyas.flags.TextOnly)."""
     cfg = {"model": str(target), "dtype": dtype, "max_model_len": max_model_len,
            "tensor_parallel_size": tensor_parallel_size, "seed": seed}
     if enforce_eager:
         cfg["enforce_eager"] = True
+    if text_only:
+        cfg["language_model_only"] = True
     if max_num_seqs is not None:
         cfg["max_num_seqs"] = int(max_num_seqs)
     if max_num_batched_tokens is not None:
@@ -104,7 +107,8 @@ class VllmBackend:
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                  max_in_flight: int | None = None, replicas: int = 1, async_scheduling: bool = False,
                  enforce_eager: bool = False, gpu_memory_utilization: float | None = None,
-                 startup_timeout_s: float = 1800.0, log: Path | None = None, tokenizer=None, stop_ids=None):
+                 startup_timeout_s: float = 1800.0, log: Path | None = None, tokenizer=None, stop_ids=None,
+                 text_only: bool = False):
         if tokenizer is None:
             tokenizer = load_tokenizer(target)
         self.tok, self.name = tokenizer, target
@@ -142,7 +146,8 @@ class VllmBackend:
         settings = worker_config(target, dtype=dtype, max_model_len=max_model_len,
                                  tensor_parallel_size=tensor_parallel_size, seed=seed, max_num_seqs=max_num_seqs,
                                  max_num_batched_tokens=max_num_batched_tokens, gpu_memory_utilization=share,
-                                 async_scheduling=async_scheduling, enforce_eager=enforce_eager)
+                                 async_scheduling=async_scheduling, enforce_eager=enforce_eager,
+                                 text_only=text_only)
         if replicas > 1:
             # vLLM sizes its KV cache from the free memory it measures around a profile run, which a neighbour
             # starting at the same time corrupts (see vllm_speedup): the processes start together (imports, CUDA
@@ -186,10 +191,11 @@ class VllmBackend:
 
     def _not_ready(self, readies: dict, timeout: float) -> EngineError:
         """Start-up outlasted `timeout`: every replica is stopped; the error names those not up and their logs."""
+        late = [r for r in self.replicas if r.index not in readies]
+        where = {r.index: r.hang() for r in late}   # processes and stacks into each late replica's log
         for r in self.replicas:
             r.kill()
-        late = [r for r in self.replicas if r.index not in readies]
-        tails = "".join(f"\n--- {r.log} (tail):\n{r.log.read_text()[-1500:]}" for r in late)
+        tails = "".join(f"\n--- {r.log} ({where[r.index]}; tail):\n{r.log.read_text()[-1500:]}" for r in late)
         return EngineError(f"{len(late)} of {len(self.replicas)} vLLM engine(s) not up after {timeout:.0f} s "
                            f"(--engine-startup-timeout); logs: {', '.join(str(r.log) for r in late)}{tails}")
 

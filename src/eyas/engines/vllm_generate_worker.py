@@ -86,6 +86,8 @@ def main(cfg_path: str) -> None:
     extra = {k: int(cfg[k]) for k in ("max_num_seqs", "max_num_batched_tokens") if cfg.get(k)}
     if cfg.get("gpu_memory_utilization"):
         extra["gpu_memory_utilization"] = float(cfg["gpu_memory_utilization"])
+    if cfg.get("language_model_only"):
+        extra["language_model_only"] = True
     if "async_scheduling" in cfg:
         extra["async_scheduling"] = bool(cfg["async_scheduling"])
     with startup_lock(cfg.get("startup_lock")):

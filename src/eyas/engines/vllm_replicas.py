@@ -15,7 +15,7 @@ import subprocess
 import threading
 from pathlib import Path
 
-from eyas.engines.base import EngineError, kill_group
+from eyas.engines.base import HANG_ENV, EngineError, kill_group, report_hang
 
 WORKER = Path(__file__).with_name("vllm_generate_worker.py")
 PREFIX = "EYAS> "
@@ -41,7 +41,7 @@ def engine_env(env: dict) -> dict:
     """A worker's environment: vLLM logs to stdout by default, which is the worker's protocol pipe, read by the
     driver; sent to stderr instead (the log file itself), every line of the engine core's start-up reaches the log
     as it is written, whatever the driver is doing (a start-up that hangs says where). Unbuffered, so does a print."""
-    return {**env, "VLLM_LOGGING_STREAM": env.get("VLLM_LOGGING_STREAM", "ext://sys.stderr"),
+    return {**HANG_ENV, **env, "VLLM_LOGGING_STREAM": env.get("VLLM_LOGGING_STREAM", "ext://sys.stderr"),
             "PYTHONUNBUFFERED": "1"}
 
 
@@ -111,3 +111,9 @@ class Replica:
     def kill(self) -> None:
         kill_group(self.proc)
         self.stop()
+
+    def hang(self) -> str:
+        """A worker that never came up: its processes and stacks into its log (report_hang), then killed."""
+        where = report_hang(self.proc, self._logf)
+        self.kill()
+        return where

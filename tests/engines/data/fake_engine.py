@@ -89,6 +89,7 @@ FILES: dict[str, str] = {
         "    async_scheduling: bool | None = None\n"
         "    tensor_parallel_size: int = 1\n"
         "    enable_expert_parallel: bool = False\n"
+        "    language_model_only: bool = False\n"
         "    enforce_eager: bool = False\n"
         "    disable_log_stats: bool = False\n"
         "    speculative_config: dict | None = None\n"
