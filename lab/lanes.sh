@@ -7,6 +7,8 @@
 #   bash lab/lanes.sh after NAME WAIT CMD...   the same, but CMD starts once lane WAIT has ended (rc file present)
 #   bash lab/lanes.sh wait SECONDS [NAME...]   wait until the named lanes (default: all) have ended, at most SECONDS;
 #                                         prints each lane's state and its log's last lines; then `pack`
+#   bash lab/lanes.sh stop NAME           kill a running lane and everything below it; `start` runs it afresh (a
+#                                         resumable job continues), its earlier log kept as NAME.log.N
 #   bash lab/lanes.sh pack                $OUT/lanes.tgz: every lane's log and rc, and /tmp/res (results JSON)
 #   bash lab/lanes.sh snap                copy the tree (less .carry, .whl) to /tmp/snap and run later lanes from there:
 #                                         each device call re-copies the working tree, and a file being replaced
@@ -14,7 +16,7 @@
 # Lanes start in /tmp/snap when it exists (after `snap`), else in the current directory.
 # Lanes write their results under /tmp/res (RES), which `pack` brings back with every call.
 set -uo pipefail
-L=/tmp/lanes
+L=${LANES_DIR:-/tmp/lanes}
 RES=${RES:-/tmp/res}
 mkdir -p "$L" "$RES"
 
@@ -28,20 +30,20 @@ start() {
   local name=$1; shift
   [ "$(state "$name")" = none ] || { echo "lane $name: $(state "$name") (not started again)"; return 0; }
   local dir=$PWD; [ -d /tmp/snap ] && dir=/tmp/snap
-  setsid bash -c 'cd "$1"; shift; n=$1; shift; "$@" > /tmp/lanes/$n.log 2>&1; echo $? > /tmp/lanes/$n.rc' \
-    _ "$dir" "$name" "$@" < /dev/null > /dev/null 2>&1 &
+  setsid bash -c 'L=$1; cd "$2"; n=$3; shift 3; "$@" > "$L/$n.log" 2>&1; echo $? > "$L/$n.rc"' \
+    _ "$L" "$dir" "$name" "$@" < /dev/null > /dev/null 2>&1 &
   echo $! > "$L/$name.pid"
   echo "lane $name started (pid $!)"
 }
 
 after() {
   local name=$1 prev=$2; shift 2
-  start "$name" bash -c 'while [ ! -f /tmp/lanes/$0.rc ]; do sleep 2; done; exec "$@"' "$prev" "$@"
+  start "$name" bash -c 'while [ ! -f "$0" ]; do sleep 2; done; exec "$@"' "$L/$prev.rc" "$@"
 }
 
 pack() {
   [ -n "${OUT:-}" ] || return 0
-  tar czf "$OUT/lanes.tgz" -C / tmp/lanes "${RES#/}" 2>/dev/null
+  tar czf "$OUT/lanes.tgz" -C / "${L#/}" "${RES#/}" 2>/dev/null
   echo "packed $(du -h "$OUT/lanes.tgz" | cut -f1)"
 }
 
@@ -62,6 +64,34 @@ wait_for() {
   pack
 }
 
+stop() {  # stop NAME: a running lane and every process below it, engine workers in sessions of their own included
+  local name=$1 n=1
+  [ "$(state "$name")" = running ] || { echo "lane $name: $(state "$name") (nothing to stop)"; return 0; }
+  python3 - "$(cat "$L/$name.pid")" <<'PY'
+import os, signal, sys
+from collections import defaultdict
+kids = defaultdict(list)
+for d in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        kids[int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])].append(int(d))
+    except (OSError, IndexError, ValueError):   # a process that ended meanwhile
+        pass
+tree, todo = [], [int(sys.argv[1])]
+while todo:                                     # the lane's shell first: it can no longer write an exit status
+    tree.append(todo.pop())
+    todo += kids.get(tree[-1], [])
+for pid in tree:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+PY
+  while [ -e "$L/$name.log.$n" ]; do n=$((n + 1)); done
+  mv "$L/$name.log" "$L/$name.log.$n" 2>/dev/null
+  rm -f "$L/$name.pid" "$L/$name.rc"
+  echo "lane $name stopped (its log kept as $name.log.$n; \`start\` runs it again)"
+}
+
 snap() {
   rm -rf /tmp/snap.new && mkdir /tmp/snap.new && tar c --exclude=./.carry --exclude=./.whl . | tar x -C /tmp/snap.new
   rm -rf /tmp/snap && mv /tmp/snap.new /tmp/snap
@@ -74,6 +104,7 @@ case "${1:-}" in
   start) shift; start "$@" ;;
   after) shift; after "$@" ;;
   wait) shift; wait_for "$@" ;;
+  stop) shift; stop "$@" ;;
   pack) pack ;;
   *) sed -n '2,16p' "$0"; exit 2 ;;
 esac

@@ -9,7 +9,8 @@
 # eyas deps in p0, vLLM's deps by p1, vLLM by p4, SmolLM2 + ShareGPT by p6, SGLang by p10, the 1.5B's wheels by p32 (33 parts, restaged 2026-12-05).
 # Or, on every call of session A (lab/GPU.md), carrying the next part:   bash lab/plan_real_targets.sh tick [WAIT_S]
 # tick receives the parts, snapshots the tree once, starts each lane whose inputs have arrived and whose lanes before
-# it are done (gputests, sgl_train, kimi, convert; sgl_check after sgl_train; timed alone after the others), waits up to WAIT_S
+# it are done (gputests, sgl_train, convert, kimi; timed alone once the first three ended, kimi stopped meanwhile and
+# resumed after it; KIMI_FIRST=1: timed after kimi; sgl_check after sgl_train with SGL_CHECK=1), waits up to WAIT_S
 # (default 20) and packs every log and result into $OUT/lanes.tgz; the first tick after timed brings the SmolLM2
 # draft back instead (`back`, nothing else in that call): keep its draft.tar.NN as .carry/draft.
 set -uo pipefail
@@ -20,14 +21,28 @@ if [ "${1:-}" = tick ]; then
   [ -d .carry/draft ] && [ ! -d /tmp/draft-parts ] && cp -r .carry/draft /tmp/draft-parts
   have eyas-deps && lane gputests
   have eyas-deps model sharegpt && lane sgl_train
-  have eyas-deps vllm-deps vllm && lane kimi
   have eyas-deps qwen15 && lane convert
   # SGLang's served tree τ is measured (2026-12-04b and -05: 2.212 vs native 2.179); SGL_CHECK=1 measures it again
   sgl_check_asked() { [ "${SGL_CHECK:-0}" = 1 ]; }
   sgl_check_asked && have sglang && ok sgl_train && lane sgl_check
-  # timed alone: after every other lane (and a trained draft, which its speedup runs serve)
-  have vllm sglang qwen15 && ok sgl_train && ended gputests kimi convert && \
-    { ! sgl_check_asked || ended sgl_check; } && lane timed
+  # timed runs alone (its timings share the GPU and the host with nothing), once a trained draft is there (its
+  # speedup runs serve it). By default it comes before the end of kimi: kimi starts with vLLM's parts, is stopped
+  # when timed can start and resumes after it (its first results close issue 40; kimi, ≈ 12 min, is what a short
+  # session can lose); KIMI_FIRST=1 lets kimi finish first, as on 2026-12-05.
+  if [ "${KIMI_FIRST:-0}" = 1 ]; then
+    have eyas-deps vllm-deps vllm && lane kimi
+    have vllm sglang qwen15 && ok sgl_train && ended gputests kimi convert && \
+      { ! sgl_check_asked || ended sgl_check; } && lane timed
+  else
+    timed_ready() { have vllm sglang qwen15 && ok sgl_train && ended gputests convert && \
+                      { ! sgl_check_asked || ended sgl_check; }; }
+    if timed_ready && ! ended timed; then
+      running kimi && bash lab/lanes.sh stop kimi   # timed alone; kimi resumes after it from its state.json
+      lane timed
+    fi
+    # kimi uses the minutes before timed can start (the carry), and runs again once timed ended or cannot run
+    have eyas-deps vllm-deps vllm && { ! timed_ready || ended timed; } && lane kimi
+  fi
   if ended timed && ok sgl_train && [ -n "${OUT:-}" ] && [ ! -e /tmp/back.sent ]; then
     # alone in its call: the draft's parts (~47 MiB) and lanes.tgz together could pass the 64 MiB that come back
     bash lab/plan_real_targets.sh back && touch /tmp/back.sent && exit 0

@@ -2,7 +2,7 @@
 
 from functools import partial
 
-from ticks import started
+from ticks import calls, started
 
 _tick = partial(started, "plan_real_targets.sh")
 
@@ -13,7 +13,9 @@ def test_nothing_arrived_starts_nothing(tmp_path):
 
 def test_lanes_start_as_their_items_arrive(tmp_path):
     assert _tick(tmp_path, ["eyas-deps", "model", "sharegpt"], {}) == ["gputests", "sgl_train"]
-    assert _tick(tmp_path / "b", ["eyas-deps", "vllm-deps", "vllm", "qwen15"], {}) == ["gputests", "kimi", "convert"]
+    assert _tick(tmp_path / "b", ["eyas-deps", "vllm-deps", "vllm", "qwen15"], {}) == ["gputests", "convert", "kimi"]
+    assert _tick(tmp_path / "c", ["eyas-deps", "vllm-deps", "vllm", "qwen15"], {}, env={"KIMI_FIRST": "1"}) == \
+        ["gputests", "convert", "kimi"]
 
 
 def test_sgl_check_runs_only_when_asked_and_waits_for_a_trained_draft(tmp_path):
@@ -25,13 +27,27 @@ def test_sgl_check_runs_only_when_asked_and_waits_for_a_trained_draft(tmp_path):
     assert "sgl_check" in _tick(tmp_path / "ok", have, {"sgl_train": 0}, env=asked)
 
 
-def test_timed_runs_only_after_every_other_lane_ended(tmp_path):
+def test_timed_runs_alone_kimi_stopped_meanwhile_and_resumed_after(tmp_path):
+    """kimi starts with vLLM's parts; once gputests, convert and a trained draft are done, a running kimi is
+    stopped and timed starts alone; kimi starts again (resuming) once timed ended, or at once when the draft
+    failed (timed cannot run). KIMI_FIRST=1: timed after kimi, which is never stopped."""
     have = ["eyas-deps", "vllm-deps", "vllm", "model", "sharegpt", "sglang", "qwen15"]
-    before = {"gputests": 0, "sgl_train": 0, "kimi": 0, "convert": 0}
+    before = {"gputests": 0, "sgl_train": 0, "convert": 0}
     for lane in before:
         assert "timed" not in _tick(tmp_path / f"no-{lane}", have, {k: v for k, v in before.items() if k != lane})
+    assert "kimi" in _tick(tmp_path / "early", have, {"gputests": 0})           # the carry's minutes
     assert "timed" not in _tick(tmp_path / "no-draft", have, {**before, "sgl_train": 1})
-    assert "timed" in _tick(tmp_path / "all", have, before)
-    asked = {"SGL_CHECK": "1"}   # a requested sgl_check runs first
-    assert "timed" not in _tick(tmp_path / "asked", have, before, env=asked)
-    assert "timed" in _tick(tmp_path / "asked-done", have, {**before, "sgl_check": 0}, env=asked)
+    assert "kimi" in _tick(tmp_path / "no-draft-kimi", have, {**before, "sgl_train": 1})
+    asked = calls("plan_real_targets.sh", tmp_path / "ready", have, before, running=("kimi",))
+    assert asked.index("stop:kimi") < asked.index("timed") and "kimi" not in asked
+    assert "stop:kimi" not in calls("plan_real_targets.sh", tmp_path / "ready-idle", have, before)
+    assert "kimi" in _tick(tmp_path / "after", have, {**before, "timed": 0})
+    assert "timed" not in _tick(tmp_path / "after-timed", have, {**before, "timed": 0})
+    sgl = {"SGL_CHECK": "1"}   # a requested sgl_check runs first
+    assert "timed" not in _tick(tmp_path / "asked", have, before, env=sgl)
+    assert "timed" in _tick(tmp_path / "asked-done", have, {**before, "sgl_check": 0}, env=sgl)
+    first = {"KIMI_FIRST": "1"}
+    assert "timed" not in _tick(tmp_path / "kimi-first", have, before, env=first)
+    assert "stop:kimi" not in calls("plan_real_targets.sh", tmp_path / "kimi-first-running", have, before,
+                                    env=first, running=("kimi",))
+    assert "timed" in _tick(tmp_path / "kimi-first-done", have, {**before, "kimi": 0}, env=first)

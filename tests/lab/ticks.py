@@ -13,9 +13,9 @@ echo "$*" >> "$CALLS"
 
 
 def calls(script: str, tmp_path: Path, installed: list[str], ended: dict[str, int],
-          out: Path | None = None, env: dict | None = None) -> list[str]:
-    """What the tick asked of lanes.sh, in order: a started lane's name, or the verb (`wait`); the once-per-machine
-    `snap` is left out."""
+          out: Path | None = None, env: dict | None = None, running: tuple[str, ...] = ()) -> list[str]:
+    """What the tick asked of lanes.sh, in order: a started lane's name, `stop:NAME`, or the verb (`wait`); the
+    once-per-machine `snap` is left out. `running`: lanes started and not ended."""
     repo, carry, lanes = tmp_path / "repo", tmp_path / "carry", tmp_path / "lanes"
     for d in (repo / "lab", carry, lanes):
         d.mkdir(parents=True, exist_ok=True)
@@ -26,6 +26,8 @@ def calls(script: str, tmp_path: Path, installed: list[str], ended: dict[str, in
         (carry / f"installed.{name}").touch()
     for name, rc in ended.items():
         (lanes / f"{name}.rc").write_text(f"{rc}\n")
+    for name in running:   # started, not ended
+        (lanes / f"{name}.pid").write_text("1\n")
     log = tmp_path / "calls"
     log.write_text("")
     env = {**{k: v for k, v in os.environ.items() if k != "OUT"}, **(env or {})}
@@ -34,9 +36,10 @@ def calls(script: str, tmp_path: Path, installed: list[str], ended: dict[str, in
     r = subprocess.run(["bash", f"lab/{script}", "tick", "0"], cwd=repo, capture_output=True, text=True,
                        env={**env, "CARRY_DIR": str(carry), "LANES_DIR": str(lanes), "CALLS": str(log)})
     assert r.returncode == 0, r.stderr
-    return [line.split()[1] if line.startswith("start ") else line.split()[0]
+    return [line.split()[1] if line.startswith("start ") else
+            "stop:" + line.split()[1] if line.startswith("stop ") else line.split()[0]
             for line in log.read_text().splitlines() if not line.startswith("snap")]
 
 
 def started(*args, **kw) -> list[str]:
-    return [c for c in calls(*args, **kw) if c not in ("wait", "pack")]
+    return [c for c in calls(*args, **kw) if c not in ("wait", "pack") and not c.startswith("stop:")]
