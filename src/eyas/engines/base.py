@@ -21,6 +21,7 @@ from abc import ABC, abstractmethod
 import fcntl
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -191,6 +192,8 @@ def report_hang(proc: subprocess.Popen, sink=None, wait_s: float = 5.0) -> str:
         sink.flush()
     for pid, _ in sorted(procs, reverse=True):   # one at a time, the engine's processes before the worker,
         try:                                       # so the stacks do not interleave in the shared log
+            if hasattr(resource, "prlimit"):       # the stack, not a core file of a process holding a GPU
+                resource.prlimit(pid, resource.RLIMIT_CORE, (0, 0))
             os.kill(pid, signal.SIGABRT)
         except (ProcessLookupError, PermissionError):
             continue
