@@ -67,25 +67,9 @@ wait_for() {
 stop() {  # stop NAME: a running lane and every process below it, engine workers in sessions of their own included
   local name=$1 n=1
   [ "$(state "$name")" = running ] || { echo "lane $name: $(state "$name") (nothing to stop)"; return 0; }
-  python3 - "$(cat "$L/$name.pid")" <<'PY'
-import os, signal, sys
-from collections import defaultdict
-kids = defaultdict(list)
-for d in filter(str.isdigit, os.listdir("/proc")):
-    try:
-        kids[int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])].append(int(d))
-    except (OSError, IndexError, ValueError):   # a process that ended meanwhile
-        pass
-tree, todo = [], [int(sys.argv[1])]
-while todo:                                     # the lane's shell first: it can no longer write an exit status
-    tree.append(todo.pop())
-    todo += kids.get(tree[-1], [])
-for pid in tree:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except OSError:
-        pass
-PY
+  # the lane's shell first (it can no longer write an exit status), then all below it: bench/_steps.kill_tree
+  python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); from _steps import kill_tree; kill_tree(int(sys.argv[2]))' \
+    "$(dirname "$0")/../bench" "$(cat "$L/$name.pid")"
   while [ -e "$L/$name.log.$n" ]; do n=$((n + 1)); done
   mv "$L/$name.log" "$L/$name.log.$n" 2>/dev/null
   rm -f "$L/$name.pid" "$L/$name.rc"

@@ -43,10 +43,8 @@ def main(inp: str, out: str) -> None:
         return
     from vllm import LLM, SamplingParams
 
-    share = {"gpu_memory_utilization": p["gpu_memory_utilization"]} if p.get("gpu_memory_utilization") else {}
-    if p.get("language_model_only"):
-        share["language_model_only"] = True
-    llm = LLM(model=p["model"], dtype=p["dtype"], max_model_len=p["max_model_len"], enforce_eager=True, **share,
+    extra = {k: p[k] for k in ("gpu_memory_utilization", "language_model_only") if p.get(k)}
+    llm = LLM(model=p["model"], dtype=p["dtype"], max_model_len=p["max_model_len"], enforce_eager=True, **extra,
               disable_log_stats=True, seed=0, tensor_parallel_size=p.get("tensor_parallel_size", 1),
               speculative_config={"method": "extract_hidden_states", "num_speculative_tokens": 1,
                                   "draft_model_config": {"hf_config": {

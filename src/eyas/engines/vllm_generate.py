@@ -192,9 +192,10 @@ class VllmBackend:
     def _not_ready(self, readies: dict, timeout: float) -> EngineError:
         """Start-up outlasted `timeout`: every replica is stopped; the error names those not up and their logs."""
         late = [r for r in self.replicas if r.index not in readies]
-        where = {r.index: r.hang() for r in late}   # processes and stacks into each late replica's log
+        where = {r.index: r.hang() for r in late}   # processes and stacks into each late replica's log, then killed
         for r in self.replicas:
-            r.kill()
+            if r.index in readies:
+                r.kill()
         tails = "".join(f"\n--- {r.log} ({where[r.index]}; tail):\n{r.log.read_text()[-1500:]}" for r in late)
         return EngineError(f"{len(late)} of {len(self.replicas)} vLLM engine(s) not up after {timeout:.0f} s "
                            f"(--engine-startup-timeout); logs: {', '.join(str(r.log) for r in late)}{tails}")
