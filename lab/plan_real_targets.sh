@@ -34,7 +34,9 @@ if [ "${1:-}" = tick ]; then
     have vllm sglang qwen15 && ok sgl_train && ended gputests kimi convert && \
       { ! sgl_check_asked || ended sgl_check; } && lane timed
   else
-    timed_ready() { have vllm sglang qwen15 && ok sgl_train && ended gputests convert && \
+    # NO_Q15=1: a short session carries p0-p10 only (no 1.5B): timed then skips the 1.5B's AR pace
+    q15_ready() { [ "${NO_Q15:-0}" = 1 ] || { have qwen15 && ended convert; }; }
+    timed_ready() { have vllm sglang && q15_ready && ok sgl_train && ended gputests && \
                       { ! sgl_check_asked || ended sgl_check; }; }
     if timed_ready && ! ended timed; then
       running kimi && bash lab/lanes.sh stop kimi   # timed alone; kimi resumes after it from its state.json
@@ -100,6 +102,7 @@ for k, v in sd.items() if k != 'embed_tokens.weight'}, sys.argv[2])" /tmp/run-s/
     python3 bench/vllm_speedup.py --engine vllm --target /tmp/smol-hf --export '/tmp/x-vllm-k{k}' --python /tmp/vpy \
         --chains 3 --batch-sizes 1 8 --per-category 2 --max-new-tokens 256 --engines-per-gpu 2 \
         --out $R/speedup_vllm.json
+    [ -e "${CARRY_DIR:-/tmp/eyas-carry}/installed.qwen15" ] &&
     python3 bench/ar_pace.py --target qwen2.5-coder-1.5b --device cuda --per-category 2 --max-new-tokens 256 \
         --vllm-python /tmp/vpy --out $R/ar_pace_q15.json
     python3 bench/ar_pace.py --target /tmp/smol-hf --device cuda --per-category 2 --max-new-tokens 256 \

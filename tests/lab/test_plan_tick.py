@@ -51,3 +51,12 @@ def test_timed_runs_alone_kimi_stopped_meanwhile_and_resumed_after(tmp_path):
     assert "stop:kimi" not in calls("plan_real_targets.sh", tmp_path / "kimi-first-running", have, before,
                                     env=first, running=("kimi",))
     assert "timed" in _tick(tmp_path / "kimi-first-done", have, {**before, "kimi": 0}, env=first)
+
+
+def test_no_q15_lets_timed_run_without_the_1p5b(tmp_path):
+    """NO_Q15=1 (a short session carries p0-p10 only): timed needs no 1.5B parts nor its conversion."""
+    have = ["eyas-deps", "vllm-deps", "vllm", "model", "sharegpt", "sglang"]
+    done = {"gputests": 0, "sgl_train": 0}
+    assert "timed" not in _tick(tmp_path / "default", have, done)
+    assert "timed" in _tick(tmp_path / "short", have, done, env={"NO_Q15": "1"})
+    assert "timed" not in _tick(tmp_path / "short-no-draft", have, {**done, "sgl_train": 1}, env={"NO_Q15": "1"})
