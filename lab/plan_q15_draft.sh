@@ -58,7 +58,10 @@ case "${1:-}" in
         --dtype bf16 --gpu-memory-utilization 0.3 --out $R/serve_check_q15_k3.json
     python3 bench/vllm_speedup.py --engine vllm --target /tmp/ec/models/$T --export '/tmp/x-q15-k{k}' \
         --python /tmp/vpy --chains 1 2 3 4 5 --batch-sizes 1 8 32 --per-category 2 --max-new-tokens 256 \
-        --engines-per-gpu 3 --out $R/speedup_vllm_q15.json ;;
+        --engines-per-gpu 3 --out $R/speedup_vllm_q15.json
+    # issue 37 item 4 (if session A's short form skipped it): eyas's AR vs vLLM's on the 1.5B, prefill of a 1k turn
+    [ -f $R/ar_pace_q15.json ] || python3 bench/ar_pace.py --target $T --device cuda --per-category 2 \
+        --max-new-tokens 256 --vllm-python /tmp/vpy --out $R/ar_pace_q15.json ;;
   back)      # in a call (not a lane): the self-written rows (gz) and the best draft (bf16, no embedding: the
              # target's; restore_draft.py's layout) split into 15 MB parts once, then 4 parts into $OUT per call
     [ -n "${OUT:-}" ] && [ -f $W/result.json ] || { echo "no OUT or no $W/result.json" >&2; exit 2; }
