@@ -19,9 +19,12 @@ if [ "${1:-}" = tick ]; then
   PLAN=lab/plan_real_targets.sh; . lab/tick.sh
   # a draft an earlier session brought back (.carry/draft): sgl_train restores it instead of training
   [ -d .carry/draft ] && [ ! -d /tmp/draft-parts ] && cp -r .carry/draft /tmp/draft-parts
-  have eyas-deps && lane gputests
+  # SKIP="kimi gputests ...": lanes a short session leaves out (a skipped lane counts as ended for those after it)
+  want() { case " ${SKIP:-} " in *" $1 "*) return 1 ;; esac; }
+  done_or_skipped() { for n in "$@"; do if want "$n" && ! ended "$n"; then return 1; fi; done; }
+  want gputests && have eyas-deps && lane gputests
   have eyas-deps model sharegpt && lane sgl_train
-  have eyas-deps qwen15 && lane convert
+  want convert && have eyas-deps qwen15 && lane convert
   # SGLang's served tree τ is measured (2026-12-04b and -05: 2.212 vs native 2.179); SGL_CHECK=1 measures it again
   sgl_check_asked() { [ "${SGL_CHECK:-0}" = 1 ]; }
   sgl_check_asked && have sglang && ok sgl_train && lane sgl_check
@@ -36,14 +39,14 @@ if [ "${1:-}" = tick ]; then
   else
     # NO_Q15=1: a short session carries p0-p10 only (no 1.5B): timed then skips the 1.5B's AR pace
     q15_ready() { [ "${NO_Q15:-0}" = 1 ] || { have qwen15 && ended convert; }; }
-    timed_ready() { have vllm sglang && q15_ready && ok sgl_train && ended gputests && \
+    timed_ready() { have vllm sglang && q15_ready && ok sgl_train && done_or_skipped gputests && \
                       { ! sgl_check_asked || ended sgl_check; }; }
     if timed_ready && ! ended timed; then
       running kimi && bash lab/lanes.sh stop kimi   # timed alone; kimi resumes after it from its state.json
       lane timed
     fi
     # kimi uses the minutes before timed can start (the carry), and runs again once timed ended or cannot run
-    have eyas-deps vllm-deps vllm && { ! timed_ready || ended timed; } && lane kimi
+    want kimi && have eyas-deps vllm-deps vllm && { ! timed_ready || ended timed; } && lane kimi
   fi
   if ended timed && ok sgl_train && [ -n "${OUT:-}" ] && [ ! -e /tmp/back.sent ]; then
     # alone in its call: the draft's parts (~47 MiB) and lanes.tgz together could pass the 64 MiB that come back

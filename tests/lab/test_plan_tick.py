@@ -60,3 +60,11 @@ def test_no_q15_lets_timed_run_without_the_1p5b(tmp_path):
     assert "timed" not in _tick(tmp_path / "default", have, done)
     assert "timed" in _tick(tmp_path / "short", have, done, env={"NO_Q15": "1"})
     assert "timed" not in _tick(tmp_path / "short-no-draft", have, {**done, "sgl_train": 1}, env={"NO_Q15": "1"})
+
+
+def test_skipped_lanes_never_start_and_count_as_ended(tmp_path):
+    have = ["eyas-deps", "vllm-deps", "vllm", "model", "sharegpt", "sglang"]
+    short = {"NO_Q15": "1", "SKIP": "kimi gputests"}
+    assert _tick(tmp_path / "carry", have, {}, env=short) == ["sgl_train"]
+    assert "timed" in _tick(tmp_path / "ready", have, {"sgl_train": 0}, env=short)
+    assert "kimi" not in _tick(tmp_path / "after", have, {"sgl_train": 0, "timed": 0}, env=short)
