@@ -10,6 +10,7 @@
 #   bash lab/lanes.sh stop NAME           kill a running lane and everything below it; `start` runs it afresh (a
 #                                         resumable job continues), its earlier log kept as NAME.log.N
 #   bash lab/lanes.sh pack                $OUT/lanes.tgz: every lane's log and rc, and /tmp/res (results JSON)
+#                                         (and PACK_EXTRA's small logs / JSON)
 #   bash lab/lanes.sh snap                copy the tree (less .carry, .whl) to /tmp/snap and run later lanes from there:
 #                                         each device call re-copies the working tree, and a file being replaced
 #                                         under a running lane is missing for a moment
@@ -41,9 +42,14 @@ after() {
   start "$name" bash -c 'while [ ! -f "$0" ]; do sleep 2; done; exec "$@"' "$L/$prev.rc" "$@"
 }
 
-pack() {
+pack() {  # PACK_EXTRA="DIR ...": their *.log / *.json files under 5 MB come too (a lane's logs before it ends)
   [ -n "${OUT:-}" ] || return 0
-  tar czf "$OUT/lanes.tgz" -C / "${L#/}" "${RES#/}" 2>/dev/null
+  local extra=() d
+  for d in ${PACK_EXTRA:-}; do
+    [ -d "$d" ] && while IFS= read -r f; do extra+=("${f#/}"); done < <(find "$d" -type f \( -name '*.log' \
+      -o -name '*.json' \) -size -5M)
+  done
+  tar czf "$OUT/lanes.tgz" -C / "${L#/}" "${RES#/}" "${extra[@]}" 2>/dev/null
   echo "packed $(du -h "$OUT/lanes.tgz" | cut -f1)"
 }
 

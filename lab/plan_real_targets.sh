@@ -52,7 +52,8 @@ if [ "${1:-}" = tick ]; then
     # alone in its call: the draft's parts (~47 MiB) and lanes.tgz together could pass the 64 MiB that come back
     bash lab/plan_real_targets.sh back && touch /tmp/back.sent && exit 0
   fi
-  bash lab/lanes.sh wait "${2:-20}"
+  # the Kimi lane's step and engine logs come back with every call, not only when the lane ends
+  PACK_EXTRA=/tmp/kimi bash lab/lanes.sh wait "${2:-20}"
   exit 0
 fi
 . /tmp/eyas-env.sh

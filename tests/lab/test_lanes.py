@@ -66,3 +66,23 @@ def test_a_finished_lane_has_its_exit_status(tmp_path):
     assert wait_for(lambda: (tmp_path / "lanes" / "quick.rc").is_file())
     assert (tmp_path / "lanes" / "quick.rc").read_text().strip() == "3"
     assert "done rc=3" in lanes(tmp_path, "wait", "5", "quick")
+
+
+def test_pack_brings_small_logs_of_extra_dirs(tmp_path):
+    """PACK_EXTRA: a lane's own logs (e.g. an engine's, with its stacks) come back before the lane ends."""
+    import tarfile
+    work = tmp_path / "work" / "toy"
+    work.mkdir(parents=True)
+    (work / "engine.log").write_text("stack")
+    (work / "big.log").write_bytes(b"x" * (6 << 20))
+    (work / "weights.bin").write_bytes(b"w")
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "LANES_DIR": str(tmp_path / "lanes"), "RES": str(tmp_path / "res"), "OUT": str(out),
+           "PACK_EXTRA": f"{tmp_path / 'work'} {tmp_path / 'missing'}"}
+    r = subprocess.run(["bash", str(ROOT / "lab" / "lanes.sh"), "pack"], cwd=tmp_path, capture_output=True,
+                       text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    names = tarfile.open(out / "lanes.tgz").getnames()
+    assert any(n.endswith("toy/engine.log") for n in names)
+    assert not any(n.endswith(("big.log", "weights.bin")) for n in names)
