@@ -67,7 +67,10 @@ case "${1:-}" in
     python3 -m pytest -p no:timeout -q -m gpu tests/decode/test_decode_gpu.py -k graphed --junitxml $R/gputests.xml
     python3 -m pytest -p no:timeout -q -m gpu tests/target/test_dequant.py tests/target/test_gguf_convert.py \
       --junitxml $R/gputests_dequant.xml ;;
-  kimi)       # issue 38: both toys, every step (resumable: rerun continues); every step's and engine's log beside
+  kimi)       # issue 38: both toys, every step (resumable: rerun continues); every step's and engine's log beside.
+              # First (10 s): does this torch hang a child forked after OpenMP (why the toy's engines never came up
+              # on 2026-12-05 with fork; eyas's vLLM workers spawn since)?
+    [ -f $R/fork_omp_check.txt ] || OMP_NUM_THREADS=4 timeout 60 python3 lab/fork_omp_check.py > $R/fork_omp_check.txt 2>&1
     python3 bench/kimi_toy.py --python /tmp/vpy --work /tmp/kimi --out $R/kimi_toy.json; rc=$?
     (cd /tmp/kimi && find . -name '*.log' | tar czf $R/kimi-logs.tgz -T -); exit $rc ;;
   sgl_train)  # a SmolLM2 draft SGLang's layer can run (residual before norm), or the one a session brought back

