@@ -49,7 +49,7 @@ pack() {  # PACK_EXTRA="DIR ...": their *.log / *.json files under 5 MB come too
     [ -d "$d" ] && while IFS= read -r f; do extra+=("${f#/}"); done < <(find "$d" -type f \( -name '*.log' \
       -o -name '*.json' \) -size -5M)
   done
-  tar czf "$OUT/lanes.tgz" -C / "${L#/}" "${RES#/}" "${extra[@]}" 2>/dev/null
+  tar czf "$OUT/lanes.tgz" -C / "${L#/}" "${RES#/}" ${extra[@]+"${extra[@]}"} 2>/dev/null
   echo "packed $(du -h "$OUT/lanes.tgz" | cut -f1)"
 }
 
