@@ -2,7 +2,7 @@
 real vLLM, end to end, into one JSON.
 
     PYTHONPATH=src python bench/kimi_toy.py --python /tmp/vpy --work /tmp/kimi --out RESULTS/kimi_toy.json \
-        [--toys kimi-k2.5 llava-llama] [--size full] [--device cuda] [--tp 1] [--budget-s 480]
+        [--toys kimi-k2.5 llava-llama] [--size full] [--device cuda] [--tp 1 [--no-ep]] [--budget-s 480]
 
 Steps (per toy, each after the steps it needs; both toys' steps run side by side, --workers at a time):
   build        the toy (eyas.target.toys, deterministic from --seed), N single-turn chats, unseen eval prompts
@@ -134,9 +134,13 @@ class Run:
     def text_only_flag(self) -> list[str]:
         return ["--text-only"] if self.text_only() else []
 
+    def ep(self) -> bool:
+        """Expert parallel with --tp: an MoE target's experts split over the GPUs (--no-ep: sharded, as dense)."""
+        return self.a.tp > 1 and self.a.ep and self.toy == "kimi-k2.5"
+
     def parallel(self) -> dict:
-        """VllmAdapter options for --tp (an MoE target's experts split over the GPUs)."""
-        return {"tensor_parallel_size": self.a.tp, "expert_parallel": self.toy == "kimi-k2.5"} if self.a.tp > 1 else {}
+        """VllmAdapter options for --tp."""
+        return {"tensor_parallel_size": self.a.tp, "expert_parallel": self.ep()} if self.a.tp > 1 else {}
 
 
 def last_json(text: str):
@@ -331,7 +335,7 @@ def export(r: Run, mode: str) -> dict:
 
 def serve(r: Run, mode: str) -> dict:
     out = r.dir / f"serve-{mode}.json"
-    ep = ["--tensor-parallel-size", str(r.a.tp), "--expert-parallel"] if r.a.tp > 1 and r.toy == "kimi-k2.5" else r.tp()
+    ep = [*r.tp(), "--expert-parallel"] if r.ep() else r.tp()
     # --timeout bounds the engine from the moment it holds the vLLM lock; the step's own bound also covers serve-
     # check's native side and its wait for the lock
     res = r.eyas(f"serve-{mode}", "serve-check", "--draft", str(r.dir / f"export-{mode}"), *r.vllm(), "--bench",
@@ -512,6 +516,8 @@ def main(argv=None) -> int:
     ap.add_argument("--size", default="full", choices=["full", "tiny"])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--ep", action=argparse.BooleanOptionalAction, default=True,
+                    help="with --tp > 1: the Kimi toy's experts split over the GPUs (vLLM's expert parallel)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rows", type=int, default=1024)
     ap.add_argument("--new-tokens", type=int, default=128)
