@@ -432,6 +432,9 @@ def start_jit(args) -> list[tuple[str, subprocess.Popen, float]]:
     logs = Path(args.work) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # ninja's compile jobs per build (FlashInfer reads MAX_JOBS as torch's extensions do): the builds together use
+    # about the host's cores, not each all of them beside the other steps (nvcc jobs take GBs of host memory each)
+    env.setdefault("MAX_JOBS", str(max(1, (os.cpu_count() or 2) // len(JIT_MODULES))))
     jobs = []
     for name, where in JIT_MODULES.items():
         mod, fn = where.split(":")
