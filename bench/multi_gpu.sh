@@ -3,7 +3,9 @@
 # resume of the real trainer on 2 processes, and extraction split over 2 ranks vs 1. JSON into $OUT.
 #   bash bench/multi_gpu.sh [OUT=bench/results/mgpu]          (GPU machine with 2 GPUs; PYTHONPATH=src is set here)
 #   TINY=1 NPROC=2 bash bench/multi_gpu.sh /tmp/mgpu          (CPU smoke run: gloo, tiny shapes)
-# STAGES="train resume extract" picks parts. Needs: torch with torchrun; eyas from src/.
+# STAGES="train resume extract" picks parts (default); STAGES=online TARGET=T PREPARED=P: the real trainer online
+# on a real target, 1 process vs NPROC (ONLINE_STEPS, ONLINE_BATCH rows per process, ONLINE_ARGS more flags).
+# Needs: torch with torchrun; eyas from src/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-bench/results/mgpu}
@@ -73,6 +75,33 @@ a, b = json.load(open(f"{out}/extract-1.json")), json.load(open(f"{out}/extract-
 s = {"bench": "multi_gpu_extract", "one": a["tokens_per_s"], "many": b["tokens_per_s"], "world": b["world"],
      "speedup": round(b["tokens_per_s"] / a["tokens_per_s"], 3), "store_valid": b["store_valid"] and a["store_valid"]}
 json.dump(s, open(f"{out}/extract-summary.json", "w"), indent=2)
+print(json.dumps(s, indent=2))
+PY
+fi
+if [[ " $STAGES " == *" online "* ]]; then
+  # The real trainer, online, on a real target (TARGET: HF dir or built-in name; PREPARED: an `eyas prepare` dir):
+  # 1 process vs NPROC at the same rows per process, tokens/s of every rank together (metrics.jsonl), the first
+  # logged window (compile, warm-up) left out.
+  : "${TARGET:?the online stage needs TARGET=...}" "${PREPARED:?the online stage needs PREPARED=...}"
+  for n in 1 "$NPROC"; do
+    stamp "online: $n process(es), ${ONLINE_STEPS:-60} steps, $TARGET"
+    $RUN "$n" -m eyas.cli train --target "$TARGET" --data "$PREPARED" --online --steps "${ONLINE_STEPS:-60}" \
+      --batch-size "${ONLINE_BATCH:-4}" --log-every "${ONLINE_LOG_EVERY:-10}" --eval-every 1000000 --eval-batches 1 \
+      --save-every 1000000 --no-progress --overwrite --out "$WORK/online-$n" ${ONLINE_ARGS:-} \
+      > "$WORK/online-$n.log" 2>&1 || { tail -30 "$WORK/online-$n.log"; exit 1; }
+  done
+  $PY - "$OUT" "$WORK" "$NPROC" "$TARGET" <<'PY'
+import json, statistics, sys
+out, work, n, target = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+def rate(k):
+    recs = [json.loads(x) for x in open(f"{work}/online-{k}/metrics.jsonl") if x.strip()]
+    tps = [r["tokens_per_s"] for r in recs if r["split"] == "train"][1:]
+    return {"tokens_per_s": round(statistics.median(tps), 1), "windows": len(tps),
+            "last_loss": [r["loss"] for r in recs if r["split"] == "train"][-1]}
+a, b = rate("1"), rate(n)
+s = {"bench": "multi_gpu_online", "target": target, "world": int(n), "one": a, "many": b,
+     "speedup": round(b["tokens_per_s"] / a["tokens_per_s"], 3)}
+json.dump(s, open(f"{out}/online-summary.json", "w"), indent=2)
 print(json.dumps(s, indent=2))
 PY
 fi
