@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from eyas.cli import main
 from eyas.data.dataset import VOCAB as VOCAB_FILE
-from test_doctor import VOCAB, llama_config, make_draft, write_target
+from tests.doctor.test_doctor import VOCAB, llama_config, make_draft, write_target
 
 UNSORTED = ["4", "2", "3"]                       # every id in range for the 6-layer target: only the order is wrong
 SORTED_RULE = "must be strictly increasing"

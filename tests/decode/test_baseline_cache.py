@@ -8,6 +8,7 @@ import pytest
 import torch
 from conftest import random_draft, tiny_llama, write_eval_dirs
 
+from eyas.decode import session
 from eyas.draft.io import save_draft
 
 evaluate = importlib.import_module("eyas.decode.evaluate")   # the package exports a function of that name
@@ -38,9 +39,9 @@ def test_second_draft_reuses_the_baseline_and_measures_the_same(dirs, tmp_path, 
     assert len(list(cache.glob("*.json"))) == 1
     plain = evaluate.run(cfg(dirs, None, draft="draft2"))              # no cache: the baseline generated
     calls = []
-    real = evaluate.ar_generate
-    monkeypatch.setattr(evaluate, "ar_generate", lambda *a, **k: calls.append(1) or real(*a, **k))
-    monkeypatch.setattr(evaluate.bcache, "DRIFT", 1e9)      # tiny CPU turns time too noisily for the real bound
+    real = session.ar_generate
+    monkeypatch.setattr(session, "ar_generate", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(session.bcache, "DRIFT", 1e9)      # tiny CPU turns time too noisily for the real bound
     cached = evaluate.run(cfg(dirs, cache, draft="draft2"))
     assert calls == [1] and cached["baseline"]["from_cache"] == 4    # one turn timed again here, nothing else
     assert cached["baseline"]["cache_check"]["used"] and cached["baseline"]["cache_check"]["same_tokens"]

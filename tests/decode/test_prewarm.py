@@ -2,7 +2,6 @@
 (decode/prewarm.py): started on the first draft a run writes after it began, never on an older one, with the
 eval's own flags."""
 
-import importlib
 import json
 import os
 import shutil
@@ -27,9 +26,9 @@ def test_cli_flags():
 
 def test_warm_only_decodes_nothing(tiny_dirs, tmp_path, monkeypatch):
     """Every setting's warm-up runs (eager: nothing to compile) and no turn is decoded or timed."""
-    E = importlib.import_module("eyas.decode.evaluate")   # (the package exports a function of that name)
+    from eyas.decode import session
     decoded = []
-    monkeypatch.setattr(E, "ar_generate", lambda *a, **k: decoded.append(a) or ([], None))
+    monkeypatch.setattr(session, "ar_generate", lambda *a, **k: decoded.append(a) or ([], None))
     out = main(["eval", "--target", str(tiny_dirs / "target"), "--draft", str(tiny_dirs / "draft"), "--bench",
                 str(tiny_dirs / "bench.jsonl"), "--device", "cpu", "--chain", "2", "--tree", "total=6,depth=3,topk=2",
                 "--warm-only", "--out", str(tmp_path / "w.json")])

@@ -14,7 +14,7 @@ from eyas import doctor
 from eyas.doctor import DoctorConfig, diagnose
 from eyas.engines.vllm import entry_points_for
 
-_spec = importlib.util.spec_from_file_location("fake_engine", Path(__file__).parent / "engines/data/fake_engine.py")
+_spec = importlib.util.spec_from_file_location("fake_engine", Path(__file__).parents[1] / "engines/data/fake_engine.py")
 fake_engine = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fake_engine)
 
@@ -181,7 +181,7 @@ def test_undiscoverable_decoder(target, monkeypatch):
         def get_input_embeddings(self):
             return self.embed
 
-    monkeypatch.setattr("eyas.doctor.build_meta", lambda config: Odd())
+    monkeypatch.setattr("eyas.doctor.target.build_meta", lambda config: Odd())
     assert "no text decoder found" in failures(diagnose(DoctorConfig(target=target)))["decoder layers"]
 
 
@@ -227,7 +227,7 @@ def test_healthy_fake_engine_passes(target, tmp_path):
 
 def test_not_enough_disk(target, tmp_path, monkeypatch):
     Usage = namedtuple("Usage", "total used free")
-    monkeypatch.setattr(doctor.shutil, "disk_usage", lambda p: Usage(1 << 40, (1 << 40) - (1 << 20), 1 << 20))
+    monkeypatch.setattr(doctor.resources.shutil, "disk_usage", lambda p: Usage(1 << 40, (1 << 40) - (1 << 20), 1 << 20))
     bad = failures(diagnose(DoctorConfig(target=target, max_samples=1000, max_length=512, store=tmp_path / "new")))
     assert "512,000 tokens" in bad["disk for store"] and "GiB free" in bad["disk for store"]
 
@@ -336,8 +336,8 @@ def test_an_unwritable_store_location_fails(target, tmp_path, monkeypatch):
     # answer for a read-only directory is stood in).
     ro = tmp_path / "ro"
     ro.mkdir()
-    real = doctor.os.access
-    monkeypatch.setattr(doctor.os, "access", lambda p, m: False if Path(p) == ro else real(p, m))
+    real = doctor.resources.os.access
+    monkeypatch.setattr(doctor.resources.os, "access", lambda p, m: False if Path(p) == ro else real(p, m))
     got = failures(diagnose(DoctorConfig(target=target, store=ro / "store", max_samples=10, max_length=64)))
     assert "not writable" in got["store location"]
 

@@ -17,10 +17,10 @@ from eyas.engines.vllm import KIMI_K25, entry_points_for
 from eyas.target import load_config
 from eyas.target.toys import build_toy, toy_tokenizer
 
-_spec = importlib.util.spec_from_file_location("fake_engine", Path(__file__).parent / "engines/data/fake_engine.py")
+_spec = importlib.util.spec_from_file_location("fake_engine", Path(__file__).parents[1] / "engines/data/fake_engine.py")
 fake_engine = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fake_engine)
-FULL = Path(__file__).parent / "target" / "data" / "kimi-k2.5-config.json"
+FULL = Path(__file__).parents[1] / "target" / "data" / "kimi-k2.5-config.json"
 
 
 @pytest.fixture(scope="module")
