@@ -1,5 +1,6 @@
-"""Structure: no import circles inside eyas, no private names imported across packages, the library never
-imports the commands that compose it, and `eyas --help` starts without torch. Read with ast, nothing imported."""
+"""Structure: no import circles inside eyas, no private names imported across packages, no module over 500 lines,
+the library never imports the commands that compose it, and `eyas --help` starts without torch. Read with ast,
+nothing imported."""
 
 import ast
 import subprocess
@@ -161,3 +162,9 @@ def test_the_package_and_the_user_docs_never_refer_to_the_lab():
     files += [ROOT / "README.md", ROOT / "pyproject.toml"]
     bad = [str(p.relative_to(ROOT)) for p in files if re.search(r"(?<![\w.])lab/", p.read_text())]
     assert not bad, bad
+
+
+def test_every_module_stays_under_500_lines():
+    # one module per concern: a module past this has become two (split it by concern, as doctor/ and decode/)
+    long = {str(p.relative_to(SRC)): n for p in MODULES.values() if (n := len(p.read_text().splitlines())) > 500}
+    assert not long, long
