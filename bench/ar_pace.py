@@ -24,7 +24,7 @@ import torch
 
 def prompts_for(tokenizer, bench: str, per_category: int) -> list[list[int]]:
     from eyas.decode.bench import load_bench
-    from eyas.decode.evaluate import turn_prompt
+    from eyas.decode.session import turn_prompt
 
     return [turn_prompt(tokenizer, {"turns": q["turns"][:1]}, []) for q in load_bench(bench, None, per_category)]
 

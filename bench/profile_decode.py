@@ -22,7 +22,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from eyas.decode.bench import load_bench
-from eyas.decode.evaluate import Session
+from eyas.decode.session import Session
 
 evaluate = importlib.import_module("eyas.decode.evaluate")  # the package exports a function of that name
 

@@ -32,7 +32,7 @@ def tiny_target(path: Path, like: str | Path) -> str:
             # Right after one of a tenth of the vocabulary, and only there: sampled turns end ~1/10 a step, and a
             # greedy one (the T=0 eval) runs until it meets one. A constant tilt would end every greedy answer at
             # once. Feature 0 (+1 on those tokens, -1 elsewhere) is ~+-8 after the final norm: EOS certain or never.
-            from eyas.decode.evaluate import turn_prompt
+            from eyas.decode.session import turn_prompt
 
             ends = torch.arange(cfg.vocab_size) % 10 == 0
             ends[turn_prompt(tok, {"turns": ["hi"]}, [])[-1]] = False   # the generation prompt's last token

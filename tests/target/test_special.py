@@ -68,7 +68,7 @@ def test_every_stage_stops_on_the_config_ids_not_the_tokenizers(qwen_dir):
     """The target loaded (eval, the hf/native regenerate backends), the spec read from config files alone (the vLLM
     regenerate backend, serve-check's engines) and the evaluate session all give one stop set."""
     from eyas.data.backends import HFBackend
-    from eyas.decode.evaluate import Session
+    from eyas.decode.session import Session
     from eyas.draft.model import Eagle3Draft, draft_config_from_target
 
     t = load_target(qwen_dir, dtype=torch.float32)

@@ -40,7 +40,8 @@ from pydantic import Field
 from eyas.config import StageConfig
 from eyas.decode.bench import load_bench
 from eyas.decode.divergence import TIE_ULPS, logit_gap
-from eyas.decode.evaluate import Session, evaluate
+from eyas.decode.evaluate import evaluate
+from eyas.decode.session import Session
 from eyas.decode.tree import TreeSpec
 from eyas.devices import resolve_device, resolve_dtype
 from eyas.draft.io import load_draft

@@ -153,7 +153,7 @@ def serve_check(r: Runner, p, kind: str) -> bool:
 def prompts(p) -> list[list[int]]:
     """The served sweep's prompts: the first turn of serve_per_category Spec-Bench questions a category."""
     from eyas.decode.bench import SPEC_BENCH, load_bench
-    from eyas.decode.evaluate import turn_prompt
+    from eyas.decode.session import turn_prompt
     from eyas.target import load_tokenizer
 
     tok = load_tokenizer(p.target)
