@@ -6,7 +6,8 @@
 Both sides generate greedily from the first turn of `--per-category` Spec-Bench questions per category (chat
 template), one request at a time, stopping at EOS or `--max-new-tokens`, and report generated tokens / wall seconds
 with prefill included (what vLLM's `LLM.generate` at batch 1 costs a user); eyas's decode-only rate and its prefill
-of a `--prefill-tokens` prompt (median of 5) are reported beside it. vLLM runs in its own environment (one engine,
+of a `--prefill-tokens` prompt (median of 5) are reported beside it, with a profile of one more prefill (the ops
+that take its time, by device and by host time: where a prefill's milliseconds go). vLLM runs in its own environment (one engine,
 `eyas.engines.speedup.measure` with no drafts) after eyas has released the GPU's memory.
 """
 from __future__ import annotations
@@ -47,6 +48,27 @@ def time_prefill(runner, prompt: list[int]) -> float:
     return time.perf_counter() - t
 
 
+def profile_prefill(runner, prompt: list[int], top: int = 15) -> dict:
+    """One prefill under torch.profiler: its wall ms, the summed device (CUDA) and host self times, and the `top`
+    ops by each."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if runner.device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        wall = time_prefill(runner, prompt)
+    ev = prof.key_averages()
+    dev = [e for e in ev if getattr(e, "self_device_time_total", 0) > 0]
+
+    def rows(key):
+        return [{"op": e.key, "calls": e.count, "ms": round(getattr(e, key) / 1e3, 3)}
+                for e in sorted(ev, key=lambda e: -getattr(e, key, 0))[:top] if getattr(e, key, 0) > 0]
+
+    return {"wall_ms": round(1e3 * wall, 3), "ops": sum(e.count for e in ev if e.key.startswith("aten::")),
+            "device_ms": round(sum(e.self_device_time_total for e in dev) / 1e3, 3),
+            "host_self_ms": round(sum(e.self_cpu_time_total for e in ev) / 1e3, 3),
+            "by_device": rows("self_device_time_total") if dev else [], "by_host": rows("self_cpu_time_total")}
+
+
 def eyas_ar(target, prompts: list[list[int]], max_new: int, prefill_tokens: int, compile_: bool) -> dict:
     from eyas.aux_layers import default_aux_layer_ids
     from eyas.decode.speculative import ar_generate, warm_ar
@@ -76,10 +98,11 @@ def eyas_ar(target, prompts: list[list[int]], max_new: int, prefill_tokens: int,
     times = []
     for _ in range(6):
         times.append(time_prefill(runner, long.tolist()))
+    prof = profile_prefill(runner, long.tolist())
     return {"tok_s": n_tok / tot, "decode_tok_s": gen / dec, "ms_per_token_decode": 1e3 * dec / gen,
             "generated_tokens": n_tok, "seconds": tot, "warm_s": warm_s,
             "prefill_ms": {"tokens": prefill_tokens, "median": 1e3 * statistics.median(times[1:]),
-                           "all": [round(1e3 * x, 3) for x in times]}}
+                           "all": [round(1e3 * x, 3) for x in times], "profile": prof}}
 
 
 def main(argv=None) -> int:

@@ -215,7 +215,9 @@ class TargetRunner:
         if self._takes_cache_position:
             kw["cache_position"] = slots
         if last_only and self._takes_logits_to_keep:  # a prefill needs the last row's logits only
-            kw["logits_to_keep"] = 1
+            # as an index, not the int 1: the int's slice is a strided view that sends the lm_head's matmul down
+            # its batched path, which copies the whole [H, V] weight transposed on every prefill
+            kw["logits_to_keep"] = torch.full((1,), tokens.shape[0] - 1, device=tokens.device)
         logits = self.model(**kw).logits[0]
         return logits.float(), self._cap.aux[0]
 

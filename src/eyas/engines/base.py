@@ -82,6 +82,7 @@ class Engine(Protocol):
     label: str                # "vLLM" | "SGLang"
     export_format: str        # the `eyas export --format` it serves
     trees: bool               # serves topk > 1 (vLLM removed tree drafting; SGLang keeps it)
+    starts_one_at_a_time: bool  # engines sharing a GPU must not load side by side (the speedup sweep's waves)
     python: Path              # its environment's interpreter
     worker: Path              # its serve worker script (serve, generate, bench mode)
 

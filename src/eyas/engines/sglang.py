@@ -87,6 +87,9 @@ class SglangAdapter(WorkerEngine):
     export_format = "sglang"
     dtypes = ("bf16",)   # sgl_kernel's RMSNorm has no fp32 kernel ("failed to dispatch data type Float")
     trees = True
+    # its memory profiler charges what a neighbour takes while this engine loads against this engine's KV budget
+    # (`mem_fraction_static` of the memory free before its own load): engines sharing a GPU start one by one
+    starts_one_at_a_time = True
 
     def engine_request(self, target: str, export: str | None, spec: TreeSpec | None, *, dtype: str,
                        max_model_len: int, seed: int = 0, enforce_eager: bool = True,

@@ -7,7 +7,9 @@ round-robin over the GPUs; on each GPU they run in waves of `engines_per_gpu` en
 (compile, graph capture) takes minutes and its timing well under one, so a wave's engines start side by side,
 wait at a barrier until all of the wave are up (or have failed), then take turns timing under one lock per GPU;
 the next wave starts when the last one has finished. Start-ups overlap; a timing never overlaps another
-engine's start-up or timing on its GPU.
+engine's start-up or timing on its GPU. An engine whose memory sizing cannot see its neighbours
+(`Engine.starts_one_at_a_time`: SGLang charges every byte that another engine takes while it loads against its
+own KV budget) starts each engine of a wave only once the one before it is up or has failed.
 
 The report is what a user asks before serving a draft: tokens/s at batch 1, 8, 32 for each speculation, the
 speedup over the plain target at the same batch, the engine's own τ and per-position acceptance, whether the
@@ -77,6 +79,14 @@ def summarize(base: dict | None, spec: dict[TreeSpec | int, dict], stats: Callab
             "best_by_batch": {str(b): {k: r[k] for k in keep if k in r} for b, r in sorted(best.items())}}
 
 
+def wait_until_up(wave_dir: Path, job: tuple, poll_s: float = 0.5) -> None:
+    """Block until the started `job` (name, future) is up (its worker wrote `<name>.ready` at the barrier), has
+    failed (`.failed`) or has ended."""
+    name, fut = job
+    while not fut.done() and not any((wave_dir / f"{name}{ext}").exists() for ext in (".ready", ".failed")):
+        time.sleep(poll_s)
+
+
 PER_ENGINE = ("gpu", "startup_s", "wait_s", "measure_s", "rounds", "wall_s", "barrier_timed_out", "start_after_s",
               "start_after_timed_out", "gpu_memory_utilization", "kv_cache_memory_bytes")
 
@@ -113,6 +123,7 @@ def measure(engine: Engine, target: str, export: str, prompts: list[list[int]], 
     n = max(1, engines_per_gpu)
     memory = engine.share_memory(jobs, target, n, max(batch_sizes), max_model_len, dtype)  # before any start
     done, one_at_a_time, t_sweep = {}, threading.Lock(), time.perf_counter()
+    one_by_one = n > 1 and bool(getattr(engine, "starts_one_at_a_time", False))
 
     def one(name: str, g: int, wave_dir: Path, count: int) -> None:
         request = engine.bench_request(target, jobs[name], todo.get(name), dtype=dtype, max_model_len=max_model_len,
@@ -141,7 +152,13 @@ def measure(engine: Engine, target: str, export: str, prompts: list[list[int]], 
             wave, wave_dir = mine[w:w + n], tmp / f"gpu{g}-wave{w // n}"
             wave_dir.mkdir()
             with ThreadPoolExecutor(len(wave)) as pool:
-                list(pool.map(lambda name: one(name, g, wave_dir, len(wave)), wave))
+                started = []
+                for name in wave:
+                    if started and one_by_one:
+                        wait_until_up(wave_dir, started[-1])
+                    started.append((name, pool.submit(one, name, g, wave_dir, len(wave))))
+                for _, fut in started:
+                    fut.result()
 
     with TemporaryDirectory(prefix=f"eyas-{engine.name}-speedup-") as tmp, ThreadPoolExecutor(len(gpus)) as pool:
         list(pool.map(lambda g: lane(g, Path(tmp)), range(len(gpus))))

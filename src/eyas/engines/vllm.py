@@ -354,6 +354,7 @@ class VllmAdapter(WorkerEngine):
     worker = Path(__file__).with_name("vllm_serve_worker.py")
     export_format = "vllm"
     trees = False
+    starts_one_at_a_time = False  # an explicit KV size each (share_memory): side by side start-ups are safe
 
     def env(self) -> dict[str, str]:
         return worker_env()

@@ -1,0 +1,28 @@
+"""bench/ar_pace.py on the CPU with a tiny target: eyas's AR rate, its prefill timings and the profile of one
+prefill (where its milliseconds go) land in the JSON."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+from tests.target.fixtures import write_hf_dir
+
+BENCH = Path(__file__).parents[2] / "bench" / "ar_pace.py"
+
+
+def test_ar_pace_reports_the_rate_and_a_prefill_profile(tmp_path):
+    spec = importlib.util.spec_from_file_location("bench_ar_pace", BENCH)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    target = write_hf_dir(tmp_path / "t")
+    out = tmp_path / "ar.json"
+    assert bench.main(["--target", str(target), "--device", "cpu", "--per-category", "1", "--max-new-tokens", "4",
+                       "--prefill-tokens", "32", "--no-compile", "--out", str(out)]) == 0
+    eyas = json.loads(out.read_text())["eyas"]
+    assert eyas["tok_s"] > 0 and eyas["generated_tokens"] > 0
+    prof = eyas["prefill_ms"]["profile"]
+    assert prof["wall_ms"] > 0 and prof["ops"] > 0 and prof["device_ms"] == 0 and prof["by_device"] == []
+    ops = {r["op"] for r in prof["by_host"]}
+    assert "aten::mm" in ops and "aten::bmm" not in ops
