@@ -32,15 +32,14 @@ if [ "${1:-}" = tick ]; then
   # speedup runs serve it). By default it comes before the end of kimi: kimi starts with vLLM's parts, is stopped
   # when timed can start and resumes after it (its first results close issue 40; kimi, ≈ 12 min, is what a short
   # session can lose); KIMI_FIRST=1 lets kimi finish first, as on 2026-12-05.
+  # NO_Q15=1: a session that carries p0-p10 only (no 1.5B): timed then skips the 1.5B's AR pace
+  q15_ready() { [ "${NO_Q15:-0}" = 1 ] || { have qwen15 && ended convert; }; }
+  timed_ready() { have vllm sglang && q15_ready && ok sgl_train && done_or_skipped gputests && \
+                    { ! sgl_check_asked || ended sgl_check; }; }
   if [ "${KIMI_FIRST:-0}" = 1 ]; then
-    have eyas-deps vllm-deps vllm && lane kimi
-    have vllm sglang qwen15 && ok sgl_train && ended gputests kimi convert && \
-      { ! sgl_check_asked || ended sgl_check; } && lane timed
+    want kimi && have eyas-deps vllm-deps vllm && lane kimi
+    timed_ready && done_or_skipped kimi && lane timed
   else
-    # NO_Q15=1: a short session carries p0-p10 only (no 1.5B): timed then skips the 1.5B's AR pace
-    q15_ready() { [ "${NO_Q15:-0}" = 1 ] || { have qwen15 && ended convert; }; }
-    timed_ready() { have vllm sglang && q15_ready && ok sgl_train && done_or_skipped gputests && \
-                      { ! sgl_check_asked || ended sgl_check; }; }
     if timed_ready && ! ended timed; then
       running kimi && bash lab/lanes.sh stop kimi   # timed alone; kimi resumes after it from its state.json
       lane timed
@@ -100,19 +99,22 @@ for k, v in sd.items() if k != 'embed_tokens.weight'}, sys.argv[2])" /tmp/run-s/
               # 5.17: the stop-tokens check must name <|im_end|>)
     python3 bench/convert.py --target qwen2.5-coder-1.5b --device cuda --out $R/convert-q15-h200.json
     $E doctor --target qwen2.5-coder-1.5b --json > $R/doctor-q15.json ;;
-  timed)      # alone on the GPU, in order of need (what closes an issue first)
+  timed)      # alone on the GPU, in order of need (what closes an issue first); TIMED="sglang ar_smol" runs a subset
+              # of: sglang (SGLang tree + chain, its AR), vllm (vLLM's chain, its AR), ar_q15, ar_smol (AR pace + prefill)
+    t() { case " ${TIMED:-sglang vllm ar_q15 ar_smol} " in *" $1 "*) return 0 ;; esac; return 1; }
     [ -d /tmp/x-sgl ] || $E export --draft /tmp/run-s --format sglang --out /tmp/x-sgl
-    $E export --draft /tmp/run-s --format vllm --chain 3 --out /tmp/x-vllm-k3
-    python3 bench/vllm_speedup.py --engine sglang --target /tmp/smol-hf --export /tmp/x-sgl --python /tmp/spy \
-        --chains 3 --trees total=60,depth=7,topk=10 --batch-sizes 1 8 --per-category 2 --max-new-tokens 256 \
-        --engines-per-gpu 3 --out $R/speedup_sglang.json
-    python3 bench/vllm_speedup.py --engine vllm --target /tmp/smol-hf --export '/tmp/x-vllm-k{k}' --python /tmp/vpy \
-        --chains 3 --batch-sizes 1 8 --per-category 2 --max-new-tokens 256 --engines-per-gpu 2 \
+    t vllm && $E export --draft /tmp/run-s --format vllm --chain 3 --out /tmp/x-vllm-k3
+    t sglang && python3 bench/vllm_speedup.py --engine sglang --target /tmp/smol-hf --export /tmp/x-sgl \
+        --python /tmp/spy --chains 3 --trees total=60,depth=7,topk=10 --batch-sizes 1 8 --per-category 2 \
+        --max-new-tokens 256 --engines-per-gpu 3 --out $R/speedup_sglang.json
+    t vllm && python3 bench/vllm_speedup.py --engine vllm --target /tmp/smol-hf --export '/tmp/x-vllm-k{k}' \
+        --python /tmp/vpy --chains 3 --batch-sizes 1 8 --per-category 2 --max-new-tokens 256 --engines-per-gpu 2 \
         --out $R/speedup_vllm.json
-    [ -e "${CARRY_DIR:-/tmp/eyas-carry}/installed.qwen15" ] &&
+    t ar_q15 && [ -e "${CARRY_DIR:-/tmp/eyas-carry}/installed.qwen15" ] &&
     python3 bench/ar_pace.py --target qwen2.5-coder-1.5b --device cuda --per-category 2 --max-new-tokens 256 \
         --vllm-python /tmp/vpy --out $R/ar_pace_q15.json
-    python3 bench/ar_pace.py --target /tmp/smol-hf --device cuda --per-category 2 --max-new-tokens 256 \
-        --vllm-python /tmp/vpy --out $R/ar_pace_smol.json ;;
+    t ar_smol && python3 bench/ar_pace.py --target /tmp/smol-hf --device cuda --per-category 2 --max-new-tokens 256 \
+        --vllm-python /tmp/vpy --out $R/ar_pace_smol.json
+    true ;;
   *) sed -n '2,8p' "$0"; exit 2 ;;
 esac

@@ -68,3 +68,14 @@ def test_skipped_lanes_never_start_and_count_as_ended(tmp_path):
     assert _tick(tmp_path / "carry", have, {}, env=short) == ["sgl_train"]
     assert "timed" in _tick(tmp_path / "ready", have, {"sgl_train": 0}, env=short)
     assert "kimi" not in _tick(tmp_path / "after", have, {"sgl_train": 0, "timed": 0}, env=short)
+
+
+def test_the_kimi_first_short_form_waits_for_kimi_only(tmp_path):
+    """`KIMI_FIRST=1 NO_Q15=1 SKIP="gputests convert"` (p0-p10: the Kimi toy's vLLM steps, then a subset of timed):
+    timed waits for kimi and a trained draft, not for the skipped lanes or the 1.5B."""
+    have = ["eyas-deps", "vllm-deps", "vllm", "model", "sharegpt", "sglang"]
+    env = {"KIMI_FIRST": "1", "NO_Q15": "1", "SKIP": "gputests convert"}
+    assert _tick(tmp_path / "start", have, {}, env=env) == ["sgl_train", "kimi"]
+    assert "timed" not in _tick(tmp_path / "kimi-running", have, {"sgl_train": 0}, env=env)
+    assert "timed" in _tick(tmp_path / "kimi-done", have, {"sgl_train": 0, "kimi": 0}, env=env)
+    assert "timed" in _tick(tmp_path / "kimi-failed", have, {"sgl_train": 0, "kimi": 1}, env=env)
