@@ -7,7 +7,8 @@ Both sides generate greedily from the first turn of `--per-category` Spec-Bench 
 template), one request at a time, stopping at EOS or `--max-new-tokens`, and report generated tokens / wall seconds
 with prefill included (what vLLM's `LLM.generate` at batch 1 costs a user); eyas's decode-only rate and its prefill
 of a `--prefill-tokens` prompt (median of 5) are reported beside it, with a profile of one more prefill (the ops
-that take its time, by device and by host time: where a prefill's milliseconds go). vLLM runs in its own environment (one engine,
+that take its time, by device and by host time: where a prefill's milliseconds go); on the GPU the same for the
+eager prefill that the graphed one replaces (`eager_*`). vLLM runs in its own environment (one engine,
 `eyas.engines.speedup.measure` with no drafts) after eyas has released the GPU's memory.
 """
 from __future__ import annotations
@@ -35,15 +36,14 @@ def _as_list(x) -> list:
 
 
 def time_prefill(runner, prompt: list[int]) -> float:
-    """Seconds of one eager prefill of `prompt` (last row's logits only), as the decoders run it."""
-    dev, n = runner.device, len(prompt)
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    ar = torch.arange(n, device=dev)
-    anc = torch.ones(n, n, dtype=torch.bool, device=dev).tril()
+    """Seconds of one prefill of `prompt` as the decoders run it (eyas.decode.prefill: CUDA graphs of padded
+    chunks on the GPU unless EYAS_PREFILL_GRAPHS=0, eager at the prompt's length elsewhere)."""
+    from eyas.decode.prefill import prefill
+
+    sync = torch.cuda.synchronize if runner.device.type == "cuda" else (lambda: None)
     sync()
     t = time.perf_counter()
-    runner.step(torch.tensor(prompt, device=dev), ar, ar, torch.tensor(0, device=dev), anc, kv_len=runner.bucket(n),
-                eager=True, last_only=True)
+    prefill(runner, prompt)
     sync()
     return time.perf_counter() - t
 
@@ -95,14 +95,17 @@ def eyas_ar(target, prompts: list[list[int]], max_new: int, prefill_tokens: int,
         dec += st.t_total - st.t_prefill
         gen += st.new_tokens - 1
     long = torch.randint(0, target.layout.vocab_size, (prefill_tokens,), generator=torch.Generator().manual_seed(0))
-    times = []
-    for _ in range(6):
-        times.append(time_prefill(runner, long.tolist()))
-    prof = profile_prefill(runner, long.tolist())
+    prefill = {"tokens": prefill_tokens, "graphed": runner.graph_prefill}
+    modes = [("", runner.graph_prefill)] + ([("eager_", False)] if runner.graph_prefill else [])
+    for tag, graphed in modes:   # the decoders' prefill, then (on the GPU) the eager one it replaces, same process
+        runner.graph_prefill = graphed
+        times = [time_prefill(runner, long.tolist()) for _ in range(6)]
+        prefill.update({f"{tag}median": 1e3 * statistics.median(times[1:]),
+                        f"{tag}all": [round(1e3 * x, 3) for x in times],
+                        f"{tag}profile": profile_prefill(runner, long.tolist())})
+    runner.graph_prefill = modes[0][1]
     return {"tok_s": n_tok / tot, "decode_tok_s": gen / dec, "ms_per_token_decode": 1e3 * dec / gen,
-            "generated_tokens": n_tok, "seconds": tot, "warm_s": warm_s,
-            "prefill_ms": {"tokens": prefill_tokens, "median": 1e3 * statistics.median(times[1:]),
-                           "all": [round(1e3 * x, 3) for x in times], "profile": prof}}
+            "generated_tokens": n_tok, "seconds": tot, "warm_s": warm_s, "prefill_ms": prefill}
 
 
 def main(argv=None) -> int:

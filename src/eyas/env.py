@@ -35,6 +35,8 @@ SWITCHES: dict[str, Switch] = {
     "EYAS_DECODE_INNER": Switch("compiled", "diagnosis", "what the decoder's CUDA graphs capture: compiled "
                                                           "(torch.compile'd steps) or eager"),
     "EYAS_DECODE_GRAPHS": Switch("1", "diagnosis", "0: decode rounds without CUDA graphs"),
+    "EYAS_PREFILL_GRAPHS": Switch("1", "diagnosis", "0: prefills run eagerly at the prompt's length instead of "
+                                                    "as CUDA graphs of padded chunks"),
     "EYAS_DECODE_MIN_BUCKET": Switch("1024", "diagnosis", "smallest KV bucket of the compiled decoder; "
                                                           "`eyas eval --min-bucket` wins"),
     "EYAS_DRAFT_CACHE": Switch("inplace", "diagnosis", "copy: draft levels concatenate their KV cache instead "

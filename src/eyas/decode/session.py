@@ -100,6 +100,8 @@ class Session:
                 runner.compile()
                 if _INNER == "compiled":
                     runner.compile_inner()
+            else:
+                runner.graph_prefill = False   # eager means eager: nothing captured on first use in a timed turn
             self._reuse["runner"] = runner
         self.runner: TargetRunner = self._reuse["runner"]
         self.baseline: dict[tuple, tuple[list[int], GenStats]] = {}

@@ -17,6 +17,7 @@ from functools import partial
 import torch
 
 from eyas.decode.autoregressive import GraphedAR, graphed_generate
+from eyas.decode.prefill import GraphedPrefill, prefill
 from eyas.decode.target_step import TargetRunner
 from eyas.decode.tree import Tree, accept_path, greedy_accept, sample_accept, sample_rows, tree_masks
 
@@ -74,17 +75,6 @@ def _device_sampler(temperature: float, generator: torch.Generator | None, dev: 
     return lambda logits: int(sample_rows(logits, temperature, torch.empty_like(logits).exponential_(generator=gen))[0])
 
 
-def _prefill(runner: TargetRunner, prompt: list[int]):
-    dev = runner.device
-    n = len(prompt)
-    if n + 1 > runner.capacity:
-        raise ValueError(f"prompt of {n} tokens does not fit the KV capacity {runner.capacity}")
-    ar = torch.arange(n, device=dev)
-    anc = torch.ones(n, n, dtype=torch.bool, device=dev).tril()
-    return runner.step(torch.tensor(prompt, device=dev), ar, ar, torch.tensor(0, device=dev), anc,
-                       kv_len=runner.bucket(n), eager=True, last_only=True)
-
-
 def _ar_step(runner: TargetRunner, token: int, L: int, anc: torch.Tensor):
     """The baseline's step: with L tokens committed, the last one at slot (= position) L - 1."""
     dev = runner.device
@@ -97,6 +87,8 @@ def _ar_step(runner: TargetRunner, token: int, L: int, anc: torch.Tensor):
 def warm_ar(runner: TargetRunner, calls: int = 3, *, graphs: bool = True, temperature: float = 0.0) -> None:
     """Compile (and capture) the baseline step at every KV bucket, outside timed runs.
     Writes only slots that no generation has committed (between generations, none is)."""
+    if runner.graph_prefill:
+        GraphedPrefill.for_runner(runner).warm()
     if graphs and runner.device.type == "cuda":
         GraphedAR.for_runner(runner).warm(temperature)
         return
@@ -129,7 +121,7 @@ def ar_generate(runner: TargetRunner, prompt: list[int], max_new_tokens: int, *,
     stats, eos, dev = GenStats(), set(eos_ids), runner.device
     _sync(dev)
     t0 = time.perf_counter()
-    logits, _ = _prefill(runner, prompt)
+    logits, _ = prefill(runner, prompt)
     seq = list(prompt) + [_first_token(logits[-1], temperature, generator)]
     _sync(dev)
     stats.t_prefill = time.perf_counter() - t0
@@ -168,7 +160,7 @@ class HostSpecDecoder:
         st.accepted_at = [0] * depth
         _sync(dev)
         t0 = time.perf_counter()
-        logits, aux = _prefill(runner, prompt)
+        logits, aux = prefill(runner, prompt)
         seq = list(prompt) + [_first_token(logits[-1], self.temperature, generator)]
         self.proposer.observe(seq, aux, 0)
         _sync(dev)
@@ -374,7 +366,7 @@ class SpecDecoder:
                     self._warm(b)
 
     def _prefill(self, prompt: list[int], generator) -> list[int]:
-        logits, aux = _prefill(self.runner, prompt)
+        logits, aux = prefill(self.runner, prompt)
         seq = list(prompt) + [_first_token(logits[-1], self.temperature, generator)]
         self.seq[:len(seq)] = torch.tensor(seq, device=self.device)
         self.L.fill_(len(seq))

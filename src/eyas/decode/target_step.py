@@ -33,6 +33,7 @@ from contextlib import ExitStack
 import torch
 from torch import nn
 
+from eyas import env
 from eyas.devices import varying_shape_attention
 from eyas.target.capture import capture
 from eyas.target.layers import Layout
@@ -161,6 +162,8 @@ class TargetRunner:
         self._hooks = ExitStack()
         self._cap = self._hooks.enter_context(capture(layout, self.aux_ids, last=False))
         self._compiled = None
+        # prefills as CUDA graphs of padded chunks (decode/prefill.py); eager sessions turn it off
+        self.graph_prefill = self.device.type == "cuda" and env.get("EYAS_PREFILL_GRAPHS") != "0"
         self.inner_step = self._step  # what the speculative decoder's own CUDA graphs capture
         self.inner_compiled = False
 
@@ -206,7 +209,8 @@ class TargetRunner:
         slid = torch.zeros_like(full[0, 0]).masked_fill(~(see & near), neg)[None, None]
         return {t: (slid if "sliding" in t else full) for t in self._mask_types}
 
-    def _step(self, tokens, positions, slots, ctx_len, anc, kv_len: int | None = None, last_only: bool = False):
+    def _step(self, tokens, positions, slots, ctx_len, anc, kv_len: int | None = None,
+              keep: torch.Tensor | None = None):
         kv_len = kv_len or self.capacity  # a static int: one specialization per bucket when compiled
         self.cache.slots, self.cache.kv_len = slots, kv_len
         kw = {"input_ids": tokens[None], "position_ids": positions[None],
@@ -214,24 +218,29 @@ class TargetRunner:
               self._cache_kw: self.cache, "use_cache": True}
         if self._takes_cache_position:
             kw["cache_position"] = slots
-        if last_only and self._takes_logits_to_keep:  # a prefill needs the last row's logits only
-            # as an index, not the int 1: the int's slice is a strided view that sends the lm_head's matmul down
-            # its batched path, which copies the whole [H, V] weight transposed on every prefill
-            kw["logits_to_keep"] = torch.full((1,), tokens.shape[0] - 1, device=tokens.device)
-        logits = self.model(**kw).logits[0]
+        logits = self.model(**kw, **self._keep(keep)).logits[0]
+        if keep is not None and not self._takes_logits_to_keep:
+            logits = logits.index_select(0, keep)
         return logits.float(), self._cap.aux[0]
+
+    def _keep(self, keep: torch.Tensor | None) -> dict:
+        # rows whose logits a prefill needs (an index tensor [r]): as an index, not the int 1, whose slice is a
+        # strided view that sends the lm_head's matmul down its batched path, copying the whole [H, V] weight
+        return {"logits_to_keep": keep} if keep is not None and self._takes_logits_to_keep else {}
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, ctx_len: torch.Tensor,
              anc: torch.Tensor, *, kv_len: int | None = None, eager: bool = False,
-             last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+             last_only: bool = False, keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens/positions/slots [T] long, ctx_len 0-d long, anc bool [T, T] (row i sees column j's slot);
         kv_len: attend over slots [0, kv_len) only (a `bucket`, above every slot used; default capacity).
-        Returns (logits [T, V] fp32 — [1, V], the last row's, with last_only — aux [T, k, H]). Outputs of a
-        compiled call are graph-owned:
-        consume (or clone) them before the next call."""
+        Returns (logits [T, V] fp32 — [r, V] for the rows of `keep` [r] (eager only), [1, V], the last row's,
+        with last_only — aux [T, k, H]). Outputs of a compiled call are graph-owned: consume (or clone) them
+        before the next call."""
+        if last_only and keep is None:
+            keep = torch.full((1,), tokens.shape[0] - 1, device=tokens.device)
         if eager or self._compiled is None:  # prefills: a new length per prompt (see varying_shape_attention)
             with varying_shape_attention():
-                return self._step(tokens, positions, slots, ctx_len, anc, kv_len, last_only)
+                return self._step(tokens, positions, slots, ctx_len, anc, kv_len, keep)
         torch.compiler.cudagraph_mark_step_begin()
         return self._compiled(tokens, positions, slots, ctx_len, anc, kv_len)

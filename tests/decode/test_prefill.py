@@ -1,0 +1,62 @@
+"""The prefill in padded chunks (what the GPU replays as CUDA graphs; run eagerly here) equals the prefill at the
+prompt's own length: last-row logits, every row's aux states, the KV slots of the prompt, and what decoding
+after it generates."""
+
+import pytest
+import torch
+
+from eyas.decode.prefill import GraphedPrefill, chunks, prefill
+from eyas.decode.speculative import ar_generate
+from eyas.decode.target_step import TargetRunner
+from eyas.target import wrap_model
+
+from conftest import tiny_llama
+
+WIDTHS = (4, 8, 16)
+
+
+def test_chunks_pad_the_last_one_to_the_next_width_and_fall_back_near_the_capacity():
+    assert chunks(3, 64, WIDTHS) == [(0, 3, 4)]
+    assert chunks(16, 64, WIDTHS) == [(0, 16, 16)]
+    assert chunks(37, 64, WIDTHS) == [(0, 16, 16), (16, 16, 16), (32, 5, 8)]
+    assert chunks(37, 38, WIDTHS) == [(0, 16, 16), (16, 16, 16), (32, 5, None)]   # 32 + 8 > 38: eager, 5 rows
+    assert chunks(0, 64, WIDTHS) == []
+
+
+def runners(capacity=64):
+    model = tiny_llama(seed=4).requires_grad_(False)
+    target = wrap_model(model)
+    make = lambda: TargetRunner(model, target.layout, [1, 2], capacity, min_bucket=16)   # noqa: E731
+    exact, padded = make(), make()
+    padded.graph_prefill = True
+    padded._graphed_prefill = GraphedPrefill(padded, WIDTHS)
+    return exact, padded
+
+
+@pytest.mark.parametrize("n", [1, 5, 16, 37, 62])
+def test_padded_chunks_equal_the_prefill_at_the_prompts_length(n):
+    exact, padded = runners()
+    assert not exact.graph_prefill   # the CPU default
+    prompt = torch.randint(0, 64, (n,), generator=torch.Generator().manual_seed(n)).tolist()
+    logits, aux = prefill(exact, prompt)
+    p_logits, p_aux = prefill(padded, prompt)
+    V, H = exact.layout.vocab_size, exact.layout.lm_head.weight.shape[1]
+    assert p_logits.shape == logits.shape == (1, V) and p_aux.shape == aux.shape == (n, 2, H)
+    torch.testing.assert_close(p_logits, logits, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(p_aux, aux, rtol=1e-4, atol=1e-5)
+    kv, p_kv = exact.cache.kv, padded.cache.kv
+    torch.testing.assert_close(p_kv[..., :n, :], kv[..., :n, :], rtol=1e-4, atol=1e-5)
+
+
+def test_decoding_after_a_padded_prefill_is_the_same():
+    exact, padded = runners()
+    prompt = torch.randint(0, 64, (21,), generator=torch.Generator().manual_seed(7)).tolist()
+    out, _ = ar_generate(exact, prompt, 20, graphs=False)
+    p_out, _ = ar_generate(padded, prompt, 20, graphs=False)
+    assert p_out == out
+
+
+def test_a_prompt_past_the_capacity_is_refused():
+    exact, padded = runners(capacity=16)
+    with pytest.raises(ValueError, match="does not fit the KV capacity 16"):
+        prefill(padded, list(range(16)))
