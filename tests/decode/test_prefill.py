@@ -29,7 +29,7 @@ def runners(capacity=64):
     make = lambda: TargetRunner(model, target.layout, [1, 2], capacity, min_bucket=16)   # noqa: E731
     exact, padded = make(), make()
     padded.graph_prefill = True
-    padded._graphed_prefill = GraphedPrefill(padded, WIDTHS)
+    padded.attached(GraphedPrefill).widths = WIDTHS
     return exact, padded
 
 

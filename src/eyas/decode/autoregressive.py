@@ -40,10 +40,7 @@ class GraphedAR:
 
     @staticmethod
     def for_runner(runner: TargetRunner) -> "GraphedAR":
-        ar = getattr(runner, "_graphed_ar", None)
-        if ar is None:
-            ar = runner._graphed_ar = GraphedAR(runner)
-        return ar
+        return runner.attached(GraphedAR)
 
     def _step(self, kv_len: int, sampled: bool) -> None:
         L = self.L

@@ -47,10 +47,7 @@ class GraphedPrefill:
 
     @staticmethod
     def for_runner(runner: TargetRunner) -> "GraphedPrefill":
-        gp = getattr(runner, "_graphed_prefill", None)
-        if gp is None:
-            gp = runner._graphed_prefill = GraphedPrefill(runner)
-        return gp
+        return runner.attached(GraphedPrefill)
 
     def _buffers(self, w: int) -> tuple[torch.Tensor, ...]:
         """Static inputs of every graph of width w: tokens, positions (= slots), ctx_len, the kept row, and the

@@ -167,6 +167,13 @@ class TargetRunner:
         self.inner_step = self._step  # what the speculative decoder's own CUDA graphs capture
         self.inner_compiled = False
 
+    def attached(self, kind: type):
+        """The one `kind(self)` this runner keeps (its graphed AR, its graphed prefill): made on first ask."""
+        made = self.__dict__.setdefault("_attached", {})
+        if kind not in made:
+            made[kind] = kind(self)
+        return made[kind]
+
     def bucket(self, n: int) -> int:
         """The KV length a step whose slots are all < n attends over: the smallest bucket >= n."""
         if n > self.capacity:
