@@ -60,3 +60,19 @@ def test_a_prompt_past_the_capacity_is_refused():
     exact, padded = runners(capacity=16)
     with pytest.raises(ValueError, match="does not fit the KV capacity 16"):
         prefill(padded, list(range(16)))
+
+
+def test_a_forward_that_cannot_be_captured_turns_the_graphs_off_and_prefills_eagerly(monkeypatch):
+    exact, padded = runners()
+    gp = padded.attached(GraphedPrefill)
+
+    def refuses(*a, **k):
+        raise RuntimeError("operation not permitted when stream is capturing\nmore")
+    monkeypatch.setattr(gp, "run", refuses)
+    prompt = list(range(1, 30))
+    with pytest.warns(RuntimeWarning, match="prefills run eagerly from now on"):
+        logits, aux = prefill(padded, prompt)
+    assert not padded.graph_prefill and padded.prefill_graph_error.startswith("RuntimeError: operation not permitted")
+    e_logits, e_aux = prefill(exact, prompt)
+    torch.testing.assert_close(logits, e_logits)
+    torch.testing.assert_close(aux, e_aux)

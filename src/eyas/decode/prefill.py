@@ -13,6 +13,7 @@ would pass the capacity runs eagerly at its own length, as the whole prompt does
 
 from __future__ import annotations
 
+import warnings
 from bisect import bisect_left
 
 import torch
@@ -110,11 +111,14 @@ class GraphedPrefill:
         if not self.capture:
             return
         cap, top = self.runner.capacity, self.widths[-1]
-        for s in range(0, cap, top):
-            for w in self.widths:
-                if s + w <= cap and (w, self.runner.bucket(s + w)) not in self._graphs:
-                    self._load(w, torch.zeros(1, dtype=torch.long, device=self.runner.device), s)
-                    self._graph(w, self.runner.bucket(s + w))
+        try:
+            for s in range(0, cap, top):
+                for w in self.widths:
+                    if s + w <= cap and (w, self.runner.bucket(s + w)) not in self._graphs:
+                        self._load(w, torch.zeros(1, dtype=torch.long, device=self.runner.device), s)
+                        self._graph(w, self.runner.bucket(s + w))
+        except RuntimeError as e:
+            _graphs_off(self.runner, e)
 
 
 def _eager(runner: TargetRunner, tokens: torch.Tensor, s: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -133,10 +137,20 @@ def prefill(runner: TargetRunner, prompt: list[int]) -> tuple[torch.Tensor, torc
     if n + 1 > runner.capacity:
         raise ValueError(f"prompt of {n} tokens does not fit the KV capacity {runner.capacity}")
     toks = torch.tensor(prompt, device=runner.device)
-    if not runner.graph_prefill:
-        return _eager(runner, toks, 0)
-    gp, auxs = GraphedPrefill.for_runner(runner), []
-    for s, m, w in chunks(n, runner.capacity, gp.widths):
-        logits, aux = gp.run(toks[s:s + m], s, w) if w else _eager(runner, toks[s:s + m], s)
-        auxs.append(aux)
-    return logits, torch.cat(auxs) if len(auxs) > 1 else auxs[0]
+    if runner.graph_prefill:
+        try:
+            gp, auxs = GraphedPrefill.for_runner(runner), []
+            for s, m, w in chunks(n, runner.capacity, gp.widths):
+                logits, aux = gp.run(toks[s:s + m], s, w) if w else _eager(runner, toks[s:s + m], s)
+                auxs.append(aux)
+            return logits, torch.cat(auxs) if len(auxs) > 1 else auxs[0]
+        except RuntimeError as e:   # a forward that syncs the host (some MoE dispatch) cannot be captured
+            _graphs_off(runner, e)
+    return _eager(runner, toks, 0)
+
+
+def _graphs_off(runner: TargetRunner, error: Exception) -> None:
+    runner.graph_prefill = False
+    runner.prefill_graph_error = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    warnings.warn(f"prefills run eagerly from now on: their CUDA graph could not be captured "
+                  f"({runner.prefill_graph_error})", RuntimeWarning, stacklevel=3)
