@@ -80,3 +80,25 @@ def test_malformed_table_is_named(tmp_path):
     bad.write_text("{")
     with pytest.raises(ValueError, match=r"t.json: not a vLLM reference table"):
         vr.read_table(bad)
+
+
+def test_the_1p5b_row_is_its_ar_pace_run():
+    """The 1.5B's batch-1 row is what rows_from_ar_pace makes of the recorded bench/ar_pace.py run; a run whose
+    vLLM half did not happen makes none."""
+    pace_path = REPO / "bench" / "results" / "gpu-h200-2026-12-05d" / "ar_pace_q15.json"
+    pace = json.loads(pace_path.read_text())
+    q = Qwen2Config(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+                    intermediate_size=8960, vocab_size=151936, tie_word_embeddings=False)
+    made = vr.rows_from_ar_pace(pace, model="qwen2.5-coder-1.5b", arch=vr.arch_key(q),
+                                source=str(pace_path.relative_to(REPO)))
+    assert made == [r for r in vr.read_table() if r["model"] == "qwen2.5-coder-1.5b"]
+    row = vr.lookup(q, "NVIDIA H200", "bfloat16", batch=1)
+    assert row["ar_tokens_per_s"] == 360.5 and row["vllm"] == "0.26.0" and row["spec"] == {}
+    assert vr.expected_in_vllm(row, 3, 3.0) is None   # no chain measured yet: no expectation, only "vs vLLM AR"
+    assert vr.versus(400.0, row) == pytest.approx(400.0 / 360.5)
+    assert vr.rows_from_ar_pace({k: v for k, v in pace.items() if k != "vllm"}, model="m", arch="a") == []
+
+
+def test_a_sweep_names_its_engine_version():
+    sweep = {"base_tok_s": {"1": 100.0}, "rows": [], "engine": "vllm", "engine_version": "0.26.0"}
+    assert vr.rows_from_sweep(sweep, model="m", arch="a", gpu="g")[0]["vllm"] == "0.26.0"

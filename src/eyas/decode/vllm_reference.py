@@ -99,10 +99,23 @@ def rows_from_sweep(sweep: dict, *, model: str, arch: str, gpu: str, dtype: str 
         spec = {str(r["chain"]): {"tau": round(r["tau"], 4), "tokens_per_s": round(r["tok_s"], 1)}
                 for r in sweep.get("rows", []) if int(r["batch_size"]) == int(batch) and r.get("tok_s")}
         rows.append({"model": model, "arch": arch, "gpu": gpu, "dtype": dtype, "batch": int(batch),
-                     "vllm": sweep.get("vllm_version"), "ar_tokens_per_s": round(ar, 1), "spec": spec,
+                     "vllm": sweep.get("engine_version") or sweep.get("vllm_version"),   # the latter before 12-04
+                     "ar_tokens_per_s": round(ar, 1), "spec": spec,
                      "prompts": sweep.get("prompts"), "max_new_tokens": sweep.get("max_new_tokens"),
                      "source": source})
     return rows
+
+
+def rows_from_ar_pace(pace: dict, *, model: str, arch: str, dtype: str = "bfloat16", source: str = "") -> list[dict]:
+    """The batch-1 AR row of a bench/ar_pace.py result (vLLM's AR beside eyas's, on the GPU it names); none
+    when its vLLM half did not run."""
+    vllm = pace.get("vllm") or {}
+    if not vllm.get("tok_s"):
+        return []
+    return [{"model": model, "arch": arch, "gpu": pace["hardware"]["gpu"], "dtype": dtype,
+             "batch": int(pace.get("batch_size", 1)), "vllm": vllm.get("version"),
+             "ar_tokens_per_s": round(vllm["tok_s"], 1), "spec": {}, "prompts": pace.get("prompts"),
+             "max_new_tokens": pace.get("max_new_tokens"), "source": source}]
 
 
 def merge_rows(table: str | Path, new: list[dict]) -> int:
