@@ -3,19 +3,15 @@ prefill (where its milliseconds go) land in the JSON."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 from tests.target.fixtures import write_hf_dir
 
-BENCH = Path(__file__).parents[2] / "bench" / "ar_pace.py"
+from tests.scripts import load_script
 
 
 def test_ar_pace_reports_the_rate_and_a_prefill_profile(tmp_path):
-    spec = importlib.util.spec_from_file_location("bench_ar_pace", BENCH)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("bench/ar_pace.py")
     target = write_hf_dir(tmp_path / "t")
     out = tmp_path / "ar.json"
     assert bench.main(["--target", str(target), "--device", "cpu", "--per-category", "1", "--max-new-tokens", "4",

@@ -3,24 +3,19 @@ the table; an ar_pace run without its vLLM half is refused, naming the file."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
 from eyas.decode import vllm_reference as vr
 from tests.target.fixtures import write_hf_dir
 
-BENCH = Path(__file__).parents[2] / "bench" / "vllm_reference.py"
+from tests.scripts import load_script
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("bench_vllm_reference", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("bench/vllm_reference.py")
 
 
 def test_rows_from_an_ar_pace_run_and_a_sweep(tmp_path, capsys):

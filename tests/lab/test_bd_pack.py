@@ -1,11 +1,9 @@
 """lab/bd_pack.py: a best-draft recipe's OUT carried between GPU sessions in sha256-checked parts, the draft's
 embedding left out when it is the target's and rebuilt on unpack; a bad or missing part is named."""
 
-import importlib.util
 import io
 import json
 import tarfile
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,14 +11,11 @@ from safetensors.torch import load as load_weights, save_file
 
 from tests.data.templates import make_tokenizer
 
-LAB = Path(__file__).resolve().parents[2] / "lab" / "bd_pack.py"
+from tests.scripts import load_script
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("lab_bd_pack", LAB)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("lab/bd_pack.py")
 
 
 def half_trained(tmp_path, twin):
