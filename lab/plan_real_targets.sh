@@ -70,7 +70,9 @@ case "${1:-}" in
               # First (10 s): does this torch hang a child forked after OpenMP (why the toy's engines never came up
               # on 2026-12-05 with fork; eyas's vLLM workers spawn since)?
     [ -f $R/fork_omp_check.txt ] || OMP_NUM_THREADS=4 timeout 60 python3 lab/fork_omp_check.py > $R/fork_omp_check.txt 2>&1
-    python3 bench/kimi_toy.py --python /tmp/vpy --work /tmp/kimi --out $R/kimi_toy.json; rc=$?
+    # KIMI_TOYS="kimi-k2.5": the Kimi toy alone (the Llava control's vLLM steps are measured, 2026-12-05)
+    python3 bench/kimi_toy.py --python /tmp/vpy --work /tmp/kimi --out $R/kimi_toy.json \
+        ${KIMI_TOYS:+--toys $KIMI_TOYS}; rc=$?
     (cd /tmp/kimi && find . -name '*.log' | tar czf $R/kimi-logs.tgz -T -); exit $rc ;;
   sgl_train)  # a SmolLM2 draft SGLang's layer can run (residual before norm), or the one a session brought back
     if [ -d /tmp/draft-parts ]; then
