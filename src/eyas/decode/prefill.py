@@ -144,6 +144,8 @@ def prefill(runner: TargetRunner, prompt: list[int]) -> tuple[torch.Tensor, torc
                 logits, aux = gp.run(toks[s:s + m], s, w) if w else _eager(runner, toks[s:s + m], s)
                 auxs.append(aux)
             return logits, torch.cat(auxs) if len(auxs) > 1 else auxs[0]
+        except torch.OutOfMemoryError:
+            raise                   # not the graphs' fault: eager would not fit either
         except RuntimeError as e:   # a forward that syncs the host (some MoE dispatch) cannot be captured
             _graphs_off(runner, e)
     return _eager(runner, toks, 0)

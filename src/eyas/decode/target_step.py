@@ -238,14 +238,12 @@ class TargetRunner:
     @torch.no_grad()
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, ctx_len: torch.Tensor,
              anc: torch.Tensor, *, kv_len: int | None = None, eager: bool = False,
-             last_only: bool = False, keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+             last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens/positions/slots [T] long, ctx_len 0-d long, anc bool [T, T] (row i sees column j's slot);
         kv_len: attend over slots [0, kv_len) only (a `bucket`, above every slot used; default capacity).
-        Returns (logits [T, V] fp32 — [r, V] for the rows of `keep` [r] (eager only), [1, V], the last row's,
-        with last_only — aux [T, k, H]). Outputs of a compiled call are graph-owned: consume (or clone) them
-        before the next call."""
-        if last_only and keep is None:
-            keep = torch.full((1,), tokens.shape[0] - 1, device=tokens.device)
+        Returns (logits [T, V] fp32 — [1, V], the last row's, with last_only (eager only) — aux [T, k, H]).
+        Outputs of a compiled call are graph-owned: consume (or clone) them before the next call."""
+        keep = torch.full((1,), tokens.shape[0] - 1, device=tokens.device) if last_only else None
         if eager or self._compiled is None:  # prefills: a new length per prompt (see varying_shape_attention)
             with varying_shape_attention():
                 return self._step(tokens, positions, slots, ctx_len, anc, kv_len, keep)
