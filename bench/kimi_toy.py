@@ -227,7 +227,7 @@ def regen(r: Run, backend: str) -> dict:
         extra = ["--device", r.a.device, "--batch-size", str(r.a.hf_batch)]
     argv = ["regenerate", "--target", str(r.target), "--data", str(r.dir / "chats.jsonl"), "--out", str(out),
             "--backend", backend, "--max-new-tokens", str(r.a.new_tokens), "--max-prompt-tokens", "1024", "--dtype",
-            "bf16", "--json", *extra]
+            r.a.regen_dtype, "--json", *extra]
     if backend == "vllm":
         with IN_PROCESS:
             from eyas.engines.vllm import vllm_lock
@@ -489,6 +489,8 @@ def main(argv=None) -> int:
     ap.add_argument("--epochs", type=float, default=8.0)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--batch-size", type=int, default=4)
+    ap.add_argument("--regen-dtype", default="bf16", choices=["bf16", "fp32"],
+                    help="both regenerations' dtype (fp32: do the backends agree once bf16 rounding is gone?)")
     ap.add_argument("--hf-batch", type=int, default=256, help="prompts per HF generate call (regen_hf)")
     ap.add_argument("--compile", action="store_true", help="let train/eval compile (default: eager)")
     ap.add_argument("--vllm-memory", type=float, default=0.15, help="each vLLM engine's gpu_memory_utilization")

@@ -67,10 +67,12 @@ def _spy(runner, used):
         assert int(slots.max()) < kv_len <= runner.capacity
         used.append(kv_len)
 
-    def spy_step(tokens, positions, slots, ctx_len, anc, *, kv_len=None, eager=False, last_only=False):
+    def spy_step(tokens, positions, slots, ctx_len, anc, *, kv_len=None, eager=False, last_only=False, causal=False):
         check(slots, kv_len)
         assert int(ctx_len) <= int(slots.min())
-        return step(tokens, positions, slots, ctx_len, anc, kv_len=kv_len, eager=eager, last_only=last_only)
+        assert not causal or (int(ctx_len) == 0 and int(slots.min()) == 0)   # causal: a chunk from slot 0 only
+        return step(tokens, positions, slots, ctx_len, anc, kv_len=kv_len, eager=eager, last_only=last_only,
+                    causal=causal)
 
     def spy_inner(tokens, positions, slots, ctx_len, anc, kv_len=None):
         check(slots, kv_len)

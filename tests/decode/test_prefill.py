@@ -76,3 +76,45 @@ def test_a_forward_that_cannot_be_captured_turns_the_graphs_off_and_prefills_eag
     e_logits, e_aux = prefill(exact, prompt)
     torch.testing.assert_close(logits, e_logits)
     torch.testing.assert_close(aux, e_aux)
+
+
+def test_a_turns_first_chunk_attends_causally_without_the_mask_and_the_same(monkeypatch):
+    """Slots from 0 with no context: SDPA's causal flag over the chunk's own keys (flash-eligible), later chunks
+    keep the mask; the result equals the masked prefill, and the model is on sdpa again afterwards."""
+    _, padded = runners()
+    masked = runners()[1]
+    masked._causal_ok = False
+    calls, sdpa = [], torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, is_causal=False, **kw):
+        calls.append((q.shape[2], k.shape[2], attn_mask is None, is_causal))
+        return sdpa(q, k, v, attn_mask=attn_mask, is_causal=is_causal, **kw)
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    prompt = torch.randint(0, 64, (37,), generator=torch.Generator().manual_seed(3)).tolist()
+    logits, aux = prefill(masked, prompt)
+    assert calls and all(not c[2] for c in calls)
+    calls.clear()
+    p_logits, p_aux = prefill(padded, prompt)   # chunks (0, 16), (16, 16), (32, 5 -> 8)
+    layers = len(padded.layout.layers)
+    assert calls[:layers] == [(16, 16, True, True)] * layers
+    assert all(not c[2] and not c[3] for c in calls[layers:]) and len(calls) == 3 * layers
+    torch.testing.assert_close(p_logits, logits, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(p_aux, aux, rtol=1e-4, atol=1e-5)
+    assert padded.model.config._attn_implementation == "sdpa"
+
+
+def test_the_eager_prefill_of_a_fresh_turn_is_causal_too_and_eager_attention_models_keep_the_mask(monkeypatch):
+    exact, _ = runners()
+    assert exact.causal_from_start(16)
+    seen = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda q, k, v, attn_mask=None, is_causal=False, **kw:
+                        seen.append((is_causal, q.shape[2], k.shape[2]))
+                        or sdpa(q, k, v, attn_mask=attn_mask, is_causal=is_causal, **kw))
+    prefill(exact, list(range(1, 12)))   # 11 rows in a KV bucket of 16: the keys past them are not attended
+    assert seen and all(c == (True, 11, 11) for c in seen)
+    model = tiny_llama(seed=4).requires_grad_(False)
+    model.config._attn_implementation = "eager"
+    runner = TargetRunner(model, wrap_model(model).layout, [1, 2], 64, min_bucket=16)
+    assert not runner.causal_from_start(16)

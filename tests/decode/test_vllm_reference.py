@@ -44,7 +44,7 @@ def test_shipped_rows_are_their_sweep():
     sweep = json.loads(SWEEP.read_text())
     made = vr.rows_from_sweep(sweep, model="smollm2-135m", arch=vr.arch_key(smollm2_config()), gpu="NVIDIA H200",
                               source=str(SWEEP.relative_to(REPO)))
-    assert made == [r for r in vr.read_table() if r["model"] == "smollm2-135m"]
+    assert made == [r for r in vr.read_table() if r["model"] == "smollm2-135m" and r["gpu"] == "NVIDIA H200"]
 
 
 def test_speedups_read_from_a_row():
@@ -82,16 +82,29 @@ def test_malformed_table_is_named(tmp_path):
         vr.read_table(bad)
 
 
-def test_the_1p5b_row_is_its_ar_pace_run():
-    """The 1.5B's batch-1 row is what rows_from_ar_pace makes of the recorded bench/ar_pace.py run; a run whose
-    vLLM half did not happen makes none."""
-    pace_path = REPO / "bench" / "results" / "gpu-h200-2026-12-05d" / "ar_pace_q15.json"
-    pace = json.loads(pace_path.read_text())
-    q = Qwen2Config(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
-                    intermediate_size=8960, vocab_size=151936, tie_word_embeddings=False)
-    made = vr.rows_from_ar_pace(pace, model="qwen2.5-coder-1.5b", arch=vr.arch_key(q),
+Q15 = dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+           intermediate_size=8960, vocab_size=151936, tie_word_embeddings=False)
+
+
+@pytest.mark.parametrize("run, model, gpu", [
+    ("gpu-h200-2026-12-05d/ar_pace_q15.json", "qwen2.5-coder-1.5b", "NVIDIA H200"),
+    ("gpu-h100-2026-12-05e/ar_pace_q15.json", "qwen2.5-coder-1.5b", "NVIDIA H100 80GB HBM3"),
+    ("gpu-h100-2026-12-05e/ar_pace_smol.json", "smollm2-135m", "NVIDIA H100 80GB HBM3")])
+def test_ar_pace_rows_are_their_runs(run, model, gpu):
+    """Each ar_pace row of the table is what rows_from_ar_pace makes of the recorded run it cites (its GPU too)."""
+    pace_path = REPO / "bench" / "results" / run
+    config = Qwen2Config(**Q15) if model.startswith("qwen") else smollm2_config()
+    made = vr.rows_from_ar_pace(json.loads(pace_path.read_text()), model=model, arch=vr.arch_key(config),
                                 source=str(pace_path.relative_to(REPO)))
-    assert made == [r for r in vr.read_table() if r["model"] == "qwen2.5-coder-1.5b"]
+    assert made and made[0]["gpu"] == gpu
+    assert made == [r for r in vr.read_table() if r["model"] == model and r["gpu"] == gpu]
+
+
+def test_the_1p5b_row_is_its_ar_pace_run():
+    """The 1.5B's H200 row gives "vs vLLM AR" but no expectation (no chain measured); a run whose vLLM half did
+    not happen makes none."""
+    pace = json.loads((REPO / "bench" / "results" / "gpu-h200-2026-12-05d" / "ar_pace_q15.json").read_text())
+    q = Qwen2Config(**Q15)
     row = vr.lookup(q, "NVIDIA H200", "bfloat16", batch=1)
     assert row["ar_tokens_per_s"] == 360.5 and row["vllm"] == "0.26.0" and row["spec"] == {}
     assert vr.expected_in_vllm(row, 3, 3.0) is None   # no chain measured yet: no expectation, only "vs vLLM AR"

@@ -24,7 +24,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 NAME = "eyas_grouped_sdpa"
 # kwargs that change the attention itself; sdpa ignores sliding_window (the mask carries the window)
-_DELEGATED_KWARGS = ("softcap", "s_aux", "sinks", "position_bias")
+DELEGATED_KWARGS = ("softcap", "s_aux", "sinks", "position_bias")
 
 
 def grouped_decode_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -35,7 +35,7 @@ def grouped_decode_attention(module: torch.nn.Module, query: torch.Tensor, key: 
     Hkv = key.shape[1]
     mask = attention_mask
     if (T != 1 or dropout or Hkv >= H or H % Hkv or query.shape[0] != key.shape[0]
-            or any(kwargs.get(k) is not None for k in _DELEGATED_KWARGS)
+            or any(kwargs.get(k) is not None for k in DELEGATED_KWARGS)
             or (mask is not None and (mask.dim() != 4 or mask.shape[1] not in (1, H) or mask.shape[2] != 1))):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)

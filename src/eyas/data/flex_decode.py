@@ -34,7 +34,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from eyas.data.attention import _DELEGATED_KWARGS, attention_implementation, grouped_decode_attention
+from eyas.data.attention import DELEGATED_KWARGS, attention_implementation, grouped_decode_attention
 
 try:
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
@@ -120,7 +120,7 @@ def flex_decode_attention(module: torch.nn.Module, query: torch.Tensor, key: tor
     B, H, T, d = query.shape
     Hkv = key.shape[1]
     if (m is None or T != 1 or dropout or H % Hkv or d < 16 or B != m.B or key.shape[0] != B or key.shape[2] != m.L
-            or any(kwargs.get(k) is not None for k in _DELEGATED_KWARGS + ("sliding_window",))):
+            or any(kwargs.get(k) is not None for k in DELEGATED_KWARGS + ("sliding_window",))):
         return grouped_decode_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                         **kwargs)
     g = H // Hkv

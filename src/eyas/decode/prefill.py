@@ -5,10 +5,12 @@ Eager, a prefill is bound by the host, not the GPU: transformers' forward issues
 from Python, ≈ 1.4 ms a layer whatever the model's width (43 ms for 1,024 tokens of SmolLM2 and of a 1.5B on an
 H200). So on CUDA the prompt runs as replayed CUDA graphs of the eager step: chunks of WIDTHS[-1] tokens, the
 last one padded up to the next width. Pad rows come after the prompt (causal rows never see them) and write
-slots past its end, which every later step overwrites before it reads them. One graph per (width, KV bucket) a
-chunk can meet, captured at warm-up (`warm`: about three eager forwards each) or on first use; a chunk whose pad
-would pass the capacity runs eagerly at its own length, as the whole prompt does elsewhere (CPU), unless
-`runner.graph_prefill` is set there: then the padded chunks run eagerly (how the CPU tests check the padding).
+slots past its end, which every later step overwrites before it reads them. A turn's first chunk (slots from
+0) attends causally without the mask (`TargetRunner.causal_from_start`: SDPA's flash kernel where the model is
+on sdpa). One graph per (width, KV bucket, first or not) a chunk can meet, captured at warm-up (`warm`: about
+three eager forwards each) or on first use; a chunk whose pad would pass the capacity runs eagerly at its own
+length, as the whole prompt does elsewhere (CPU), unless `runner.graph_prefill` is set there: then the padded
+chunks run eagerly (how the CPU tests check the padding).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ class GraphedPrefill:
     def __init__(self, runner: TargetRunner, widths: tuple[int, ...] = WIDTHS):
         self.runner, self.widths, dev = runner, widths, runner.device
         self._inputs: dict[int, tuple[torch.Tensor, ...]] = {}
-        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self._graphs: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self._pool = None
         self._arange = torch.arange(widths[-1], device=dev)
         self.capture = dev.type == "cuda"   # elsewhere the padded chunks run eagerly (tests)
@@ -70,38 +72,42 @@ class GraphedPrefill:
         ctx.fill_(s)
         keep.fill_(m - 1)
 
-    def _forward(self, w: int, kv_len: int):
+    def _forward(self, w: int, kv_len: int, causal: bool):
         toks, pos, ctx, keep, anc = self._buffers(w)
         with varying_shape_attention():   # the eager prefill's attention kernels, so both agree
-            return self.runner._step(toks, pos, pos, ctx, anc, kv_len, keep)
+            return self.runner._step(toks, pos, pos, ctx, anc, kv_len, keep, causal)
 
-    def _graph(self, w: int, kv_len: int):
+    def _causal(self, s: int, w: int) -> bool:
+        return s == 0 and self.runner.causal_from_start(w)
+
+    def _graph(self, w: int, kv_len: int, causal: bool):
         """Capture (w, kv_len) from the loaded inputs: warm-up runs on a side stream write exactly the slots the
         replay will write, so capturing mid-generation is safe."""
-        key = (w, kv_len)
+        key = (w, kv_len, causal)
         if key not in self._graphs:
             dev = self.runner.device
             side = torch.cuda.Stream(dev)
             side.wait_stream(torch.cuda.current_stream(dev))
             with torch.cuda.stream(side):
                 for _ in range(2):
-                    self._forward(w, kv_len)
+                    self._forward(w, kv_len, causal)
             torch.cuda.current_stream(dev).wait_stream(side)
             self._pool = self._pool or torch.cuda.graph_pool_handle()
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=self._pool):
-                logits, aux = self._forward(w, kv_len)
+                logits, aux = self._forward(w, kv_len, causal)
             self._graphs[key] = (g, logits, aux)
         return self._graphs[key]
 
     def run(self, tokens: torch.Tensor, s: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Tokens [m <= w] at slots s.. : (logits of the last [1, V], aux [m, k, H]), copies of the graph's."""
         self._load(w, tokens, s)
+        kv_len, causal = self.runner.bucket(s + w), self._causal(s, w)
         if self.capture:
-            g, logits, aux = self._graph(w, self.runner.bucket(s + w))
+            g, logits, aux = self._graph(w, kv_len, causal)
             g.replay()
         else:
-            logits, aux = self._forward(w, self.runner.bucket(s + w))
+            logits, aux = self._forward(w, kv_len, causal)
         return logits.clone(), aux[:tokens.shape[0]].clone()
 
     @torch.no_grad()
@@ -114,9 +120,10 @@ class GraphedPrefill:
         try:
             for s in range(0, cap, top):
                 for w in self.widths:
-                    if s + w <= cap and (w, self.runner.bucket(s + w)) not in self._graphs:
+                    key = (w, self.runner.bucket(s + w), self._causal(s, w))
+                    if s + w <= cap and key not in self._graphs:
                         self._load(w, torch.zeros(1, dtype=torch.long, device=self.runner.device), s)
-                        self._graph(w, self.runner.bucket(s + w))
+                        self._graph(*key)
         except RuntimeError as e:
             _graphs_off(self.runner, e)
 
@@ -126,7 +133,7 @@ def _eager(runner: TargetRunner, tokens: torch.Tensor, s: int) -> tuple[torch.Te
     pos = torch.arange(s, s + m, device=dev)
     anc = torch.ones(m, m, dtype=torch.bool, device=dev).tril()
     return runner.step(tokens, pos, pos, torch.tensor(s, device=dev), anc, kv_len=runner.bucket(s + m), eager=True,
-                       last_only=True)
+                       last_only=True, causal=s == 0 and runner.causal_from_start(m))
 
 
 @torch.no_grad()
