@@ -9,7 +9,7 @@ Steps (per toy, each after the steps it needs; both toys' steps run side by side
   config       wall seconds of `eyas inspect` / `eyas doctor` on the full-size Kimi-K2.5 config (1T, config only)
                and on the toy; `doctor --engine vllm` on the toy; three faults (aux id out of range, the transformers
                wrapper path, a draft for another hidden size) that must fail, one line each, before vLLM is probed
-  regen_hf     the toy's greedy answers from eyas (HF generate, bf16); failures counted by reason
+  regen_hf     the toy's greedy answers from eyas (HF generate, bf16 or --check-dtype); failures counted by reason
   vllm_start   one bounded vLLM start-up on the toy before its other vLLM steps; if it hangs (its stacks in its
                log), one text-only start (vLLM's language_model_only), and the toy's vLLM steps run text-only
   regen_vllm   the same from `eyas regenerate --backend vllm`; regen_cmp compares them token by token
@@ -227,7 +227,7 @@ def regen(r: Run, backend: str) -> dict:
         extra = ["--device", r.a.device, "--batch-size", str(r.a.hf_batch)]
     argv = ["regenerate", "--target", str(r.target), "--data", str(r.dir / "chats.jsonl"), "--out", str(out),
             "--backend", backend, "--max-new-tokens", str(r.a.new_tokens), "--max-prompt-tokens", "1024", "--dtype",
-            r.a.regen_dtype, "--json", *extra]
+            r.a.check_dtype, "--json", *extra]
     if backend == "vllm":
         with IN_PROCESS:
             from eyas.engines.vllm import vllm_lock
@@ -330,7 +330,7 @@ def serve(r: Run, mode: str) -> dict:
     # check's native side and its wait for the lock
     res = r.eyas(f"serve-{mode}", "serve-check", "--draft", str(r.dir / f"export-{mode}"), *r.vllm(), "--bench",
                  str(r.dir / "bench.jsonl"), "--per-category", str(r.a.eval_prompts), "--max-new-tokens",
-                 str(r.a.new_tokens), "--dtype", "bf16", "--device", r.a.device, "--out", str(out),
+                 str(r.a.new_tokens), "--dtype", r.a.check_dtype, "--device", r.a.device, "--out", str(out),
                  "--gpu-memory-utilization", str(r.a.vllm_memory), "--timeout", str(r.a.vllm_timeout_s), *ep,
                  *r.text_only_flag(),
                  ok_rc=(0, 1), timeout=r.a.step_timeout_s, engine_logs=[Path(f"{out}.engine.log")])
@@ -355,8 +355,8 @@ def vllm_ar(r: Run) -> dict:
     t0, log = time.perf_counter(), r.logs / "vllm-ar.log"
     try:
         with engine.lock():
-            ar = engine.generate(str(r.target), prompts, r.a.new_tokens, dtype="bf16", max_model_len=2048, log=log,
-                                 gpu_memory_utilization=r.a.vllm_memory, timeout=r.a.vllm_timeout_s,
+            ar = engine.generate(str(r.target), prompts, r.a.new_tokens, dtype=r.a.check_dtype, max_model_len=2048,
+                                 log=log, gpu_memory_utilization=r.a.vllm_memory, timeout=r.a.vllm_timeout_s,
                                  text_only=r.text_only(), **r.parallel())
     except Exception as e:  # noqa: BLE001 - the engine's words are the result
         raise StepError(f"vLLM AR: {e}"[-2000:] + "\n" + tails(log)) from None
@@ -489,8 +489,9 @@ def main(argv=None) -> int:
     ap.add_argument("--epochs", type=float, default=8.0)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--batch-size", type=int, default=4)
-    ap.add_argument("--regen-dtype", default="bf16", choices=["bf16", "fp32"],
-                    help="both regenerations' dtype (fp32: do the backends agree once bf16 rounding is gone?)")
+    ap.add_argument("--check-dtype", default="bf16", choices=["bf16", "fp32"],
+                    help="dtype of the cross-engine checks: both regenerations, serve-check, vLLM's AR (fp32: do the "
+                         "engines agree once bf16 rounding is gone?); extraction and training stay bf16")
     ap.add_argument("--hf-batch", type=int, default=256, help="prompts per HF generate call (regen_hf)")
     ap.add_argument("--compile", action="store_true", help="let train/eval compile (default: eager)")
     ap.add_argument("--vllm-memory", type=float, default=0.15, help="each vLLM engine's gpu_memory_utilization")

@@ -38,8 +38,9 @@ def test_last_json_takes_the_summary_a_command_prints_last(monkeypatch):
     assert last_json("no json here") is None
 
 
-@pytest.mark.parametrize("ep", [True, False])
-def test_vllm_ar_asks_the_engine_for_plain_greedy_on_serve_checks_prompts(tmp_path, monkeypatch, ep):
+@pytest.mark.parametrize("ep, dtype, torch_dtype", [(True, "bf16", "bfloat16"), (False, "fp32", "float32")])
+def test_vllm_ar_asks_the_engine_for_plain_greedy_on_serve_checks_prompts(tmp_path, monkeypatch, ep, dtype,
+                                                                          torch_dtype):
     # vLLM's own AR through the engine interface (no draft), sharded like serve-check when --tp > 1 (experts split
     # unless --no-ep), once for both drafts (serve-check gives both the same prompts)
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
@@ -54,7 +55,7 @@ def test_vllm_ar_asks_the_engine_for_plain_greedy_on_serve_checks_prompts(tmp_pa
 
     monkeypatch.setattr("eyas.engines.base.run_in_env", fake_worker)
     ns = type("A", (), {"work": str(tmp_path), "python": str(Path(sys.executable)), "new_tokens": 3, "tp": 2,
-                        "ep": ep, "vllm_memory": 0.15, "vllm_timeout_s": 300.0})()
+                        "ep": ep, "vllm_memory": 0.15, "vllm_timeout_s": 300.0, "check_dtype": dtype})()
     r = kimi_toy.Run(ns, "kimi-k2.5")
     for mode, served in (("offline", [[5, 6, 7], [8, 9, 4]]), ("online", [[5, 6, 7], [8, 9, 9]])):
         (r.dir / f"serve-{mode}.json").write_text(json.dumps({"prompt_ids": [[1, 2], [3]], "served_outputs": served}))
@@ -62,7 +63,7 @@ def test_vllm_ar_asks_the_engine_for_plain_greedy_on_serve_checks_prompts(tmp_pa
     (payload, kw), = sent   # one engine for both drafts
     kwargs = payload["engine"]["kwargs"]
     assert payload["prompts"] == [[1, 2], [3]] and payload["max_tokens"] == 3 and payload["engine"]["draft"] is None
-    assert kwargs["model"] == str(r.target) and kwargs["dtype"] == "bfloat16" and "speculative_config" not in kwargs
+    assert kwargs["model"] == str(r.target) and kwargs["dtype"] == torch_dtype and "speculative_config" not in kwargs
     assert kwargs["tensor_parallel_size"] == 2 and kwargs.get("enable_expert_parallel", False) is ep
     assert kwargs["gpu_memory_utilization"] == 0.15 and kwargs["enforce_eager"] is True and kw["timeout"] == 300.0
     assert res["offline"] == {"identical_to_vllm_ar": "1/2", "first_difference": [None, 2]}
