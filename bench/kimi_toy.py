@@ -20,7 +20,8 @@ Steps (per toy, each after the steps it needs; both toys' steps run side by side
   export_*     vLLM (speculators) exports
   serve_*      eyas serve-check: vLLM serves the export with EAGLE-3 and zero flags (LLM(model=EXPORT)); served τ vs
                eyas's native τ on the same prompts (--tolerance 5%), vLLM's greedy outputs vs the target's
-  vllm_ar      vLLM's own AR on serve-check's prompts: both drafts' speculative outputs must equal it token for token
+  vllm_ar      vLLM's own AR on serve-check's prompts: both drafts' speculative outputs must equal it token for token;
+               a second AR one sequence at a time shows whether vLLM's own output depends on the batch's shape
   eval_*       (not in the default steps: serve-check's native side is the same evaluation) eyas eval, chain --chain
 Every step is recorded in WORK/state.json: a re-run continues where the last one stopped (a failed step and those
 after it run again), and --budget-s starts no step past it (the JSON lists the steps left; exit 3).
@@ -344,7 +345,9 @@ def serve(r: Run, mode: str) -> dict:
 
 def vllm_ar(r: Run) -> dict:
     """vLLM's own greedy AR on serve-check's prompts (the same for both drafts): each draft's speculative outputs
-    must be the same tokens."""
+    must be the same tokens. A second AR engine runs one sequence at a time (max_num_seqs 1): where the batched AR
+    and the lone AR part, vLLM's own output depends on the batch's shape at this dtype (a verify pass is one more
+    shape), so a difference between speculative and AR output there is the target's numerics, not the draft."""
     with IN_PROCESS:
         from eyas.engines.vllm import VllmAdapter
 
@@ -353,23 +356,36 @@ def vllm_ar(r: Run) -> dict:
     prompts = next(iter(served.values()))["prompt_ids"]
     engine = VllmAdapter(r.a.python)
     t0, log = time.perf_counter(), r.logs / "vllm-ar.log"
+    runs = {}
     try:
         with engine.lock():
-            ar = engine.generate(str(r.target), prompts, r.a.new_tokens, dtype=r.a.check_dtype, max_model_len=2048,
-                                 log=log, gpu_memory_utilization=r.a.vllm_memory, timeout=r.a.vllm_timeout_s,
-                                 text_only=r.text_only(), **r.parallel())
+            for name, extra in (("batched", {}), ("alone", {"max_num_seqs": 1})):
+                runs[name] = engine.generate(str(r.target), prompts, r.a.new_tokens, dtype=r.a.check_dtype,
+                                             max_model_len=2048, log=log, gpu_memory_utilization=r.a.vllm_memory,
+                                             timeout=r.a.vllm_timeout_s, text_only=r.text_only(), **r.parallel(),
+                                             **extra)
     except Exception as e:  # noqa: BLE001 - the engine's words are the result
         raise StepError(f"vLLM AR: {e}"[-2000:] + "\n" + tails(log)) from None
-    out = {"wall_s": round(time.perf_counter() - t0, 2), "vllm_startup_s": ar.startup_s, "text_only": r.text_only()}
+    ar = runs["batched"].outputs
+    out = {"wall_s": round(time.perf_counter() - t0, 2), "vllm_startup_s": runs["batched"].startup_s,
+           "text_only": r.text_only(), "dtype": r.a.check_dtype,
+           "ar_alone_vs_batched": _agreement(runs["alone"].outputs, ar, "identical")}
     for mode, doc in served.items():
         if doc["prompt_ids"] != prompts:
             out[mode] = {"error": "serve-check's prompts differ between the drafts"}
             continue
-        same = [a == b for a, b in zip(doc["served_outputs"], ar.outputs)]
-        first = [next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))) if a != b else None
-                 for a, b in zip(doc["served_outputs"], ar.outputs)]
-        out[mode] = {"identical_to_vllm_ar": f"{sum(same)}/{len(same)}", "first_difference": first}
+        out[mode] = _agreement(doc["served_outputs"], ar, "identical_to_vllm_ar")
+        out[mode]["identical_to_vllm_ar_alone"] = _agreement(doc["served_outputs"], runs["alone"].outputs,
+                                                             "n")["n"]
     return out
+
+
+def _agreement(outs: list[list[int]], ref: list[list[int]], key: str) -> dict:
+    """How many outputs equal their reference, and where each first differs (None: identical)."""
+    same = [a == b for a, b in zip(outs, ref)]
+    first = [next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))) if a != b else None
+             for a, b in zip(outs, ref)]
+    return {key: f"{sum(same)}/{len(same)}", "first_difference": first}
 
 
 def vllm_start(r: Run) -> dict:

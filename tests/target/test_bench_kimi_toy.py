@@ -50,8 +50,9 @@ def test_vllm_ar_asks_the_engine_for_plain_greedy_on_serve_checks_prompts(tmp_pa
 
     def fake_worker(python, worker, payload, **kw):
         sent.append((payload, kw))
-        return {"outputs": [[5, 6, 7], [8, 9, 9]], "version": "0.26.0", "startup_s": 1.5, "generate_s": 0.1,
-                "counters": {}}
+        alone = payload["engine"]["kwargs"].get("max_num_seqs") == 1   # the lone AR parts from the batched one
+        return {"outputs": [[5, 6, 7], [8, 4, 4] if alone else [8, 9, 9]], "version": "0.26.0", "startup_s": 1.5,
+                "generate_s": 0.1, "counters": {}}
 
     monkeypatch.setattr("eyas.engines.base.run_in_env", fake_worker)
     ns = type("A", (), {"work": str(tmp_path), "python": str(Path(sys.executable)), "new_tokens": 3, "tp": 2,
@@ -60,14 +61,20 @@ def test_vllm_ar_asks_the_engine_for_plain_greedy_on_serve_checks_prompts(tmp_pa
     for mode, served in (("offline", [[5, 6, 7], [8, 9, 4]]), ("online", [[5, 6, 7], [8, 9, 9]])):
         (r.dir / f"serve-{mode}.json").write_text(json.dumps({"prompt_ids": [[1, 2], [3]], "served_outputs": served}))
     res = kimi_toy.vllm_ar(r)
-    (payload, kw), = sent   # one engine for both drafts
+    (payload, kw), (alone, _) = sent   # one batched engine for both drafts, then one sequence at a time
     kwargs = payload["engine"]["kwargs"]
+    assert "max_num_seqs" not in kwargs and alone["engine"]["kwargs"]["max_num_seqs"] == 1
+    assert {k: v for k, v in alone["engine"]["kwargs"].items() if k != "max_num_seqs"} == kwargs
     assert payload["prompts"] == [[1, 2], [3]] and payload["max_tokens"] == 3 and payload["engine"]["draft"] is None
     assert kwargs["model"] == str(r.target) and kwargs["dtype"] == torch_dtype and "speculative_config" not in kwargs
     assert kwargs["tensor_parallel_size"] == 2 and kwargs.get("enable_expert_parallel", False) is ep
     assert kwargs["gpu_memory_utilization"] == 0.15 and kwargs["enforce_eager"] is True and kw["timeout"] == 300.0
-    assert res["offline"] == {"identical_to_vllm_ar": "1/2", "first_difference": [None, 2]}
-    assert res["online"] == {"identical_to_vllm_ar": "2/2", "first_difference": [None, None]}
+    assert res["offline"] == {"identical_to_vllm_ar": "1/2", "first_difference": [None, 2],
+                              "identical_to_vllm_ar_alone": "1/2"}
+    assert res["online"] == {"identical_to_vllm_ar": "2/2", "first_difference": [None, None],
+                             "identical_to_vllm_ar_alone": "1/2"}
+    assert res["ar_alone_vs_batched"] == {"identical": "1/2", "first_difference": [None, 1]}
+    assert res["dtype"] == dtype
     assert res["vllm_startup_s"] == 1.5
 
 

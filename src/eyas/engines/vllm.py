@@ -367,10 +367,11 @@ class VllmAdapter(WorkerEngine):
                        max_model_len: int, seed: int = 0, enforce_eager: bool = True,
                        gpu_memory_utilization: float | None = None, kv_cache_memory_bytes: int | None = None,
                        tensor_parallel_size: int = 1, expert_parallel: bool = False, text_only: bool = False,
-                       **_) -> dict:
+                       max_num_seqs: int | None = None, **_) -> dict:
         """`LLM(**kwargs)`: the export as the model (vLLM reads the verifier and K from it: the zero-flag path),
         or the target alone. A chain length other than the export's is asked for with num_speculative_tokens.
-        expert_parallel: an MoE target's experts split over the tensor_parallel_size GPUs."""
+        expert_parallel: an MoE target's experts split over the tensor_parallel_size GPUs; max_num_seqs: the
+        engine's batch bound (1: one sequence at a time)."""
         if spec is not None and not spec.is_chain:
             raise EngineError(f"vLLM drafts chains only (it removed tree drafting); {spec.label()} needs "
                               "--engine sglang")
@@ -385,6 +386,8 @@ class VllmAdapter(WorkerEngine):
             kw["enable_expert_parallel"] = True
         if text_only:
             kw["language_model_only"] = True
+        if max_num_seqs:
+            kw["max_num_seqs"] = int(max_num_seqs)
         if spec is not None:
             kw["speculative_config"] = {"num_speculative_tokens": spec.depth}
         return {"draft": export, "kwargs": kw}
