@@ -22,6 +22,7 @@ Steps (per toy, each after the steps it needs; both toys' steps run side by side
                eyas's native τ on the same prompts (--tolerance 5%), vLLM's greedy outputs vs the target's
   vllm_ar      vLLM's own AR on serve-check's prompts: both drafts' speculative outputs must equal it token for token;
                a second AR one sequence at a time shows whether vLLM's own output depends on the batch's shape
+  ar_batch     (not in the default steps) that batched-vs-alone control alone, on 16 of the toy's prompts
   eval_*       (not in the default steps: serve-check's native side is the same evaluation) eyas eval, chain --chain
 Every step is recorded in WORK/state.json: a re-run continues where the last one stopped (a failed step and those
 after it run again), and --budget-s starts no step past it (the JSON lists the steps left; exit 3).
@@ -71,11 +72,11 @@ NEEDS = {
     "extract_hf": ("prepare",), "extract_vllm": ("prepare", "vllm_start"), "extract_cmp": ("extract_hf", "extract_vllm"), "train_offline": ("extract_hf",),
     "train_online": ("prepare",), "export_offline": ("train_offline",), "export_online": ("train_online",),
     "serve_offline": ("export_offline", "vllm_start"), "serve_online": ("export_online", "vllm_start"),
-    "vllm_ar": ("serve_offline", "serve_online"), "eval_offline": ("train_offline",),
-    "eval_online": ("train_online",)}
+    "vllm_ar": ("serve_offline", "serve_online"), "ar_batch": ("build", "vllm_start"),
+    "eval_offline": ("train_offline",), "eval_online": ("train_online",)}
 STEPS = tuple(NEEDS)
-DEFAULT_STEPS = tuple(s for s in STEPS if not s.startswith("eval_"))
-VLLM_STEPS = ("vllm_start", "regen_vllm", "extract_vllm", "serve_offline", "serve_online", "vllm_ar")
+DEFAULT_STEPS = tuple(s for s in STEPS if not s.startswith("eval_") and s != "ar_batch")
+VLLM_STEPS = ("vllm_start", "regen_vllm", "extract_vllm", "serve_offline", "serve_online", "vllm_ar", "ar_batch")
 TEXT_ONLY = "text-only"   # in a toy's dir once vllm_start chose text-only engines for it
 
 
@@ -343,20 +344,13 @@ def serve(r: Run, mode: str) -> dict:
             "served_divergences": doc.get("served_divergences", [])[:8], "wall_s": res["seconds"]}
 
 
-def vllm_ar(r: Run) -> dict:
-    """vLLM's own greedy AR on serve-check's prompts (the same for both drafts): each draft's speculative outputs
-    must be the same tokens. A second AR engine runs one sequence at a time (max_num_seqs 1): where the batched AR
-    and the lone AR part, vLLM's own output depends on the batch's shape at this dtype (a verify pass is one more
-    shape), so a difference between speculative and AR output there is the target's numerics, not the draft."""
+def _ar_runs(r: Run, prompts: list[list[int]]) -> tuple[dict, float]:
+    """vLLM's greedy AR on `prompts` twice, batched and one sequence at a time (max_num_seqs 1): their outputs by
+    name, and the first engine's start-up seconds."""
     with IN_PROCESS:
         from eyas.engines.vllm import VllmAdapter
 
-    served = {m: json.loads((r.dir / f"serve-{m}.json").read_text()) for m in ("offline", "online")
-              if (r.dir / f"serve-{m}.json").is_file()}
-    prompts = next(iter(served.values()))["prompt_ids"]
-    engine = VllmAdapter(r.a.python)
-    t0, log = time.perf_counter(), r.logs / "vllm-ar.log"
-    runs = {}
+    engine, log, runs = VllmAdapter(r.a.python), r.logs / "vllm-ar.log", {}
     try:
         with engine.lock():
             for name, extra in (("batched", {}), ("alone", {"max_num_seqs": 1})):
@@ -366,18 +360,47 @@ def vllm_ar(r: Run) -> dict:
                                              **extra)
     except Exception as e:  # noqa: BLE001 - the engine's words are the result
         raise StepError(f"vLLM AR: {e}"[-2000:] + "\n" + tails(log)) from None
-    ar = runs["batched"].outputs
-    out = {"wall_s": round(time.perf_counter() - t0, 2), "vllm_startup_s": runs["batched"].startup_s,
-           "text_only": r.text_only(), "dtype": r.a.check_dtype,
-           "ar_alone_vs_batched": _agreement(runs["alone"].outputs, ar, "identical")}
+    return {k: v.outputs for k, v in runs.items()}, runs["batched"].startup_s
+
+
+def vllm_ar(r: Run) -> dict:
+    """vLLM's own greedy AR on serve-check's prompts (the same for both drafts): each draft's speculative outputs
+    must be the same tokens. The AR runs batched and one sequence at a time: where those two part, vLLM's own output
+    depends on the batch's shape at this dtype (a verify pass is one more shape), so a difference between
+    speculative and AR output there is the target's numerics, not the draft."""
+    served = {m: json.loads((r.dir / f"serve-{m}.json").read_text()) for m in ("offline", "online")
+              if (r.dir / f"serve-{m}.json").is_file()}
+    prompts = next(iter(served.values()))["prompt_ids"]
+    t0 = time.perf_counter()
+    runs, startup = _ar_runs(r, prompts)
+    ar = runs["batched"]
+    out = {"wall_s": round(time.perf_counter() - t0, 2), "vllm_startup_s": startup, "text_only": r.text_only(),
+           "dtype": r.a.check_dtype, "ar_alone_vs_batched": _agreement(runs["alone"], ar, "identical")}
     for mode, doc in served.items():
         if doc["prompt_ids"] != prompts:
             out[mode] = {"error": "serve-check's prompts differ between the drafts"}
             continue
         out[mode] = _agreement(doc["served_outputs"], ar, "identical_to_vllm_ar")
-        out[mode]["identical_to_vllm_ar_alone"] = _agreement(doc["served_outputs"], runs["alone"].outputs,
-                                                             "n")["n"]
+        out[mode]["identical_to_vllm_ar_alone"] = _agreement(doc["served_outputs"], runs["alone"], "n")["n"]
     return out
+
+
+def ar_batch(r: Run) -> dict:
+    """The same batched-vs-alone AR control without drafts or serve-check (the toy's first 16 training prompts
+    through its chat template): a minute of GPU where the full pipeline does not fit."""
+    with IN_PROCESS:
+        from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(r.target)
+    chats = [json.loads(x) for x in (r.dir / "chats.jsonl").read_text().splitlines()][:16]
+    prompts = []
+    for c in chats:
+        ids = tok.apply_chat_template(c["messages"][:1], add_generation_prompt=True, tokenize=True)
+        prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+    t0 = time.perf_counter()
+    runs, startup = _ar_runs(r, prompts)
+    return {"wall_s": round(time.perf_counter() - t0, 2), "vllm_startup_s": startup, "dtype": r.a.check_dtype,
+            "prompts": len(prompts), "tokens": sum(map(len, runs["batched"])),
+            "ar_alone_vs_batched": _agreement(runs["alone"], runs["batched"], "identical")}
 
 
 def _agreement(outs: list[list[int]], ref: list[list[int]], key: str) -> dict:
@@ -425,7 +448,7 @@ def vllm_start(r: Run) -> dict:
 ACTIONS = {"build": build, "vllm_start": vllm_start, "config": config, "regen_hf": lambda r: regen(r, "hf"),
            "regen_vllm": lambda r: regen(r, "vllm"), "regen_cmp": regen_cmp, "prepare": prepare,
            "extract_hf": lambda r: extract(r, "hf"), "extract_vllm": lambda r: extract(r, "vllm"),
-           "extract_cmp": extract_cmp, "vllm_ar": vllm_ar,
+           "extract_cmp": extract_cmp, "vllm_ar": vllm_ar, "ar_batch": ar_batch,
            **{f"{s}_{m}": (lambda f, m: lambda r: f(r, m))(f, m)
               for s, f in (("train", train), ("eval", evaluate), ("export", export), ("serve", serve))
               for m in ("offline", "online")}}

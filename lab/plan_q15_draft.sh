@@ -2,11 +2,12 @@
 # One H200 session (lab/GPU.md "Next sessions" B): the best EAGLE-3 draft for Qwen2.5-Coder-1.5B and what vLLM
 # makes of it (issue 37 items 2, 3). Jobs run as lanes (lab/lanes.sh); results under /tmp/res come back in
 # $OUT/lanes.tgz with every call.
-#   bash lab/plan_q15_draft.sh JOB    JOB: scaling served back (or tick, below)
+#   bash lab/plan_q15_draft.sh JOB    JOB: scaling served kimi_ar back (or tick, below)
 # Carry (lab/gpu_carry.sh pack, ITEMS="eyas-deps qwen15 vllm-deps vllm", 48 MiB parts: the 1.5B first, so the
 # recipe starts while vLLM arrives); on every call, carrying the next part:   bash lab/plan_q15_draft.sh tick [WAIT_S]
-# tick receives the parts, snapshots the tree once, starts `scaling` when eyas's deps and the 1.5B are in, `served`
-# when vLLM is in and `scaling` has ended, then waits up to WAIT_S (default 20) and packs logs and results; the
+# tick receives the parts, snapshots the tree once, starts `scaling` when eyas's deps and the 1.5B are in,
+# `kimi_ar` (a short vLLM check on the Kimi toy) as soon as vLLM is in, `served` (timed: alone) once both ended,
+# then waits up to WAIT_S (default 20) and packs logs and results; the
 # ticks after `served` ends run `back` alone, 4 parts a call (the self-written rows and the best draft: a later
 # session carries them as .carry/q15back and resumes instead of generating again; lab/restore_draft.py --parts
 # .carry/q15back rebuilds the draft). Knobs: SCALE_BUDGET (s, default 1000), SCALE_SIZES (default 1e6,2e6,4e6:
@@ -18,7 +19,10 @@ if [ "${1:-}" = tick ]; then
   # rows and a draft an earlier session brought back (.carry/q15back): the recipe resumes from them
   [ -d .carry/q15back ] && [ ! -d /tmp/q15back ] && cp -r .carry/q15back /tmp/q15back
   have eyas-deps qwen15 && lane scaling
-  have eyas-deps qwen15 vllm-deps vllm && ended scaling && lane served
+  # issue 38's control, a few GPU-minutes beside the recipe (KIMI_AR=0: not this session)
+  kimi_ar_wanted() { [ "${KIMI_AR:-1}" = 1 ]; }
+  kimi_ar_wanted && have eyas-deps vllm-deps vllm && lane kimi_ar
+  have eyas-deps qwen15 vllm-deps vllm && ended scaling && { ! kimi_ar_wanted || ended kimi_ar; } && lane served
   if ended served && [ -n "${OUT:-}" ] && [ ! -e /tmp/back.sent ]; then
     bash lab/plan_q15_draft.sh back; exit 0      # alone in its call, until every part has gone
   fi
@@ -62,6 +66,11 @@ case "${1:-}" in
     # issue 37 item 4 (if session A's short form skipped it): eyas's AR vs vLLM's on the 1.5B, prefill of a 1k turn
     [ -f $R/ar_pace_q15.json ] || python3 bench/ar_pace.py --target $T --device cuda --per-category 2 \
         --max-new-tokens 256 --vllm-python /tmp/vpy --out $R/ar_pace_q15.json ;;
+  kimi_ar)   # issue 38 item 3: does vLLM's own bf16 AR on the Kimi toy move with the batch's shape (batched vs one
+             # sequence at a time)? The toy's vLLM start-up bounded as in session A; 16 prompts x 128 tokens
+    python3 bench/kimi_toy.py --python /tmp/vpy --work /tmp/kimi --out $R/kimi_ar.json --toys kimi-k2.5 \
+        --steps build vllm_start ar_batch; rc=$?
+    (cd /tmp/kimi && find . -name '*.log' | tar czf $R/kimi-ar-logs.tgz -T -); exit $rc ;;
   back)      # in a call (not a lane): the self-written rows (gz) and the best draft (bf16, no embedding: the
              # target's; restore_draft.py's layout) split into 15 MB parts once, then 4 parts into $OUT per call
     [ -n "${OUT:-}" ] && [ -f $W/result.json ] || { echo "no OUT or no $W/result.json" >&2; exit 2; }

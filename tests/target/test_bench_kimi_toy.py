@@ -160,3 +160,37 @@ def test_steps_run_after_what_they_need_both_toys_side_by_side_and_a_failure_sto
     assert kimi_toy.main(args) == 0
     assert sorted((t, s) for t, s, _, _ in calls) == sorted(
         [("llava-llama", s) for s in ("train_online", "export_online", "serve_online", "vllm_ar")])
+
+
+def test_ar_batch_runs_the_batched_and_the_lone_ar_on_the_toys_own_prompts(tmp_path, monkeypatch):
+    # the control without drafts: the toy's first training prompts through its chat template, two AR engines
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import kimi_toy
+
+    args = ["--python", "/no/vllm/needed", "--work", str(tmp_path / "w"), "--toys", "kimi-k2.5", "--size", "tiny",
+            "--device", "cpu", "--rows", "20", "--eval-prompts", "2"]
+    assert kimi_toy.main([*args, "--out", str(tmp_path / "a.json"), "--steps", "build"]) == 0
+    sent = []
+
+    def fake_worker(python, worker, payload, **kw):
+        sent.append(payload)
+        alone = payload["engine"]["kwargs"].get("max_num_seqs") == 1
+        outs = [[7, 7, 7] for _ in payload["prompts"]]
+        if alone:
+            outs[3] = [7, 8, 8]
+        return {"outputs": outs, "version": "0.26.0", "startup_s": 2.0, "generate_s": 0.1, "counters": {}}
+
+    monkeypatch.setattr("eyas.engines.base.run_in_env", fake_worker)
+    ns = type("A", (), {"work": str(tmp_path / "w"), "python": sys.executable, "new_tokens": 3, "tp": 1, "ep": False,
+                        "vllm_memory": 0.15, "vllm_timeout_s": 300.0, "check_dtype": "bf16"})()
+    res = kimi_toy.ar_batch(kimi_toy.Run(ns, "kimi-k2.5"))
+    batched, alone = sent
+    assert batched["prompts"] == alone["prompts"] and len(batched["prompts"]) == 16
+    assert all(isinstance(t, int) for p in batched["prompts"] for t in p)
+    first_user = json.loads((tmp_path / "w" / "kimi-k2.5" / "chats.jsonl").read_text().splitlines()[0])
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(tmp_path / "w" / "kimi-k2.5" / "target")
+    assert first_user["messages"][0]["content"] in tok.decode(batched["prompts"][0])
+    assert res["ar_alone_vs_batched"] == {"identical": "15/16", "first_difference": [None] * 3 + [1] + [None] * 12}
+    assert res["prompts"] == 16 and res["tokens"] == 48 and res["vllm_startup_s"] == 2.0
+    assert "ar_batch" not in kimi_toy.DEFAULT_STEPS and kimi_toy.NEEDS["ar_batch"] == ("build", "vllm_start")
