@@ -266,3 +266,32 @@ def test_every_vllm_worker_spawns_its_engine_processes_unless_the_user_chose(mon
     assert VllmAdapter.env(None)["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"   # serve-check and the speedup bench
     monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "fork")
     assert worker_env()["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
+
+
+def test_a_start_that_a_neighbour_spoiled_is_tried_once_more_and_nothing_else_is(monkeypatch):
+    """vLLM's start-up check "Error in memory profiling" (another process freed GPU memory while it measured) is a
+    neighbour's doing: the run starts once more; any other failure, or the same one twice, is raised."""
+    from eyas.engines.vllm import VllmAdapter
+
+    monkeypatch.setattr(VllmAdapter, "retry_wait_s", 0.0)
+    failures = []
+
+    def worker(python, script, payload, **kw):
+        if failures:
+            raise EngineError(failures.pop(0))
+        return {"outputs": [[4, 5]], "version": "0.26.0", "startup_s": 1.0, "generate_s": 0.1, "counters": {}}
+
+    monkeypatch.setattr("eyas.engines.base.run_in_env", worker)
+    engine = VllmAdapter(sys.executable)
+    spoiled = ("vllm_serve_worker.py failed (exit 1): AssertionError: Error in memory profiling. Initial free memory "
+               "70.76 GiB, current free memory 76.65 GiB")
+    failures[:] = [spoiled]
+    with pytest.warns(RuntimeWarning, match="starting it once more"):
+        assert engine.generate("t", [[1]], 2).outputs == [[4, 5]]
+    failures[:] = [spoiled, spoiled]
+    with pytest.warns(RuntimeWarning), pytest.raises(EngineError, match="Error in memory profiling"):
+        engine.generate("t", [[1]], 2)
+    failures[:] = ["CUDA out of memory"]
+    with pytest.raises(EngineError, match="CUDA out of memory"):
+        engine.generate("t", [[1]], 2)
+    assert failures == []

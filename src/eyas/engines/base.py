@@ -27,6 +27,7 @@ import signal
 import subprocess
 import tempfile
 import time
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -242,6 +243,9 @@ class WorkerEngine(ABC):
     how_to_create: ClassVar[str]
     tested_versions: ClassVar[tuple[str, ...]]
     entry_points: tuple[EntryPoint, ...]          # the class's: all (the recorder's); an instance's: its target's
+    # start-up failures that a neighbour on the GPU causes and a second start does not meet: `_run` retries once
+    transient_start_errors: ClassVar[tuple[str, ...]] = ()
+    retry_wait_s: ClassVar[float] = 10.0
     served_layers: ClassVar[dict[str, str]] = {}  # wrapper architecture -> where the engine keeps its decoder layers
     drafter_since: ClassVar[dict[str, tuple[str, str]]] = {}   # kind -> (first release serving eyas's export, why)
     worker: ClassVar[Path]                        # its serve worker
@@ -330,8 +334,19 @@ class WorkerEngine(ABC):
         payload = {"engine": engine, "prompts": prompts, "max_tokens": max_new_tokens, "logprobs": logprobs}
         if stop_ids is not None:
             payload["stop_token_ids"] = [int(i) for i in stop_ids]
-        doc = run_in_env(self.python, self.worker, payload, timeout=timeout, log=log,
-                         env={**self.env(), **(env or {})})
+        for attempt in (1, 2):
+            try:
+                doc = run_in_env(self.python, self.worker, payload, timeout=timeout, log=log,
+                                 env={**self.env(), **(env or {})})
+                break
+            except EngineError as e:
+                seen = next((m for m in self.transient_start_errors if m in str(e)), None)
+                if attempt == 2 or seen is None:
+                    raise
+                warnings.warn(f"{self.label} failed to start ({seen!r}: a neighbour on the GPU freed memory while "
+                              f"it measured); starting it once more in {self.retry_wait_s:.0f} s", RuntimeWarning,
+                              stacklevel=2)
+                time.sleep(self.retry_wait_s)
         spec = engine.get("draft") is not None
         return Served(outputs=doc["outputs"], stats=self.spec_stats(doc["counters"]) if spec else None,
                       version=doc.get("version"), startup_s=doc["startup_s"], generate_s=doc["generate_s"],
