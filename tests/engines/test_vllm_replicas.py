@@ -69,6 +69,13 @@ class LLM:
         t0 = time.time()
         if os.environ.get("FAKE_VLLM_HANG"):  # an engine that never comes up
             time.sleep(3600)
+        if os.environ.get("FAKE_VLLM_SPOILED"):  # the first start meets a neighbour freeing GPU memory
+            try:
+                os.close(os.open(os.environ["FAKE_VLLM_SPOILED"], os.O_CREAT | os.O_EXCL))
+                raise AssertionError("Error in memory profiling. Initial free memory 70.76 GiB, current free "
+                                     "memory 76.65 GiB")
+            except FileExistsError:
+                pass
         if os.environ.get("FAKE_VLLM_FORK"):  # vLLM on a GPU: the engine core is a forked child, all fds inherited
             parent = os.getpid()
             if os.fork() == 0:
@@ -176,6 +183,17 @@ def test_a_dying_replica_stops_the_run_naming_its_log(light, target, tmp_path, m
     other = ({str(tmp_path / "vllm.log"), str(tmp_path / "vllm-1.log")} - {named}).pop()
     assert "fell off the bus" not in open(other).read()  # the log named is the dead replica's own
     assert all(r.proc.poll() is not None for r in b.replicas)  # the survivor is stopped, not left on the GPU
+    b.close()
+
+
+def test_a_start_a_neighbour_spoiled_starts_once_more(light, target, tmp_path, monkeypatch):  # noqa: F811
+    py, kw = light
+    monkeypatch.setenv("FAKE_VLLM_SPOILED", str(tmp_path / "spoiled.claim"))
+    monkeypatch.setattr("eyas.engines.vllm.VllmAdapter.retry_wait_s", 0.0)
+    with pytest.warns(RuntimeWarning, match="starting it once more"):
+        b = VllmBackend(str(target), python=str(py), max_new_tokens=3, log=tmp_path / "vllm.log")
+    (answer,) = b.generate([[{"role": "user", "content": "hi"}]])
+    assert isinstance(answer, tuple) and len(builds(kw)) == 1   # answered by the second start's engine
     b.close()
 
 

@@ -16,12 +16,13 @@ import os
 import queue
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Hashable, Sequence
 
 from eyas.data.backends import GenerationError, answer, prompt_ids
 from eyas.engines.base import EngineError, engine_python
-from eyas.engines.vllm import ENV_VAR, HOW_TO_CREATE, tensor_parallel_problem, worker_env
+from eyas.engines.vllm import ENV_VAR, HOW_TO_CREATE, VllmAdapter, tensor_parallel_problem, worker_env
 from eyas.engines.vllm_replicas import WORKER, Replica, memory_share, replica_log  # noqa: F401 (WORKER: tests)
 from eyas.target.load import load_special_ids, load_tokenizer
 
@@ -160,18 +161,18 @@ class VllmBackend:
         env = {**os.environ, **worker_env()}
         env.pop("PYTHONPATH", None)
         t0 = time.perf_counter()
-        self._answers: queue.Queue = queue.Queue()  # (replica index, message | None once it exited)
-        self.replicas = [Replica(i, python, cfg, replica_log(self.log, i), env, self._answers,
-                                 f" (replica {i} of {replicas})" if replicas > 1 else "")
-                         for i in range(replicas)]
-        readies: dict = {}  # {"ready": true, "max_num_seqs": N, "max_num_batched_tokens": M} once an engine is up
-        while len(readies) < replicas:
-            left = startup_timeout_s - (time.perf_counter() - t0)
+        for attempt in (1, 2):
             try:
-                i, msg = self._next(timeout=max(left, 0))
-            except queue.Empty:  # an engine that never comes up must not hold the run (and the GPU) forever
-                raise self._not_ready(readies, startup_timeout_s) from None
-            readies[i] = msg
+                readies = self._start(python, cfg, env, replicas, startup_timeout_s - (time.perf_counter() - t0))
+                break
+            except EngineError as e:   # a start-up a neighbour spoiled (see VllmAdapter): once more
+                seen = next((m for m in VllmAdapter.transient_start_errors if m in str(e)), None)
+                if attempt == 2 or seen is None:
+                    raise
+                warnings.warn(f"vLLM failed to start ({seen!r}: a neighbour on the GPU freed memory while it "
+                              f"measured); starting it once more in {VllmAdapter.retry_wait_s:.0f} s",
+                              RuntimeWarning, stacklevel=2)
+                time.sleep(VllmAdapter.retry_wait_s)
         self.startup_s = time.perf_counter() - t0
         ready = readies[0]  # the same settings: every replica settles on the same values
         self.engine_max_seqs = ready.get("max_num_seqs") or max_num_seqs
@@ -180,6 +181,24 @@ class VllmBackend:
         # request in the next step, while a finished turn's follow-up waits behind at most that quarter.
         m = self.engine_max_seqs
         self.window = max_in_flight or (m + max(16, m // 4) if m else 4096)
+
+    def _start(self, python: str, cfg: Path, env: dict, replicas: int, timeout: float) -> dict:
+        """Start the replicas and wait until every one is up: {index: its ready message}; EngineError when one
+        exits first or `timeout` passes."""
+        t0 = time.perf_counter()
+        self._answers: queue.Queue = queue.Queue()  # (replica index, message | None once it exited)
+        self.replicas = [Replica(i, python, cfg, replica_log(self.log, i), env, self._answers,
+                                 f" (replica {i} of {replicas})" if replicas > 1 else "")
+                         for i in range(replicas)]
+        readies: dict = {}  # {"ready": true, "max_num_seqs": N, "max_num_batched_tokens": M} once an engine is up
+        while len(readies) < replicas:
+            left = timeout - (time.perf_counter() - t0)
+            try:
+                i, msg = self._next(timeout=max(left, 0))
+            except queue.Empty:  # an engine that never comes up must not hold the run (and the GPU) forever
+                raise self._not_ready(readies, timeout) from None
+            readies[i] = msg
+        return readies
 
     def _next(self, timeout: float | None = None) -> tuple[int, dict]:
         """The next message from any replica; a replica that exited stops them all and raises, naming its log.
