@@ -31,7 +31,7 @@ import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol, TypeVar
 
 from eyas import env as switches
 from eyas.engines.entry_points import (EntryPoint, ProbeResult, applicable, check_signatures, drafter_problems,
@@ -39,6 +39,8 @@ from eyas.engines.entry_points import (EntryPoint, ProbeResult, applicable, chec
 
 if TYPE_CHECKING:
     from eyas.decode.tree import TreeSpec
+
+T = TypeVar("T")
 
 
 class EngineError(RuntimeError):
@@ -230,6 +232,21 @@ def engine_lock(name: str):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def start_twice(start: Callable[[], T], transient: tuple[str, ...], label: str, wait_s: float) -> T:
+    """start(), and once more (after wait_s) if it raised an EngineError naming one of `transient`: start-up
+    failures that a neighbour on the GPU causes and a second start does not meet."""
+    try:
+        return start()
+    except EngineError as e:
+        seen = next((m for m in transient if m in str(e)), None)
+        if seen is None:
+            raise
+        warnings.warn(f"{label} failed to start ({seen!r}: a neighbour on the GPU freed memory while it measured); "
+                      f"starting it once more in {wait_s:.0f} s", RuntimeWarning, stacklevel=3)
+    time.sleep(wait_s)
+    return start()
+
+
 class WorkerEngine(ABC):
     """`Engine` over two worker scripts in the engine's env: probe_worker.py (version, signatures) and the
     engine's serve worker (serve, generate, bench mode). A subclass sets the class attributes and
@@ -334,19 +351,9 @@ class WorkerEngine(ABC):
         payload = {"engine": engine, "prompts": prompts, "max_tokens": max_new_tokens, "logprobs": logprobs}
         if stop_ids is not None:
             payload["stop_token_ids"] = [int(i) for i in stop_ids]
-        for attempt in (1, 2):
-            try:
-                doc = run_in_env(self.python, self.worker, payload, timeout=timeout, log=log,
-                                 env={**self.env(), **(env or {})})
-                break
-            except EngineError as e:
-                seen = next((m for m in self.transient_start_errors if m in str(e)), None)
-                if attempt == 2 or seen is None:
-                    raise
-                warnings.warn(f"{self.label} failed to start ({seen!r}: a neighbour on the GPU freed memory while "
-                              f"it measured); starting it once more in {self.retry_wait_s:.0f} s", RuntimeWarning,
-                              stacklevel=2)
-                time.sleep(self.retry_wait_s)
+        doc = start_twice(lambda: run_in_env(self.python, self.worker, payload, timeout=timeout, log=log,
+                                             env={**self.env(), **(env or {})}),
+                          self.transient_start_errors, self.label, self.retry_wait_s)
         spec = engine.get("draft") is not None
         return Served(outputs=doc["outputs"], stats=self.spec_stats(doc["counters"]) if spec else None,
                       version=doc.get("version"), startup_s=doc["startup_s"], generate_s=doc["generate_s"],

@@ -16,12 +16,11 @@ import os
 import queue
 import tempfile
 import time
-import warnings
 from pathlib import Path
 from typing import Any, Callable, Hashable, Sequence
 
 from eyas.data.backends import GenerationError, answer, prompt_ids
-from eyas.engines.base import EngineError, engine_python
+from eyas.engines.base import EngineError, engine_python, start_twice
 from eyas.engines.vllm import ENV_VAR, HOW_TO_CREATE, VllmAdapter, tensor_parallel_problem, worker_env
 from eyas.engines.vllm_replicas import WORKER, Replica, memory_share, replica_log  # noqa: F401 (WORKER: tests)
 from eyas.target.load import load_special_ids, load_tokenizer
@@ -161,18 +160,9 @@ class VllmBackend:
         env = {**os.environ, **worker_env()}
         env.pop("PYTHONPATH", None)
         t0 = time.perf_counter()
-        for attempt in (1, 2):
-            try:
-                readies = self._start(python, cfg, env, replicas, startup_timeout_s - (time.perf_counter() - t0))
-                break
-            except EngineError as e:   # a start-up a neighbour spoiled (see VllmAdapter): once more
-                seen = next((m for m in VllmAdapter.transient_start_errors if m in str(e)), None)
-                if attempt == 2 or seen is None:
-                    raise
-                warnings.warn(f"vLLM failed to start ({seen!r}: a neighbour on the GPU freed memory while it "
-                              f"measured); starting it once more in {VllmAdapter.retry_wait_s:.0f} s",
-                              RuntimeWarning, stacklevel=2)
-                time.sleep(VllmAdapter.retry_wait_s)
+        readies = start_twice(lambda: self._start(python, cfg, env, replicas,
+                                                  startup_timeout_s - (time.perf_counter() - t0)),
+                              VllmAdapter.transient_start_errors, "vLLM", VllmAdapter.retry_wait_s)
         self.startup_s = time.perf_counter() - t0
         ready = readies[0]  # the same settings: every replica settles on the same values
         self.engine_max_seqs = ready.get("max_num_seqs") or max_num_seqs
