@@ -118,3 +118,26 @@ def test_the_eager_prefill_of_a_fresh_turn_is_causal_too_and_eager_attention_mod
     model.config._attn_implementation = "eager"
     runner = TargetRunner(model, wrap_model(model).layout, [1, 2], 64, min_bucket=16)
     assert not runner.causal_from_start(16)
+
+
+def test_the_causal_attention_keeps_the_mask_where_it_would_not_be_the_same():
+    """A layer that is not causal (an encoder's), a one-row query, or a kwarg sdpa treats specially: the mask is
+    used as given."""
+    from eyas.decode.target_step import causal_chunk_attention
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 4, 8, generator=g) for _ in range(3))
+    k, v = (torch.cat([t, torch.randn(1, 2, 4, 8, generator=g)], 2) for t in (k, v))   # 4 keys past the chunk
+    full = torch.zeros(1, 1, 4, 8)          # sees every key, the 4 past the chunk too
+    causal = torch.full((4, 8), float("-inf")).triu(1)[None, None]
+    causal[..., 4:] = float("-inf")
+    layer = torch.nn.Module()
+    out, _ = causal_chunk_attention(layer, q, k, v, full)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=causal)
+    torch.testing.assert_close(out, ref.transpose(1, 2))
+    layer.is_causal = False
+    out, _ = causal_chunk_attention(layer, q, k, v, full)
+    torch.testing.assert_close(out, torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=full)
+                               .transpose(1, 2))
+    one, _ = causal_chunk_attention(torch.nn.Module(), q[:, :, :1], k, v, full[:, :, :1])
+    torch.testing.assert_close(one, torch.nn.functional.scaled_dot_product_attention(q[:, :, :1], k, v)
+                               .transpose(1, 2))

@@ -51,7 +51,8 @@ def causal_chunk_attention(module, query, key, value, attention_mask, **kwargs):
     with no context before them (row i sees slots 0..i), which is what that mask says there."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     T = query.shape[2]
-    if T == 1 or any(kwargs.get(k) is not None for k in DELEGATED_KWARGS):
+    causal = kwargs.get("is_causal", getattr(module, "is_causal", True)) is not False   # not an encoder's layer
+    if T == 1 or not causal or any(kwargs.get(k) is not None for k in DELEGATED_KWARGS):
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     return sdpa_attention_forward(module, query, key[:, :, :T], value[:, :, :T], None, **kwargs)
 
