@@ -141,3 +141,18 @@ def test_the_causal_attention_keeps_the_mask_where_it_would_not_be_the_same():
     one, _ = causal_chunk_attention(torch.nn.Module(), q[:, :, :1], k, v, full[:, :, :1])
     torch.testing.assert_close(one, torch.nn.functional.scaled_dot_product_attention(q[:, :, :1], k, v)
                                .transpose(1, 2))
+
+
+def test_warm_up_captures_every_chunk_a_prompt_can_meet_and_none_past_the_capacity(monkeypatch):
+    """What `warm` would capture on a GPU (the capture itself stubbed): each (width, bucket) of a chunk that fits,
+    the first chunk's as causal ones; a width that would pass the capacity is skipped, not asked for."""
+    _, padded = runners(capacity=40)
+    gp = padded.attached(GraphedPrefill)
+    gp.capture, keys = True, []
+    monkeypatch.setattr(gp, "_graph", lambda w, kv_len, causal: keys.append((w, kv_len, causal)))
+    gp.warm()
+    assert padded.graph_prefill   # nothing went wrong on the way
+    b = padded.bucket
+    assert keys == [(4, b(4), True), (8, b(8), True), (16, b(16), True),
+                    (4, b(20), False), (8, b(24), False), (16, b(32), False),
+                    (4, b(36), False), (8, b(40), False)]

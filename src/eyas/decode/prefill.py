@@ -119,9 +119,9 @@ class GraphedPrefill:
         cap, top = self.runner.capacity, self.widths[-1]
         try:
             for s in range(0, cap, top):
-                for w in self.widths:
+                for w in (w for w in self.widths if s + w <= cap):
                     key = (w, self.runner.bucket(s + w), self._causal(s, w))
-                    if s + w <= cap and key not in self._graphs:
+                    if key not in self._graphs:
                         self._load(w, torch.zeros(1, dtype=torch.long, device=self.runner.device), s)
                         self._graph(*key)
         except RuntimeError as e:
