@@ -6,7 +6,7 @@
 # Carry (lab/gpu_carry.sh pack, ITEMS="eyas-deps qwen15 vllm-deps vllm", 48 MiB parts: the 1.5B first, so the
 # recipe starts while vLLM arrives); on every call, carrying the next part:   bash lab/plan_q15_draft.sh tick [WAIT_S]
 # tick receives the parts, snapshots the tree once, starts `scaling` when eyas's deps and the 1.5B are in,
-# `kimi_ar` (a short vLLM check on the Kimi toy) as soon as vLLM is in, `served` (timed: alone) once both ended,
+# `served` (timed) once vLLM is in and `scaling` ended, `kimi_ar` (a short vLLM check on the Kimi toy) after it,
 # then waits up to WAIT_S (default 20) and packs logs and results; the
 # ticks after `served` ends run `back` alone, 4 parts a call (the self-written rows and the best draft: a later
 # session carries them as .carry/q15back and resumes instead of generating again; lab/restore_draft.py --parts
@@ -19,10 +19,10 @@ if [ "${1:-}" = tick ]; then
   # rows and a draft an earlier session brought back (.carry/q15back): the recipe resumes from them
   [ -d .carry/q15back ] && [ ! -d /tmp/q15back ] && cp -r .carry/q15back /tmp/q15back
   have eyas-deps qwen15 && lane scaling
-  # issue 38's control, a few GPU-minutes beside the recipe (KIMI_AR=0: not this session)
-  kimi_ar_wanted() { [ "${KIMI_AR:-1}" = 1 ]; }
-  kimi_ar_wanted && have eyas-deps vllm-deps vllm && lane kimi_ar
-  have eyas-deps qwen15 vllm-deps vllm && ended scaling && { ! kimi_ar_wanted || ended kimi_ar; } && lane served
+  have eyas-deps qwen15 vllm-deps vllm && ended scaling && lane served
+  # issue 38's control, a few GPU-minutes once the timed lane ended (while `back` calls run), so that it neither
+  # disturbs the sweep's timings nor takes the recipe's GPU memory (KIMI_AR=0: not this session)
+  [ "${KIMI_AR:-1}" = 1 ] && ended served && lane kimi_ar
   if ended served && [ -n "${OUT:-}" ] && [ ! -e /tmp/back.sent ]; then
     bash lab/plan_q15_draft.sh back; exit 0      # alone in its call, until every part has gone
   fi

@@ -16,11 +16,7 @@ def test_recipe_starts_when_the_target_is_in(tmp_path):
 def test_served_waits_for_vllm_and_the_recipe(tmp_path):
     assert "served" not in _tick(tmp_path, ["eyas-deps", "qwen15", "vllm-deps", "vllm"], {})
     assert "served" not in _tick(tmp_path / "b", ["eyas-deps", "qwen15"], {"scaling": 0})
-    assert "served" in _tick(tmp_path / "c", ["eyas-deps", "qwen15", "vllm-deps", "vllm"], {"scaling": 3, "kimi_ar": 0})
-    # the served sweep is timed: it waits for the Kimi control too, unless the session leaves that out
-    assert "served" not in _tick(tmp_path / "d", ["eyas-deps", "qwen15", "vllm-deps", "vllm"], {"scaling": 3})
-    assert "served" in _tick(tmp_path / "e", ["eyas-deps", "qwen15", "vllm-deps", "vllm"], {"scaling": 3},
-                             env={"KIMI_AR": "0"})
+    assert "served" in _tick(tmp_path / "c", ["eyas-deps", "qwen15", "vllm-deps", "vllm"], {"scaling": 3})
 
 
 def test_back_goes_alone_once_served_ended(tmp_path):
@@ -33,7 +29,9 @@ def test_back_goes_alone_once_served_ended(tmp_path):
     assert "wait" in _tick(tmp_path / "c", have, {"scaling": 0}, out=out)
 
 
-def test_the_kimi_control_starts_once_vllm_is_in_unless_left_out(tmp_path):
-    assert "kimi_ar" not in _tick(tmp_path, ["eyas-deps", "qwen15"], {})
-    assert "kimi_ar" in _tick(tmp_path / "b", ["eyas-deps", "vllm-deps", "vllm"], {})
-    assert "kimi_ar" not in _tick(tmp_path / "c", ["eyas-deps", "vllm-deps", "vllm"], {}, env={"KIMI_AR": "0"})
+def test_the_kimi_control_starts_after_the_timed_lane_unless_left_out(tmp_path):
+    have = ["eyas-deps", "qwen15", "vllm-deps", "vllm"]
+    assert "kimi_ar" not in _tick(tmp_path, have, {})
+    assert "kimi_ar" not in _tick(tmp_path / "b", have, {"scaling": 0}, running=("served",))
+    assert "kimi_ar" in _tick(tmp_path / "c", have, {"scaling": 0, "served": 0})
+    assert "kimi_ar" not in _tick(tmp_path / "d", have, {"scaling": 0, "served": 0}, env={"KIMI_AR": "0"})
