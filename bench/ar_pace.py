@@ -8,7 +8,8 @@ template), one request at a time, stopping at EOS or `--max-new-tokens`, and rep
 with prefill included (what vLLM's `LLM.generate` at batch 1 costs a user); eyas's decode-only rate and its prefill
 of a `--prefill-tokens` prompt (median of 5) are reported beside it, with a profile of one more prefill (the ops
 that take its time, by device and by host time: where a prefill's milliseconds go); on the GPU the same for the
-eager prefill that the graphed one replaces (`eager_*`). vLLM runs in its own environment (one engine,
+eager prefill that the graphed one replaces (`eager_*`), and a profile of 64 decoded tokens (device time and kernels
+per token: what a decode step is made of). vLLM runs in its own environment (one engine,
 `eyas.engines.speedup.measure` with no drafts) after eyas has released the GPU's memory.
 """
 from __future__ import annotations
@@ -48,14 +49,14 @@ def time_prefill(runner, prompt: list[int]) -> float:
     return time.perf_counter() - t
 
 
-def profile_prefill(runner, prompt: list[int], top: int = 15) -> dict:
-    """One prefill under torch.profiler: its wall ms, the summed device (CUDA) and host self times, and the `top`
-    ops by each."""
+def profile_call(fn, device: torch.device, top: int = 15) -> dict:
+    """fn() under torch.profiler: its wall ms, the summed device (CUDA) and host self times, and the `top` ops by
+    each (kernels inside replayed CUDA graphs included)."""
     from torch.profiler import ProfilerActivity, profile
 
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if runner.device.type == "cuda" else [])
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=acts) as prof:
-        wall = time_prefill(runner, prompt)
+        wall = fn()
     ev = prof.key_averages()
     dev = [e for e in ev if getattr(e, "self_device_time_total", 0) > 0]
 
@@ -64,9 +65,33 @@ def profile_prefill(runner, prompt: list[int], top: int = 15) -> dict:
                 for e in sorted(ev, key=lambda e: -getattr(e, key, 0))[:top] if getattr(e, key, 0) > 0]
 
     return {"wall_ms": round(1e3 * wall, 3), "ops": sum(e.count for e in ev if e.key.startswith("aten::")),
+            "kernels": sum(e.count for e in dev),
             "device_ms": round(sum(e.self_device_time_total for e in dev) / 1e3, 3),
             "host_self_ms": round(sum(e.self_cpu_time_total for e in ev) / 1e3, 3),
             "by_device": rows("self_device_time_total") if dev else [], "by_host": rows("self_cpu_time_total")}
+
+
+def profile_prefill(runner, prompt: list[int], top: int = 15) -> dict:
+    """One prefill under the profiler (`profile_call`): where a prefill's milliseconds go."""
+    return profile_call(lambda: time_prefill(runner, prompt), runner.device, top)
+
+
+def profile_decode(runner, prompt: list[int], tokens: int = 64, top: int = 15) -> dict:
+    """One generation of `tokens` tokens (no EOS) under the profiler, prefill included, and its device time and
+    kernel count per decoded token: what a decode step is made of."""
+    from eyas.decode.speculative import ar_generate
+
+    sync = torch.cuda.synchronize if runner.device.type == "cuda" else (lambda: None)
+
+    def run() -> float:
+        sync()
+        t = time.perf_counter()
+        ar_generate(runner, prompt, tokens, eos_ids=())
+        sync()
+        return time.perf_counter() - t
+    prof = profile_call(run, runner.device, top)
+    return {**prof, "tokens": tokens, "device_ms_per_token": round(prof["device_ms"] / tokens, 4),
+            "kernels_per_token": round(prof["kernels"] / tokens, 1)}
 
 
 def eyas_ar(target, prompts: list[list[int]], max_new: int, prefill_tokens: int, compile_: bool) -> dict:
@@ -105,7 +130,8 @@ def eyas_ar(target, prompts: list[list[int]], max_new: int, prefill_tokens: int,
                         f"{tag}profile": profile_prefill(runner, long.tolist())})
     runner.graph_prefill = modes[0][1]
     return {"tok_s": n_tok / tot, "decode_tok_s": gen / dec, "ms_per_token_decode": 1e3 * dec / gen,
-            "generated_tokens": n_tok, "seconds": tot, "warm_s": warm_s, "prefill_ms": prefill}
+            "generated_tokens": n_tok, "seconds": tot, "warm_s": warm_s, "prefill_ms": prefill,
+            "decode_profile": profile_decode(runner, prompts[0])}
 
 
 def main(argv=None) -> int:
