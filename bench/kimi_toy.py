@@ -389,13 +389,12 @@ def ar_batch(r: Run) -> dict:
     """The same batched-vs-alone AR control without drafts or serve-check (the toy's first 16 training prompts
     through its chat template): a minute of GPU where the full pipeline does not fit."""
     with IN_PROCESS:
-        from transformers import AutoTokenizer
-    tok = AutoTokenizer.from_pretrained(r.target)
+        from eyas.data.backends import prompt_ids
+        from eyas.target.load import load_tokenizer
+    tok = load_tokenizer(str(r.target))
     chats = [json.loads(x) for x in (r.dir / "chats.jsonl").read_text().splitlines()][:16]
-    prompts = []
-    for c in chats:
-        ids = tok.apply_chat_template(c["messages"][:1], add_generation_prompt=True, tokenize=True)
-        prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+    prompts = [prompt_ids(tok, tok.apply_chat_template(c["messages"][:1], tokenize=False, add_generation_prompt=True))
+               for c in chats]   # as regenerate's vLLM backend encodes them
     t0 = time.perf_counter()
     runs, startup = _ar_runs(r, prompts)
     return {"wall_s": round(time.perf_counter() - t0, 2), "vllm_startup_s": startup, "dtype": r.a.check_dtype,
