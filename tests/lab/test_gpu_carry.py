@@ -115,3 +115,36 @@ def test_an_item_staged_from_another_wheel_list_is_rebuilt_not_carried(tmp_path)
     r = _run(repo, "pack", env)
     assert r.returncode == 2 and "alpha: its wheel list or pins changed since it was staged: rebuilding" in r.stderr
     assert "unknown item alpha" in r.stderr and not (items / "alpha").exists()
+
+
+def test_the_rows_brought_back_travel_as_one_item_rebuilt_when_they_change(tmp_path):
+    """Only rows.tgz of what `back` brought (draft.tar.NN: the rows and a 200 MB draft) travels."""
+    import io
+    import tarfile
+
+    def parts(rows: bytes) -> None:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as t:
+            for name, data in (("./draft-bf16.safetensors", b"w" * 3000), ("./rows.tgz", rows)):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                t.addfile(info, io.BytesIO(data))
+        blob = buf.getvalue()
+        for k in range(0, len(blob), 2048):
+            (back / f"draft.tar.{k // 2048:02d}").write_bytes(blob[k:k + 2048])
+
+    repo = _repo(tmp_path)
+    back = repo / ".carry" / "q15back"
+    back.mkdir(parents=True)
+    parts(b"rows-1")
+    env = {"STAGE": str(tmp_path / "stage"), "ITEMS": "q15back", "PART_MB": "1"}
+    assert _run(repo, "pack", env).returncode == 0
+    item = tmp_path / "stage" / "items" / "q15back"
+    assert item.read_bytes() == b"rows-1" and back.is_dir()   # pack clears the parts only, never what came back
+    parts(b"rows-2")                                          # another session's rows: staged again
+    r = _run(repo, "pack", env)
+    assert r.returncode == 0 and "rebuilding" in r.stderr and item.read_bytes() == b"rows-2"
+    for p in back.iterdir():
+        p.unlink()
+    r = _run(repo, "pack", {**env, "STAGE": str(tmp_path / "stage2")})
+    assert r.returncode != 0 and "no .carry/q15back/draft.tar" in r.stderr

@@ -35,3 +35,30 @@ def test_the_kimi_control_starts_after_the_timed_lane_unless_left_out(tmp_path):
     assert "kimi_ar" not in _tick(tmp_path / "b", have, {"scaling": 0}, running=("served",))
     assert "kimi_ar" in _tick(tmp_path / "c", have, {"scaling": 0, "served": 0})
     assert "kimi_ar" not in _tick(tmp_path / "d", have, {"scaling": 0, "served": 0}, env={"KIMI_AR": "0"})
+
+
+def test_a_pack_holding_the_rows_brought_back_starts_the_recipe_only_once_they_are_in(tmp_path):
+    """B2: scaling resumes from an earlier session's rows (item q15back); started before them, it would write anew."""
+    assert "scaling" not in _tick(tmp_path / "a", ["eyas-deps", "qwen15"], {}, carried=("q15back",))
+    assert "scaling" in _tick(tmp_path / "b", ["eyas-deps", "qwen15", "q15back"], {})
+
+
+def test_without_vllm_the_rows_and_draft_come_back_once_the_recipe_ended(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    have = ["eyas-deps", "q15back", "qwen15"]
+    assert "wait" in _tick(tmp_path / "a", have, {}, out=out, running=("scaling",))
+    assert "wait" not in _tick(tmp_path / "b", have, {"scaling": 0}, out=out)            # back, alone
+    # with vLLM in the pack, back waits for served
+    assert "wait" in _tick(tmp_path / "c", have, {"scaling": 0}, out=out, carried=("vllm-deps", "vllm"))
+
+
+def test_a_pack_holding_a_draft_serves_it_and_trains_nothing(tmp_path):
+    """B3: item q15draft (a draft brought back): no recipe; served once vLLM and the draft are in; nothing to send
+    back afterwards."""
+    full = ["eyas-deps", "q15draft", "qwen15", "vllm-deps", "vllm"]
+    assert _tick(tmp_path / "a", ["eyas-deps", "q15draft", "qwen15"], {}, carried=("vllm-deps", "vllm")) == ["wait"]
+    assert _tick(tmp_path / "b", full, {}) == ["served", "wait"]
+    out = tmp_path / "out"
+    out.mkdir()
+    assert "wait" in _tick(tmp_path / "c", full, {"served": 0}, out=out, env={"KIMI_AR": "0"})   # no back

@@ -1,6 +1,7 @@
 """Run a lab plan's `tick` against a stubbed lanes.sh: which lanes it would start, given the carry items installed
 and the lanes ended (with their exit codes)."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -13,9 +14,11 @@ echo "$*" >> "$CALLS"
 
 
 def calls(script: str, tmp_path: Path, installed: list[str], ended: dict[str, int],
-          out: Path | None = None, env: dict | None = None, running: tuple[str, ...] = ()) -> list[str]:
+          out: Path | None = None, env: dict | None = None, running: tuple[str, ...] = (),
+          carried: tuple[str, ...] = ()) -> list[str]:
     """What the tick asked of lanes.sh, in order: a started lane's name, `stop:NAME`, or the verb (`wait`); the
-    once-per-machine `snap` is left out. `running`: lanes started and not ended."""
+    once-per-machine `snap` is left out. `running`: lanes started and not ended; the pack's index names the items
+    installed and `carried` (still arriving)."""
     repo, carry, lanes = tmp_path / "repo", tmp_path / "carry", tmp_path / "lanes"
     for d in (repo / "lab", carry, lanes):
         d.mkdir(parents=True, exist_ok=True)
@@ -24,6 +27,8 @@ def calls(script: str, tmp_path: Path, installed: list[str], ended: dict[str, in
     (repo / "lab" / "lanes.sh").write_text(STUB)   # records what would start; starts nothing
     for name in installed:
         (carry / f"installed.{name}").touch()
+    names = list(dict.fromkeys([*installed, *carried]))
+    (carry / "index.json").write_text(json.dumps([{"name": n, "offset": 0, "size": 1} for n in names]))
     for name, rc in ended.items():
         (lanes / f"{name}.rc").write_text(f"{rc}\n")
     for name in running:   # started, not ended

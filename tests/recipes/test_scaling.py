@@ -190,6 +190,20 @@ def test_background_evals_run_beside_the_next_point_s_training(tmp_path, monkeyp
     assert (tmp_path / "w" / "eval-raw-1000.log").is_file()
 
 
+def test_a_background_eval_says_it_shares_the_device_and_a_foreground_one_does_not(tmp_path, monkeypatch):
+    """Beside training its timings describe the neighbour too: it reports tau, no speedup (--timings-shared)."""
+    cmds = []
+    real = FakeEval.__init__
+    monkeypatch.setattr(FakeEval, "__init__", lambda self, cmd, **kw: cmds.append(cmd) or real(self, cmd, **kw))
+    background_run(tmp_path, monkeypatch)
+    assert cmds and all("--timings-shared" in c for c in cmds if c[3] == "eval")
+    ran = {}
+    monkeypatch.setattr(R.subprocess, "run", lambda cmd, env=None, timeout=None: ran.setdefault(cmd[3], cmd)
+                        and subprocess.CompletedProcess(cmd, 0))
+    run(tmp_path / "fg", "sizes=1000", "eval_background=false")
+    assert "eval" in ran and "--timings-shared" not in ran["eval"]
+
+
 def test_a_failing_background_eval_stops_the_run_naming_its_log(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"eval:raw:1000 failed \(exit 3\); see .*eval-raw-1000\.log"):
         background_run(tmp_path, monkeypatch, rc=3)

@@ -57,6 +57,10 @@ class EvalConfig(StageConfig):
                                    "(default $EYAS_DECODE_MIN_BUCKET or 1024); each bucket is one more compile per "
                                    "step width, so a value at or above the capacity (e.g. 1000000) compiles each "
                                    "width once")
+    timings_shared: bool = Field(False, description="other work runs on the device meanwhile (a recipe's eval beside "
+                                "training): τ, acceptance and tokens are exact, timings are not, so no speedup is "
+                                "reported and the AR baseline it stores in --baseline-cache is marked as shared "
+                                "(an eval that times alone never uses its timings)")
     recheck: int = Field(4, ge=0, description="greedy: decode up to N turns whose divergence is not a logit tie again, "
                          "alone, in fp32 and in --dtype; verdict 'numerics' (fp32 is exact) or 'decoder' (0: off)")
     calib: int = Field(1, ge=1, description="--tree auto: questions per category for the calibration run")
@@ -158,7 +162,7 @@ def _run(cfg: EvalConfig, reuse: dict | None) -> dict | int:
     warnings = pairing_warnings(cfg, target, questions)
     s = Session(target, draft, questions, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                 compile_graphs=cfg.compile, seed=cfg.seed, reuse=None if reuse is None else reuse["session"],
-                baseline_cache=cfg.baseline_cache, min_bucket=cfg.min_bucket)
+                baseline_cache=cfg.baseline_cache, min_bucket=cfg.min_bucket, shared=cfg.timings_shared)
     specs = []
     if cfg.chain is not None or cfg.tree is None:
         specs.append(TreeSpec.chain(cfg.chain or 3))
@@ -190,12 +194,14 @@ def _run(cfg: EvalConfig, reuse: dict | None) -> dict | int:
     ref = vllm_reference.lookup(target.model.config, hw.get("gpu"), str(s.runner.dtype), batch=1)
     for r in results:   # eyas's speed over vLLM's AR for the same architecture, GPU and dtype, where measured
         r["speedup_vs_vllm_ar"] = vllm_reference.versus(r["tokens_per_s"], ref)
+    if cfg.timings_shared:
+        untimed(results, warnings)
     out = {"target": cfg.target, "draft": str(cfg.draft), "bench": cfg.bench, "questions": len(questions),
            "hardware": hw, "commit": commit(), "results": results, "vllm_reference": ref, "warnings": warnings,
            "baseline": {"turns": len(s.baseline), "from_cache": s.cached_turns,
                         "cache": str(cfg.baseline_cache) if cfg.baseline_cache else None,
                         "cache_check": s.cache_check}}
-    if cfg.temperature <= 0 and any(rounds for _, rounds in by_spec):
+    if cfg.temperature <= 0 and not cfg.timings_shared and any(rounds for _, rounds in by_spec):
         out["cost_model"] = {"costs": costs.to_dict(),
                              "predicted_vs_measured": predicted_vs_measured(by_spec, results, costs)}
         if auto:
@@ -210,6 +216,18 @@ def _run(cfg: EvalConfig, reuse: dict | None) -> dict | int:
         return out
     print(table(out))
     return 0
+
+
+def untimed(results: list[dict], warnings: list[str]) -> None:
+    """--timings-shared: the wall-clock rates describe the neighbour as much as the decoder, so no ratio of them is
+    reported (tok/s stay, as measured, for the record)."""
+    for r in results:
+        for x in (r, *r["per_category"].values()):
+            x["speedup"] = None
+        r["speedup_vs_vllm_ar"] = None
+        r["timed_alone"] = False
+    warnings.append("timed while other work shared the device (--timings-shared): τ and tokens are exact, no speedup "
+                    "is reported")
 
 
 def pairing_warnings(cfg: EvalConfig, target, questions: list[dict]) -> list[str]:

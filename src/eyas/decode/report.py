@@ -15,9 +15,9 @@ def table(out: dict) -> str:
     mark = "*" if b.get("from_cache") else ""
     for r in out["results"]:
         ident = r.get("identical_rate")
-        vs = (f"{r['speedup_vs_vllm_ar']:.2f}x",) if ref else ()
+        vs = (_x(r["speedup_vs_vllm_ar"]),) if ref else ()
         rows.append((r["setting"], f"{r['tau']:.3f}", " ".join(f"{a:.2f}" for a in r["accept_per_position"]),
-                     f"{r['tokens_per_s']:.1f}", f"{r['baseline_tokens_per_s']:.1f}{mark}", f"{r['speedup']:.2f}x", *vs,
+                     f"{r['tokens_per_s']:.1f}", f"{r['baseline_tokens_per_s']:.1f}{mark}", _x(r["speedup"]), *vs,
                      "-" if ident is None else f"{ident:.2f}"))
     cats = sorted({c for r in out["results"] for c in r["per_category"]})
     lines = [f"{out['questions']} questions from {out['bench']}, target {out['target']}, draft {out['draft']}", ""]
@@ -35,17 +35,24 @@ def table(out: dict) -> str:
     return "\n".join(lines)
 
 
+def _x(v) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
 def baseline_line(b: dict) -> str:
     """Where the AR baseline came from, when it was not simply decoded here."""
     check = b.get("cache_check") or {}
+    if check.get("shared"):
+        return (f"* AR baseline: {b['from_cache']} of {b['turns']} turns from the cache {b.get('cache')} (tokens only: "
+                f"this eval shared the device)" if check.get("used") else
+                f"AR baseline: timed here; the cached one was timed while other work shared the device")
+    again = ", ".join(f"{t['question_id']}/{t['turn']}" for t in check.get("turns", []))
     if b.get("from_cache"):
         return (f"* AR baseline: {b['from_cache']} of {b['turns']} turns from the cache {b.get('cache')}; their timings "
-                f"held when this process timed turn {check.get('question_id')}/{check.get('turn')} again "
-                f"({check.get('apart', 0):.0%} apart)")
+                f"held when this process timed turns {again} again (at most {check.get('apart', 0):.0%} apart)")
     if check:
-        why = "other tokens" if not check.get("same_tokens") else f"{check.get('apart', 0):.0%} apart"
-        return (f"AR baseline: timed here; the cached one was not used (its turn {check.get('question_id')}/"
-                f"{check.get('turn')} timed again here: {why})")
+        why = "other tokens" if not check.get("same_tokens") else f"up to {check.get('apart', 0):.0%} apart"
+        return f"AR baseline: timed here; the cached one was not used (its turns {again} timed again here: {why})"
     return ""
 
 

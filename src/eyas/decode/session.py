@@ -70,8 +70,10 @@ class Session:
 
     def __init__(self, target, draft, questions, *, max_new_tokens, temperature=0.0, device=None,
                  compile_graphs=None, seed=0, reuse: dict | None = None, baseline_cache: Path | None = None,
-                 min_bucket: int | None = None):
+                 min_bucket: int | None = None, shared: bool = False):
         self.target, self.draft, self.questions = target, draft, questions
+        # shared: other work runs on the device meanwhile; tokens and tau hold, no timing does (bcache marks it)
+        self.shared, self._cache_shared = shared, False
         self.min_bucket = min_bucket or _MIN_BUCKET
         self.baseline_cache, self._cache_key, self.cached_turns = baseline_cache, None, 0
         self.cache_check: dict | None = None   # the cached baseline's re-timing here (bcache.retime)
@@ -110,12 +112,15 @@ class Session:
     def _gen(self, key):
         return torch.Generator().manual_seed(zlib.crc32(repr((self.seed,) + key).encode()))
 
-    def _timed_turn(self, key: tuple) -> tuple[list[int], GenStats]:
-        """A first turn's baseline, decoded and timed in this process (the baseline cache's check)."""
-        q = next(q for q in self.questions if q["question_id"] == key[0])
-        prompt = turn_prompt(self.target.tokenizer, q, [])
+    def _ar(self, prompt: list[int], key: tuple) -> tuple[list[int], GenStats]:
         return ar_generate(self.runner, prompt, self.max_new, temperature=self.temperature, eos_ids=self.eos,
-                           generator=self._gen(key))
+                           generator=self._gen(key), graphs=self.compile and _GRAPHS)
+
+    def _timed_turn(self, key: tuple, cached: dict) -> tuple[list[int], GenStats]:
+        """A cached turn decoded and timed again in this process (the baseline cache's check); a later turn's
+        history is the cached answers before it."""
+        q = next(q for q in self.questions if q["question_id"] == key[0])
+        return self._ar(turn_prompt(self.target.tokenizer, q, [cached[(key[0], t)][0] for t in range(key[1])]), key)
 
     def turns(self) -> int:
         return sum(len(q["turns"]) for q in self.questions)
@@ -125,12 +130,17 @@ class Session:
         if self.baseline_cache is not None and self._cache_key is None:
             self._cache_key = bcache.cache_key(self, {"compile": self.compile, "inner": _INNER, "graphs": _GRAPHS,
                                                       "min_bucket": self.min_bucket})
-            cached = bcache.load(self.baseline_cache, self._cache_key)
-            if cached:   # its timings are only used once this process has timed one of its turns alike
-                self.cache_check = bcache.retime(cached, self._timed_turn)
-                if self.cache_check["used"]:
-                    self.baseline.update(cached)
-                    self.cached_turns = len(cached)
+            cached, shared = bcache.load(self.baseline_cache, self._cache_key)
+            if cached and self.shared:   # no timing here is trusted: the cached tokens serve as they are
+                self.cache_check = {"used": True, "shared": True}
+            elif cached and shared:      # timed beside other work: this eval times alone, so it times afresh
+                self.cache_check = {"used": False, "shared": True}
+            elif cached:   # its timings are only used once this process has timed some of its turns alike
+                self.cache_check = bcache.retime(cached, lambda k: self._timed_turn(k, cached))
+            if self.cache_check and self.cache_check["used"]:
+                self.baseline.update(cached)
+                self.cached_turns = len(cached)
+                self._cache_shared = shared
         made = len(self.baseline)
         todo = self.turns() - sum(1 for q in self.questions for t in range(len(q["turns"]))
                                   if (q["question_id"], t) in self.baseline)
@@ -141,15 +151,13 @@ class Session:
                 key = (q["question_id"], t)
                 prompt = turn_prompt(self.target.tokenizer, q, answers)
                 if key not in self.baseline:
-                    self.baseline[key] = ar_generate(self.runner, prompt, self.max_new, temperature=self.temperature,
-                                                     eos_ids=self.eos, generator=self._gen(key),
-                                                     graphs=self.compile and _GRAPHS)
+                    self.baseline[key] = self._ar(prompt, key)
                     bar.update(1)
                 yield q["category"], key, prompt
                 answers.append(self.baseline[key][0])
         bar.close()
         if self.baseline_cache is not None and len(self.baseline) > made:
-            bcache.save(self.baseline_cache, self._cache_key, self.baseline)
+            bcache.save(self.baseline_cache, self._cache_key, self.baseline, shared=self.shared or self._cache_shared)
 
     def warmup(self, spec: TreeSpec | None) -> None:
         """Compile/capture every static shape outside the timed region: a short generation of each,

@@ -91,11 +91,12 @@ def eval_need(r: Runner, p) -> float:
 def spec_bench(r: Runner, p, name: str, draft: Path, out: Path, temperature: float = 0,
                background: bool = False) -> bool:
     """Step NAME: one `eyas eval` of DRAFT for the chain and the tree (they share its baseline) at `temperature`,
-    into OUT; True when done (background: when started). Every eval of one recipe directory shares one AR
-    baseline (--baseline-cache)."""
+    into OUT; True when done (background: when started, and beside other steps on the device, so its speedups are
+    not reported: --timings-shared). Every eval of one recipe directory shares one AR baseline (--baseline-cache)."""
     return (r.background if background else r.eyas)(
         name, "eval", "--draft", str(draft), *eval_flags(p), "--temperature", f"{temperature:g}", "--out", str(out),
-        "--baseline-cache", str(r.work / "baseline-cache"), need=eval_need(r, p))
+        "--baseline-cache", str(r.work / "baseline-cache"), *(("--timings-shared",) if background else ()),
+        need=eval_need(r, p))
 
 
 def last_eval(run: Path) -> dict | None:
