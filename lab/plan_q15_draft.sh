@@ -7,11 +7,13 @@
 # recipe starts while vLLM arrives); on every call, carrying the next part:   bash lab/plan_q15_draft.sh tick [WAIT_S]
 # tick receives the parts, snapshots the tree once, starts `scaling` when eyas's deps and the 1.5B are in,
 # `served` (timed) once vLLM is in and `scaling` ended, `kimi_ar` (a short vLLM check on the Kimi toy) after it,
-# then waits up to WAIT_S (default 20) and packs logs and results; the
-# ticks after `served` ends run `back` alone, 4 parts a call (the self-written rows and the best draft: a later
-# session carries them as .carry/q15back and resumes instead of generating again; lab/restore_draft.py --parts
-# .carry/q15back rebuilds the draft). Knobs: SCALE_BUDGET (s, default 1000), SCALE_SIZES (default 1e6,2e6,4e6:
-# three points that fit one session; a later session adds larger sizes from the rows brought back), SCALE_SET.
+# then waits up to WAIT_S (default 20) and packs logs and results; the ticks after `served` ends (or `scaling`, in a
+# pack without vLLM) run `back` alone, 4 parts a call (the self-written rows and the best draft, kept as
+# .carry/q15back). Sessions after it carry them back as items: `q15back` (the rows alone: `scaling` waits for them
+# and resumes past them, so larger SCALE_SIZES cost only the new rows) or `q15draft` (the draft: no `scaling`;
+# `served` serves it, restored by lab/restore_draft.py). Knobs: SCALE_BUDGET (s, default 1000), SCALE_SIZES
+# (default 1e6,2e6,4e6), SCALE_SET; SERVED_ENGINES (vLLM engines starting side by side in the sweep, default 6),
+# PACE=0 (no AR pace), KIMI_AR=0 (no Kimi control). Knobs reach a lane from the tick that starts it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = tick ]; then
