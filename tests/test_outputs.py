@@ -116,9 +116,14 @@ def test_a_built_in_target_is_known_by_its_source_on_every_stack(tmp_path, monke
         (d / "model.safetensors").write_bytes(b"w" * 64)
         (d / ".complete").write_text(json.dumps({**done, "convert": {"device": device}}))
         dirs.append(d)
-    assert input_id(dirs[0]) == {**input_id(dirs[1]), "spec": str(dirs[0])}
+    assert input_id(dirs[0])["sha256"] == input_id(dirs[1])["sha256"] and same_input(input_id(dirs[0]),
+                                                                                   input_id(dirs[1]))
     monkeypatch.setenv("EYAS_CACHE", str(tmp_path / "cpu"))       # by its built-in name: the converted dir
     assert same_input(input_id("qwen2.5-coder-1.5b"), input_id(dirs[0]))
+    # a record written before (rows a session generated, a draft it trained) named the converted files' digest
+    from eyas.outputs import files_id
+    older = {"spec": "qwen2.5-coder-1.5b", "sha256": files_id(dirs[0])}
+    assert same_input(older, input_id(dirs[0])) and not same_input(older, input_id(dirs[1]))
     (dirs[1] / ".complete").write_text(json.dumps({**done, "from": "22 parts, sha256 0000"}))   # another GGUF
     assert not same_input(input_id(dirs[0]), input_id(dirs[1]))
     (dirs[1] / ".complete").write_text(json.dumps({**done, "converter": 3}))                    # another converter

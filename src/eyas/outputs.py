@@ -145,6 +145,12 @@ def content_id(path: str | os.PathLike) -> str:
     if isinstance(built, dict) and built.get("from"):
         src = {k: built.get(k) for k in ("from", "gguf", "converter")}
         return hashlib.sha256(json.dumps({"eyas-builtin": src}, sort_keys=True).encode()).hexdigest()
+    return files_id(p)
+
+
+def files_id(p: Path) -> str:
+    """Every file's name and digest under directory P (content_id's rule for a directory without a manifest; what
+    records named a built-in target by before it was known by its source)."""
     h = hashlib.sha256()
     for f in sorted(q for q in p.rglob("*") if q.is_file()):
         rel = f.relative_to(p).as_posix()
@@ -166,7 +172,10 @@ def input_id(value: str | os.PathLike | None, *, cache: str | os.PathLike | None
         built = cache_dir(cache) / "models" / spec
         p = built if (built / ".complete").is_file() else p
     try:
-        return {"spec": spec, "sha256": content_id(p) if p.exists() else None}
+        out = {"spec": spec, "sha256": content_id(p) if p.exists() else None}
+        if p.is_dir() and (p / ".complete").is_file():   # a record written before may name its files' digest
+            out["files_sha256"] = files_id(p)
+        return out
     except OSError as e:
         raise OutputError(f"{spec}: cannot read it to record its identity ({e.strerror or e})") from None
 
@@ -174,8 +183,9 @@ def input_id(value: str | os.PathLike | None, *, cache: str | os.PathLike | None
 def same_input(a: dict | None, b: dict | None) -> bool:
     """Content when both sides know it (a moved copy is the same input), else the spec as given."""
     a, b = a or {}, b or {}
-    if a.get("sha256") and b.get("sha256"):
-        return a["sha256"] == b["sha256"]
+    if a.get("sha256") and b.get("sha256"):   # (or one names the other's files: a record older than the rule)
+        return a["sha256"] == b["sha256"] or a["sha256"] == b.get("files_sha256") or \
+            b["sha256"] == a.get("files_sha256")
     return a.get("spec") == b.get("spec")   # e.g. a built-in target fetched between the two
 
 

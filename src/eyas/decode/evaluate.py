@@ -29,7 +29,7 @@ from eyas.decode.tree import TreeSpec
 from eyas.devices import resolve_device, resolve_dtype
 from eyas.flags import CacheDir, Device, JsonSwitch, ModelDtype, ResultsFile, Target, TrustRemoteCode
 from eyas.draft.io import load_draft, read_draft_config, read_draft_meta, target_problems
-from eyas.outputs import claim, input_id, write_result
+from eyas.outputs import claim, input_id, same_input, write_result
 from eyas.target import load_config, load_target, text_config
 
 
@@ -236,11 +236,11 @@ def pairing_warnings(cfg: EvalConfig, target, questions: list[dict]) -> list[str
     out = []
     trained = (read_draft_meta(cfg.draft).get("target") or {})
     have = trained.get("sha256") if isinstance(trained, dict) else None
-    now = input_id(cfg.target, cache=cfg.cache_dir).get("sha256")
-    if have and now and have != now:
+    now = input_id(cfg.target, cache=cfg.cache_dir)
+    if have and now.get("sha256") and not same_input({"sha256": have}, now):
         out.append(f"the draft was trained for target {trained.get('name')} (content {have[:12]}), not for "
-                   f"--target {cfg.target} (content {now[:12]}): its τ and speedup describe a pairing it was not "
-                   f"made for")
+                   f"--target {cfg.target} (content {now['sha256'][:12]}): its τ and speedup describe a pairing it "
+                   f"was not made for")
     mpe = getattr(text_config(target.config), "max_position_embeddings", None)
     if mpe:
         for q in questions:
