@@ -13,8 +13,8 @@
 # and resumes past them, so larger SCALE_SIZES cost only the new rows) or `q15draft` (the draft: no `scaling`;
 # `served` serves it, restored by lab/restore_draft.py). Knobs: SCALE_BUDGET (s, default 1000), SCALE_SIZES
 # (default 1e6,2e6,4e6), SCALE_SET; SERVED_ENGINES (vLLM engines starting side by side in the sweep, default 6),
-# PACE=0 (no AR pace), KIMI_AR=0 (no Kimi lane), KIMI_BI=0 (its AR control only). Knobs reach a lane from the
-# tick that starts it.
+# PACE=0 (no AR pace), AUTO_TREE=0 (no cost-model tree), KIMI_AR=0 (no Kimi lane), KIMI_BI=0 (its AR control
+# only). Knobs reach a lane from the tick that starts it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = tick ]; then
@@ -79,7 +79,10 @@ d('$T')" && python3 lab/restore_draft.py --parts /tmp/q15draft --target /tmp/ec/
         --per-category 2 --max-new-tokens 128 --dtype bf16 --gpu-memory-utilization 0.3 --out $R/serve_check_q15_k3.json
     [ -f $R/eval-q15-t1.json ] || ev 1
     [ "${PACE:-1}" = 0 ] || [ -f $R/ar_pace_q15.json ] || python3 bench/ar_pace.py --target $T --device cuda \
-        --per-category 2 --max-new-tokens 256 --vllm-python /tmp/vpy --out $R/ar_pace_q15.json ;;
+        --per-category 2 --max-new-tokens 256 --vllm-python /tmp/vpy --out $R/ar_pace_q15.json
+    # the tree eyas's cost model picks for this target's round costs (60/7/10 is SmolLM2's choice), T=0
+    [ "${AUTO_TREE:-1}" = 0 ] || [ -f $R/eval-q15-auto.json ] || $E eval --draft $B --target $T --per-category 2 \
+        --max-new-tokens 256 --tree auto --device cuda --out $R/eval-q15-auto.json ;;
   kimi_ar)   # issue 38 item 3: the Kimi toy end to end with every vLLM engine batch-invariant (VLLM_BATCH_INVARIANT=1:
              # MLA, fused MoE and matmuls reduce in one order whatever the batch's shape), so served output = vLLM's
              # AR asks for the draft alone; ≈ 8 min. KIMI_BI=0: only the batched-vs-alone AR control (≈ 4 min)
