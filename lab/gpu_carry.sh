@@ -51,7 +51,7 @@ source_of() {  # source_of NAME: what an item is built from (its wheel lists, it
     sglang)    cat "$ROOT/bench/sglang-0.5.14-wheels.txt" ;;
     sharegpt)  echo "${SHAREGPT_ROWS:-}" ;;
     q15back|q15draft) ls "$ROOT"/.carry/q15back/draft.tar.* > /dev/null 2>&1 ||
-                 { echo "q15back: no .carry/q15back/draft.tar.* (what plan_q15_draft.sh back brought)" >&2; exit 2; }
+                 { echo "$1: no .carry/q15back/draft.tar.* (what plan_q15_draft.sh back brought)" >&2; exit 2; }
                cd "$ROOT/.carry/q15back" && sha256sum draft.tar.* ;;
     *)         echo "$1" ;;
   esac | sha256sum | cut -c1-16
