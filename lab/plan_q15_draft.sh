@@ -52,6 +52,7 @@ case "${1:-}" in
   scaling)   # issue 37 item 2: three curve points of target-written data; the largest is the best draft
     if [ -f /tmp/q15back/rows.tgz ] && [ ! -d $W ]; then   # an earlier session's rows: `regenerate` resumes past them
       mkdir -p $W && tar xzf /tmp/q15back/rows.tgz -C $W || exit 1
+      echo '{"done": {}}' > $W/state.json   # an empty recipe state: the runner adopts the dir, gen resumes
     fi
     $E run scaling --out $W --budget "${SCALE_BUDGET:-1000}s" --set target=$T device=cuda kinds=self \
         sizes=${SCALE_SIZES:-1e6,2e6,4e6} epochs=2 eval_per_category=2 ${SCALE_SET:-}; rc=$?
