@@ -30,7 +30,11 @@ def test_eval_cli_writes_json_and_plots(tiny_dirs, capsys):
     # The default print is a table a person reads; the JSON goes to --out (and to stdout with --json).
     table = printed.out.splitlines()
     assert any(line.startswith("chain-2 ") for line in table) and any(line.startswith("a ") for line in table)
-    assert len(table) < 20 and "{" not in printed.out
+    assert len(table) < 22 and "{" not in printed.out
+    # where each setting's time went: a turn's start in its parts against the AR's prefill, a round's draft / verify
+    assert sum(bool(re.match(r"^(chain-2|tree\S+): a turn's start [\d.]+ ms \(target prefill [\d.]+, draft catch-up "
+                             r"[\d.]+, first tree [\d.]+; the AR's prefill [\d.]+\), a round [\d.]+ ms", line))
+               for line in table) == 2
     assert any(line.startswith("vLLM AR: no measured figure for this model on cpu") for line in table)
     # Progress with ETA goes to stderr even when it is not a terminal: one line per setting's start and end.
     assert re.search(r"^eval: greedy baseline: 0/4 turns \(0%\).*ETA", printed.err, re.M)
@@ -45,6 +49,8 @@ def test_eval_cli_writes_json_and_plots(tiny_dirs, capsys):
         assert set(r["per_category"]) == {"a", "b"}
         assert r["tau"] == pytest.approx(1 + sum(r["accept_per_position"]))
         assert r["time_s"]["draft"] > 0 and r["time_s"]["verify"] > 0
+        parts, t = r["time_s"]["prefill_parts"], r["time_s"]
+        assert 0 < sum(parts.values()) <= t["prefill"] and 0 < t["baseline_prefill"] < t["baseline_total"]
         # one record per turn, adding up to the setting's tau (a subset's tau is read from them)
         assert len(r["turns"]) == 4 and all(t["identical"] for t in r["turns"])
         assert sum(t["emitted"] for t in r["turns"]) / sum(t["steps"] for t in r["turns"]) == pytest.approx(r["tau"])

@@ -8,7 +8,7 @@ from conftest import V, random_draft, tiny_llama
 from test_lossless import CAP, prompts, train_draft
 
 from eyas.decode.proposer import EagleProposer
-from eyas.decode.speculative import HostSpecDecoder, SpecDecoder, ar_generate
+from eyas.decode.speculative import GenStats, HostSpecDecoder, SpecDecoder, ar_generate
 from eyas.decode.target_step import TargetRunner
 from eyas.decode.tree import Tree, TreeSpec, accept_path, greedy_accept, tree_masks
 
@@ -82,6 +82,20 @@ def test_static_path_equals_host_path(trained, spec):
         for x, y in zip(sa.rounds, sb.rounds, strict=True):
             assert (x["parents"], x["path"], x["match"]) == (y["parents"], y["path"], y["match"])
             assert x["scores"] == pytest.approx(y["scores"], abs=1e-4)
+
+
+def test_turn_start_is_split_into_its_parts(trained):
+    """A turn's start (t_prefill) is reported as the target's prefill, the draft's catch-up over the prompt and the
+    first tree; the parts are timed inside it and add up to no more than it (the evals' `prefill_parts`)."""
+    model, draft, runner = trained
+    dec = SpecDecoder(runner, EagleProposer(draft, SPECS[1], CAP))
+    total, last = GenStats(), []
+    for prompt in prompts(2, seed=13):
+        _, st = dec.generate(prompt, 12)
+        last = [st.t_prefill_target, st.t_prefill_catchup, st.t_prefill_tree]
+        assert all(p > 0 for p in last) and sum(last) <= st.t_prefill
+        total.add(st)
+    assert all(t > p for t, p in zip((total.t_prefill_target, total.t_prefill_catchup, total.t_prefill_tree), last))
 
 
 SYNCS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")

@@ -22,7 +22,8 @@ def table(out: dict) -> str:
     cats = sorted({c for r in out["results"] for c in r["per_category"]})
     lines = [f"{out['questions']} questions from {out['bench']}, target {out['target']}, draft {out['draft']}", ""]
     lines += _columns(rows) + [vllm_reference.reference_line(ref, hw.get("gpu") or hw.get("device"))]
-    lines += [line for line in [baseline_line(b)] if line] + [""]
+    lines += [line for line in [baseline_line(b)] if line]
+    lines += [line for r in out["results"] for line in [time_line(r)] if line] + [""]
     crow = [("category",) + tuple(r["setting"] for r in out["results"])]
     crow += [(c,) + tuple(f"{r['per_category'][c]['tau']:.2f}" if c in r["per_category"] else "-"
                           for r in out["results"]) for c in cats]
@@ -33,6 +34,19 @@ def table(out: dict) -> str:
     if out.get("plots"):
         lines += ["", "plots: " + ", ".join(out["plots"])]
     return "\n".join(lines)
+
+
+def time_line(r: dict) -> str:
+    """Where a setting's time went, per turn and per round (ms): a turn's start against the AR's prefill."""
+    t, turns, steps = r.get("time_s") or {}, len(r.get("turns") or []), r.get("steps") or 0
+    parts = t.get("prefill_parts")
+    if not (turns and steps and parts):
+        return ""
+    ms = lambda x, n: f"{1e3 * x / n:.1f}"   # noqa: E731
+    return (f"{r['setting']}: a turn's start {ms(t['prefill'], turns)} ms (target prefill {ms(parts['target'], turns)}, "
+            f"draft catch-up {ms(parts['catchup'], turns)}, first tree {ms(parts['first_tree'], turns)}; the AR's "
+            f"prefill {ms(t.get('baseline_prefill', 0.0), turns)}), a round {ms(t['draft'] + t['verify'], steps)} ms "
+            f"(draft {ms(t['draft'], steps)}, verify {ms(t['verify'], steps)})")
 
 
 def _x(v) -> str:

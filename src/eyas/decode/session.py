@@ -49,8 +49,11 @@ def _summary(stats: GenStats, base: GenStats, identical: list[bool]) -> dict:
             "new_tokens": stats.new_tokens, "tokens_per_s": tps, "baseline_tokens_per_s": btps,
             "speedup": tps / btps if btps else 0.0,
             "identical_rate": sum(identical) / len(identical) if identical else None,
-            "time_s": {"total": stats.t_total, "prefill": stats.t_prefill, "draft": stats.t_draft,
-                       "verify": stats.t_verify, "overhead": other, "baseline_total": base.t_total}}
+            "time_s": {"total": stats.t_total, "prefill": stats.t_prefill,
+                       "prefill_parts": {"target": stats.t_prefill_target, "catchup": stats.t_prefill_catchup,
+                                         "first_tree": stats.t_prefill_tree},
+                       "draft": stats.t_draft, "verify": stats.t_verify, "overhead": other,
+                       "baseline_total": base.t_total, "baseline_prefill": base.t_prefill}}
 
 
 # What the speculative decoder's own CUDA graphs capture: torch.compile'd steps (fused kernels) or

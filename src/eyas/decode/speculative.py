@@ -34,6 +34,9 @@ class GenStats:
     accepted_at: list[int] = field(default_factory=list)  # accepted_at[i] = rounds accepting >= i+1 drafts
     drafted: int = 0                     # drafted nodes verified
     t_prefill: float = 0.0
+    t_prefill_target: float = 0.0        # of t_prefill (SpecDecoder): the target's prefill, the draft's catch-up
+    t_prefill_catchup: float = 0.0       # over the prompt, the first tree (GPU time between events: launch-bound
+    t_prefill_tree: float = 0.0          # stretches count)
     t_draft: float = 0.0
     t_verify: float = 0.0
     t_total: float = 0.0
@@ -41,7 +44,8 @@ class GenStats:
     rounds: list[dict] = field(default_factory=list)  # per round: tree + accepted path (cost model)
 
     def add(self, other: "GenStats") -> None:
-        for name in ("steps", "emitted", "drafted", "t_prefill", "t_draft", "t_verify", "t_total", "new_tokens"):
+        for name in ("steps", "emitted", "drafted", "t_prefill", "t_prefill_target", "t_prefill_catchup",
+                     "t_prefill_tree", "t_draft", "t_verify", "t_total", "new_tokens"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         n = max(len(self.accepted_at), len(other.accepted_at))
         a = self.accepted_at + [0] * (n - len(self.accepted_at))
@@ -267,6 +271,7 @@ class SpecDecoder:
         self.rec_host = torch.zeros(self.rec.shape, dtype=self.rec.dtype, pin_memory=self.cuda)
         self.aux_keep = self.noise = None                          # shapes known at the first prefill
         self._graphs: dict[int, tuple] = {}                       # KV bucket -> (verify, draft) replays
+        self._first_tree = None        # the prefill's tree (draft levels only): one graph, whatever the bucket
         self._pool = None                                          # one memory pool for all of them
         # With a compiled target step, fuse the tree-mask and acceptance ops too (dozens of tiny kernels)
         fuse = (lambda f: torch.compile(f, dynamic=False)) if getattr(runner, "inner_compiled", False) else (lambda f: f)
@@ -351,6 +356,11 @@ class SpecDecoder:
             self._verify(kv_len)
         with torch.cuda.graph(gd, pool=self._pool):
             self._draft()
+        if self._first_tree is None:
+            gt = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(gt, pool=self._pool):
+                self._draft(catchup=False)
+            self._first_tree = gt.replay
         return gv.replay, gd.replay
 
     @torch.no_grad()
@@ -365,8 +375,13 @@ class SpecDecoder:
                 else:
                     self._warm(b)
 
-    def _prefill(self, prompt: list[int], generator) -> list[int]:
+    def _prefill(self, prompt: list[int], generator, marks: list | None = None) -> list[int]:
+        """A turn's start: the target's prefill, the draft's catch-up over the prompt, the first tree (`marks`
+        gets a mark before each part and one after the last)."""
+        mark = (lambda: marks.append(self._mark())) if marks is not None else (lambda: None)
+        mark()
         logits, aux = prefill(self.runner, prompt)
+        mark()
         seq = list(prompt) + [_first_token(logits[-1], self.temperature, generator)]
         self.seq[:len(seq)] = torch.tensor(seq, device=self.device)
         self.L.fill_(len(seq))
@@ -378,7 +393,12 @@ class SpecDecoder:
             seed = 0 if generator is None else int(torch.randint(0, 2 ** 62, (1,), generator=generator))
             self._gen_dev.manual_seed(seed)
         self.proposer.observe(seq, aux, 0)
-        self._draft(catchup=False)
+        mark()
+        if self.graphs and self._first_tree is not None:
+            self._first_tree()
+        else:
+            self._draft(catchup=False)
+        mark()
         return seq
 
     @torch.no_grad()
@@ -388,7 +408,8 @@ class SpecDecoder:
         st.accepted_at = [0] * D
         _sync(self.device)
         t0 = time.perf_counter()
-        seq = self._prefill(prompt, generator)
+        pre_marks: list = []
+        seq = self._prefill(prompt, generator, pre_marks)
         _sync(self.device)
         st.t_prefill = time.perf_counter() - t0
         marks, raw, new = [], [], 1
@@ -425,6 +446,9 @@ class SpecDecoder:
         for m0, m1, m2 in marks:
             st.t_verify += self._elapsed(m0, m1)
             st.t_draft += self._elapsed(m1, m2)
+        a, b, c, d = pre_marks
+        st.t_prefill_target, st.t_prefill_catchup, st.t_prefill_tree = (self._elapsed(a, b), self._elapsed(b, c),
+                                                                         self._elapsed(c, d))
         st.drafted = st.steps * self.N
         st.rounds = [self._round_record(keep, rec, self.temperature <= 0) for keep, rec in raw]
         out = _finish(seq, len(prompt), max_new_tokens, self.eos)
