@@ -334,3 +334,25 @@ def test_a_non_finite_draft_is_refused_by_eval_export_and_doctor(tiny_dirs, tmp_
     assert "fc.weight hold NaN or inf" in capsys.readouterr().err
     assert main(["doctor", *base]) == 1
     assert "NaN" in capsys.readouterr().out
+
+
+def test_an_eval_whose_prefill_graphs_went_off_says_so(tiny_dirs, tmp_path, monkeypatch, capsys):
+    """A failed capture turns the prefill graphs off for good; the eval's timings then hold eager prefills, and its
+    JSON says so (a warning, and each setting's decode.prefill_graphs)."""
+    import eyas.decode.session as session
+    from eyas.decode.prefill import _graphs_off
+
+    class Failing(session.TargetRunner):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            _graphs_off(self, RuntimeError("operation not permitted when stream is capturing"))
+    monkeypatch.setattr(session, "TargetRunner", Failing)
+    out = tmp_path / "e.json"
+    with pytest.warns(RuntimeWarning, match="prefills run eagerly"):
+        assert main(["eval", "--target", str(tiny_dirs / "target"), "--draft", str(tiny_dirs / "draft"), "--bench",
+                     str(tiny_dirs / "bench.jsonl"), "--max-new-tokens", "6", "--chain", "2", "--device", "cpu",
+                     "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert any(w.startswith("prefills ran eagerly after a CUDA graph capture failed (RuntimeError: operation not")
+               for w in doc["warnings"])
+    assert [r["decode"]["prefill_graphs"] for r in doc["results"]] == [False]

@@ -196,6 +196,9 @@ def _run(cfg: EvalConfig, reuse: dict | None) -> dict | int:
         r["speedup_vs_vllm_ar"] = vllm_reference.versus(r["tokens_per_s"], ref)
     if cfg.timings_shared:
         untimed(results, warnings)
+    if getattr(s.runner, "prefill_graph_error", None):   # timings after it include eager prefills
+        warnings.append(f"prefills ran eagerly after a CUDA graph capture failed ({s.runner.prefill_graph_error}); "
+                        "see each setting's decode.prefill_graphs")
     out = {"target": cfg.target, "draft": str(cfg.draft), "bench": cfg.bench, "questions": len(questions),
            "hardware": hw, "commit": commit(), "results": results, "vllm_reference": ref, "warnings": warnings,
            "baseline": {"turns": len(s.baseline), "from_cache": s.cached_turns,

@@ -242,7 +242,9 @@ class Session:
                   "decode": {"total": spec.total, "depth": spec.depth, "topk": spec.topk,
                              "max_new_tokens": self.max_new, "temperature": self.temperature,
                              "compiled": self.compile, "dtype": str(self.runner.dtype),
-                             "kv_buckets": list(self.runner.buckets)},
+                             "kv_buckets": list(self.runner.buckets),
+                             # CUDA graphs still on after this setting (a failed capture turns them off for good)
+                             "prefill_graphs": bool(self.runner.graph_prefill), "round_graphs": bool(dec.graphs)},
                   **_summary(spec_all, base_all, same_all if greedy else []),
                   "per_category": {k: _summary(s, b, i if greedy else []) for k, (s, b, i) in cats.items()},
                   "divergences": divergences, "turns": turns}
