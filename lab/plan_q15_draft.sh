@@ -2,7 +2,7 @@
 # One H200 session (lab/GPU.md "Next sessions" B): the best EAGLE-3 draft for Qwen2.5-Coder-1.5B and what vLLM
 # makes of it (issue 37 items 2, 3). Jobs run as lanes (lab/lanes.sh); results under /tmp/res come back in
 # $OUT/lanes.tgz with every call.
-#   bash lab/plan_q15_draft.sh JOB    JOB: scaling served kimi_ar back (or tick, below)
+#   bash lab/plan_q15_draft.sh JOB    JOB: scaling served kimi_ar back demo (or tick, below)
 # Carry (lab/gpu_carry.sh pack, ITEMS="eyas-deps qwen15 vllm-deps vllm", 48 MiB parts: the 1.5B first, so the
 # recipe starts while vLLM arrives); on every call, carrying the next part:   bash lab/plan_q15_draft.sh tick [WAIT_S]
 # tick receives the parts, snapshots the tree once, starts `scaling` when eyas's deps and the 1.5B are in,
@@ -21,7 +21,9 @@ if [ "${1:-}" = tick ]; then
   PLAN=lab/plan_q15_draft.sh; . lab/tick.sh
   # B2: rows an earlier session brought back (item q15back) -> the recipe starts once they are in and resumes from
   # them. B3: a draft brought back (item q15draft) -> no recipe; `served` serves that draft.
-  if ! carried q15draft; then
+  if carried sharegpt && ! carried q15back && ! carried q15draft; then   # E: the demo on the 1.5B, alone
+    have eyas-deps qwen15 sharegpt && lane demo
+  elif ! carried q15draft; then
     have eyas-deps qwen15 && { ! carried q15back || have q15back; } && lane scaling
   fi
   have eyas-deps qwen15 vllm-deps vllm && { ended scaling || have q15draft; } && lane served
@@ -95,6 +97,14 @@ d('$T')" && python3 lab/restore_draft.py --parts /tmp/q15draft --target /tmp/ec/
           --steps build vllm_start ar_batch; rc=$?; d=/tmp/kimi
     fi
     (cd $d && find . -name '*.log' | tar czf $R/kimi-ar-logs.tgz -T -); exit $rc ;;
+  demo)      # issue 37 item 5: `eyas demo` on the 1.5B as a user runs it (its gpu profile), goal <= 20 min, tree tau >= 4
+    # (ShareGPT from the carried item: the built-in name would fetch it with pip, which cannot reach an index here)
+    mkdir -p /tmp/w && S=$(date +%s)
+    $E demo --device cuda --target $T --data /tmp/sharegpt.json --out /tmp/w/demo-q15; rc=$?
+    echo "{\"wall_s\": $(( $(date +%s) - S )), \"rc\": $rc}" > $R/demo-q15-wall.json
+    (cd /tmp/w/demo-q15 && cp summary.json $R/demo-q15-summary.json; cp report.md $R/demo-q15-report.md
+     cp eval/*.json $R/ 2>/dev/null) 2>/dev/null
+    exit $rc ;;
   back)      # in a call (not a lane): the self-written rows (gz) and the best draft (bf16, no embedding: the
              # target's; restore_draft.py's layout) split into 15 MB parts once, then 4 parts into $OUT per call
     [ -n "${OUT:-}" ] && [ -f $W/result.json ] || { echo "no OUT or no $W/result.json" >&2; exit 2; }

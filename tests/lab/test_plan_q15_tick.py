@@ -62,3 +62,13 @@ def test_a_pack_holding_a_draft_serves_it_and_trains_nothing(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     assert "wait" in _tick(tmp_path / "c", full, {"served": 0}, out=out, env={"KIMI_AR": "0"})   # no back
+
+
+def test_a_pack_holding_sharegpt_runs_the_demo_alone(tmp_path):
+    """E: ShareGPT in the pack (and no rows or draft brought back): the demo on the 1.5B once its inputs are in, no
+    recipe beside it, nothing sent back after it."""
+    assert _tick(tmp_path / "a", ["eyas-deps", "qwen15"], {}, carried=("sharegpt",)) == ["wait"]
+    assert _tick(tmp_path / "b", ["eyas-deps", "qwen15", "sharegpt"], {}) == ["demo", "wait"]
+    out = tmp_path / "out"
+    out.mkdir()
+    assert "wait" in _tick(tmp_path / "c", ["eyas-deps", "qwen15", "sharegpt"], {"demo": 0}, out=out)
