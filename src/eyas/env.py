@@ -41,6 +41,8 @@ SWITCHES: dict[str, Switch] = {
                                                           "`eyas eval --min-bucket` wins"),
     "EYAS_DRAFT_CACHE": Switch("inplace", "diagnosis", "copy: draft levels concatenate their KV cache instead "
                                                        "of writing it in place"),
+    "EYAS_PROMPT_CATCHUP": Switch("chunks", "diagnosis", "eager: the draft's catch-up over a prompt at its own "
+                                                         "length instead of graphed, padded chunks"),
     "EYAS_TTT_MASK": Switch(None, "diagnosis", "reference: build the flex TTT block mask per step (slow)"),
     "EYAS_STORE_PAUSE_AT": Switch(None, "test", "a store crash point's name: the extractor hangs there"),
     "EYAS_STORE_PAUSE_MARK": Switch(None, "test", "a file the extractor writes when it reaches that point"),

@@ -64,6 +64,8 @@ def check_compiled_rounds(runner, prop, prompt, n, ref, label, ar_s):
     for _ in range(2):
         out, sst = dec.generate(prompt, n)
     assert dec._graphs, "round graphs were not captured"
+    # a turn's start: the first tree and the prompt's catch-up (a 40-token prompt: one padded chunk) replay graphs
+    assert dec._first_tree is not None and list(prop._prompt_graphs) == [64]
     torch.cuda.set_sync_debug_mode("warn")
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -79,7 +81,9 @@ def check_compiled_rounds(runner, prop, prompt, n, ref, label, ar_s):
     print(f"{label}: tau {sst.tau:.2f}, per round: draft {sst.t_draft / sst.steps * 1e3:.2f} ms, "
           f"verify {sst.t_verify / sst.steps * 1e3:.2f} ms, other "
           f"{(sst.t_total - sst.t_prefill - sst.t_draft - sst.t_verify) / sst.steps * 1e3:.2f} ms "
-          f"(AR token {ar_s * 1e3:.2f} ms)")
+          f"(AR token {ar_s * 1e3:.2f} ms); a turn's start {sst.t_prefill * 1e3:.1f} ms (target prefill "
+          f"{sst.t_prefill_target * 1e3:.1f}, catch-up {sst.t_prefill_catchup * 1e3:.1f}, first tree "
+          f"{sst.t_prefill_tree * 1e3:.1f})")
 
 
 def test_step_costs():

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from eyas import env
+from eyas.decode.prefill import WIDTHS, chunks
 from eyas.decode.target_step import raise_recompile_limit
 from eyas.decode.topk import topk_rows
 from eyas.decode.tree import Tree, TreeSpec, keep_best, selection_tensors, selection_tree
@@ -27,6 +28,9 @@ from eyas.draft.model import Eagle3Draft
 # EYAS_DRAFT_CACHE=copy: draft levels concatenate the cache with the new k/v (two copies of the cache per level)
 # instead of attending over it in place — the older path, kept as an escape hatch and as the reference to compare with
 _CACHE_COPY = env.get("EYAS_DRAFT_CACHE") == "copy"
+# EYAS_PROMPT_CATCHUP=eager: the catch-up over a prompt runs eagerly at its own length even where the decoder's
+# graphs are on (the comparison for its padded, graphed chunks)
+_PROMPT_EAGER = env.get("EYAS_PROMPT_CATCHUP") == "eager"
 
 
 class EagleProposer:
@@ -54,6 +58,13 @@ class EagleProposer:
         self._tree_fn, self._catchup_fn = self._tree, self._catchup  # what the static-buffer path runs
         self.p = 0        # host path: position of the latest catch-up's last row
         self.ctx = 0      # draft KV slots [0, ctx) are committed
+        # A prompt's catch-up in padded chunks of static widths (as the target's prefill): set by a decoder whose
+        # rounds are CUDA graphs (each width is then one captured graph), or by tests (padded chunks, eagerly)
+        self.graph_prompt = False
+        self.widths = WIDTHS                            # its chunk widths (the target prefill's)
+        self._prompt_ins: dict[int, tuple[torch.Tensor, ...]] = {}   # width -> static inputs (aux, toks, start, m)
+        self._prompt_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._prompt_pool = None
 
     def compile(self, mode: str = "reduce-overhead") -> None:
         raise_recompile_limit()
@@ -109,14 +120,16 @@ class EagleProposer:
         top, ids = topk_rows(logp, self.spec.topk)                       # [R, k] over the draft vocab
         return pre, top, self.draft.to_target_ids(ids)
 
-    def _catchup(self, aux, toks, start, m):
+    def _catchup(self, aux, toks, start, m, pads_after: bool = False):
         """Draft KV for committed positions start..start+m-1 (rows >= m are padding): aux [R, k, Ht],
-        toks [R], start/m 0-d long. Returns the last real row's (pre [1, H], top-k logp, top-k ids)."""
+        toks [R], start/m 0-d long. Returns the last real row's (pre [1, H], top-k logp, top-k ids).
+        Pad rows write junk slots, or with pads_after (a prompt's chunk, start + R <= capacity) the slots after the
+        real rows: uncommitted, so every later catch-up overwrites them before any row reads them."""
         rows, dev = toks.shape[0], toks.device
         hidden = self.draft.combine(aux.to(self.dtype))                    # [R, H]
         ar = torch.arange(rows, device=dev)
         real = ar < m
-        write = torch.where(real, start + ar, self.junk + ar)              # pads write to junk slots
+        write = torch.where(real, start + ar, (start if pads_after else self.junk) + ar)
         self_mask = (ar[:, None] >= ar[None, :]) & real[None, :]
         self_mask = self_mask | torch.eye(rows, dtype=torch.bool, device=dev)  # pad rows see only themselves
         anc = torch.zeros(rows, self.S, dtype=torch.bool, device=dev)
@@ -129,6 +142,11 @@ class EagleProposer:
             raise ValueError(f"draft KV capacity {self.capacity} exceeded at position {start + m}")
         dev = self.device
         toks = seq[start + 1:start + 1 + m]
+        self._aux_like = aux[:0]
+        if m > self.pad and self.graph_prompt and not _PROMPT_EAGER:
+            self._prompt_chunks(aux, torch.tensor(toks, device=dev), start)
+            self.ctx, self.p = start + m, start + m - 1
+            return
         eager = m > self.pad or self._compiled_catchup is None  # prefill: variable length, eager
         rows = m if eager else self.pad
         if rows > m:  # rounds: padded to one static shape
@@ -142,6 +160,60 @@ class EagleProposer:
             self._set_root(*self._compiled_catchup(*args))
         self.ctx = start + m
         self.p = start + m - 1
+
+    def _prompt_chunks(self, aux, toks, start: int) -> None:
+        """The catch-up over a prompt (aux [m, k, Ht], toks [m]) as chunks of static widths, the last one padded;
+        each width is one CUDA graph on the GPU (a chunk whose pad would pass the capacity runs eagerly)."""
+        dev = self.device
+        for s, n, w in chunks(toks.shape[0], self.capacity - start, self.widths):
+            if w is None:
+                self._set_root(*self._catchup(aux[s:s + n], toks[s:s + n], torch.tensor(start + s, device=dev),
+                                              torch.tensor(n, device=dev)))
+                continue
+            if w not in self._prompt_ins:
+                self._prompt_ins[w] = (aux.new_zeros((w,) + tuple(aux.shape[1:])),
+                                       torch.zeros(w, dtype=torch.long, device=dev),
+                                       torch.zeros((), dtype=torch.long, device=dev),
+                                       torch.ones((), dtype=torch.long, device=dev))
+            a, t, st, mm = self._prompt_ins[w]
+            a[:n].copy_(aux[s:s + n])
+            a[n:].zero_()
+            t[:n].copy_(toks[s:s + n])
+            t[n:].zero_()
+            st.fill_(start + s)
+            mm.fill_(n)
+            self._prompt_run(w)
+
+    @torch.no_grad()
+    def warm_prompt(self) -> None:
+        """Capture the prompt chunks' graphs of every width (after a first `observe`, which gives aux's shape), so none
+        is captured in a timed turn. Writes draft slots 0..w-1: between generations none is committed."""
+        if not self.graph_prompt or _PROMPT_EAGER or getattr(self, "_aux_like", None) is None:
+            return
+        for w in (w for w in self.widths if w <= self.capacity):
+            self._prompt_chunks(self._aux_like.new_zeros((w,) + tuple(self._aux_like.shape[1:])),
+                                torch.zeros(w, dtype=torch.long, device=self.device), 0)
+
+    def _prompt_run(self, w: int) -> None:
+        """Catch up the loaded chunk of width w and set the root: its CUDA graph's replay (captured on first use, once
+        loaded: the warm-up runs write exactly the slots the replay writes), eagerly off the GPU."""
+        def run():
+            self._set_root(*self._catchup(*self._prompt_ins[w], pads_after=True))
+        if self.device.type != "cuda":
+            return run()
+        if w not in self._prompt_graphs:
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    run()
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            self._prompt_pool = self._prompt_pool or torch.cuda.graph_pool_handle()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=self._prompt_pool):
+                run()
+            self._prompt_graphs[w] = g
+        self._prompt_graphs[w].replay()
 
     def _tree(self, pre0, lp0, id0, p, ctx):
         """All draft levels of one round as pure tensor code (one CUDA graph when compiled).

@@ -272,6 +272,8 @@ class SpecDecoder:
         self.aux_keep = self.noise = None                          # shapes known at the first prefill
         self._graphs: dict[int, tuple] = {}                       # KV bucket -> (verify, draft) replays
         self._first_tree = None        # the prefill's tree (draft levels only): one graph, whatever the bucket
+        if self.graphs and hasattr(proposer, "graph_prompt"):
+            proposer.graph_prompt = True   # its catch-up over a prompt: graphed chunks too
         self._pool = None                                          # one memory pool for all of them
         # With a compiled target step, fuse the tree-mask and acceptance ops too (dozens of tiny kernels)
         fuse = (lambda f: torch.compile(f, dynamic=False)) if getattr(runner, "inner_compiled", False) else (lambda f: f)
@@ -368,6 +370,8 @@ class SpecDecoder:
         """Compile / capture the round at every bucket a generation can use, from a short prompt's
         state (any bucket >= its first round's fits), so that none lands in a timed generation."""
         seq = self._prefill(prompt[:1], None)
+        if hasattr(self.proposer, "warm_prompt"):
+            self.proposer.warm_prompt()
         for b in self.runner.buckets:
             if b >= self.runner.bucket(len(seq) - 1 + self.N + 1):
                 if self.graphs:
