@@ -4,7 +4,7 @@ is the same, token for token and round for round."""
 
 import pytest
 import torch
-from conftest import V
+from conftest import V, tiny_llama
 from test_lossless import CAP, train_draft
 from test_static_path import SPECS
 
@@ -19,7 +19,6 @@ WIDTHS = (8, 16, 32)   # small, so that a 50-token prompt takes two chunks and a
 
 @pytest.fixture(scope="module")
 def trained():
-    from conftest import tiny_llama
     model = tiny_llama(seed=3)
     draft, target = train_draft(model, steps=100)
     return model, draft, TargetRunner(model, target.layout, draft.config.aux_layer_ids, CAP, min_bucket=16)
