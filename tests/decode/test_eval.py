@@ -66,6 +66,8 @@ def test_eval_cli_writes_json_and_plots(tiny_dirs, capsys):
         assert p["covered"] and p["tau"] >= 1
         if p["replayed"] == p["setting"]:
             assert p["tau"] == pytest.approx(p["measured_tau"])
+            # whole turns, as measured: prefills and first trees count (a round's speedup alone overstates it)
+            assert p["per"] == "turn" and p["speedup"] == pytest.approx(p["measured_speedup"], rel=0.15)
     assert (tiny_dirs / "plots" / "acceptance_by_position.png").stat().st_size > 1000
     assert (tiny_dirs / "plots" / "tau_by_category.png").stat().st_size > 1000
 
@@ -182,6 +184,12 @@ def test_cost_model_replay_and_choice():
     assert predict_from(rec, TreeSpec.chain(2), costs)["replayed"] == "chain-2"       # own rounds first
     wide = predict_from(rec, TreeSpec(6, 3, 3), costs)                              # nothing covers topk 3
     assert not wide["covered"] and wide["replayed"] == "all" and wide["tau"] == 1.0 + (0 + 2) / 2
+    # per turn of 11 new tokens: the AR's prefill and 10 steps against start + first tree + 10 / tau rounds
+    turned = Costs(**{**costs.__dict__, "ar_prefill": 2.0, "turn_start": 3.0, "tokens_per_turn": 11.0})
+    pt = predict([rnd], TreeSpec.chain(2), turned)
+    round_s = 2 * 0.1 + (1.0 + 0.2 * 2 / 4) + 0.05
+    assert pt["per"] == "turn" and pt["round_speedup"] == pytest.approx(pr["speedup"])
+    assert pt["speedup"] == pytest.approx((2.0 + 10 * 1.0) / (3.0 + 2 * 0.1 + 10 / 3.0 * round_s))
     best, preds = choose([rnd], costs, [TreeSpec.chain(1), TreeSpec.chain(2), TreeSpec(4, 3, 2)])
     assert preds[0]["speedup"] >= preds[1]["speedup"] >= preds[2]["speedup"]
     assert best.label() == preds[0]["setting"]

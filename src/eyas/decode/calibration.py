@@ -18,7 +18,7 @@ def calibrate(session, costs: Costs, recorded: list) -> dict:
         costs.add_run(spec, st)
         if spec == AUTO_PROBE:
             recorded.extend(st.rounds)
-    costs.ar_step = session.ar_step()
+    costs.ar_step, costs.ar_prefill = session.ar_step(), session.ar_prefill()
     chosen, preds = choose(recorded, costs)
     return {"chosen": chosen, "predictions": preds}
 

@@ -10,7 +10,9 @@ the largest tree (`--tree auto` does).
 
 Time per round: catch-up + (depth-1) level steps (draft; per-level cost interpolated in the level
 width between measured settings) + verify(T = total+1) (interpolated in T between measured
-points, the AR step being T=1) + measured per-round overhead. Speedup = τ · t_AR / t_round.
+points, the AR step being T=1) + measured per-round overhead. Speedup per turn of n new tokens (where
+measured; else per round, τ · t_AR / t_round): (AR prefill + (n-1) t_AR) / (start + first tree + (n-1)/τ t_round),
+start being the speculative decoder's prefill and catch-up over the prompt, and the first tree one round's draft.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ class Costs:
     verify: dict[int, float] = field(default_factory=dict)   # T -> s per verify forward (+ acceptance)
     level: dict[int, float] = field(default_factory=dict)    # draft level width -> s per draft forward
     overhead: float = 0.0                                    # s per round outside draft/verify
+    ar_prefill: float = 0.0                                  # s per turn: the AR's prefill
+    turn_start: float = 0.0                                  # s per turn: prefill + catch-up, before the first tree
+    tokens_per_turn: float = 0.0                             # new tokens a turn (0: per-round speedups only)
 
     def add_run(self, spec: TreeSpec, stats) -> None:
         """Fold in a measured run's per-round times."""
@@ -35,6 +40,9 @@ class Costs:
         self.level[spec.topk] = stats.t_draft / stats.steps / spec.depth
         rest = stats.t_total - stats.t_prefill - stats.t_draft - stats.t_verify
         self.overhead = max(0.0, rest / stats.steps)
+        if stats.turns:
+            self.turn_start = max(0.0, stats.t_prefill - stats.t_prefill_tree) / stats.turns
+            self.tokens_per_turn = stats.new_tokens / stats.turns
 
     def verify_time(self, T: int) -> float:
         pts = sorted({1: self.ar_step, **self.verify}.items())
@@ -48,9 +56,20 @@ class Costs:
     def round_time(self, spec: TreeSpec) -> float:
         return spec.depth * self.level_time(spec.topk) + self.verify_time(spec.total + 1) + self.overhead
 
+    def turn_speedup(self, spec: TreeSpec, tau: float) -> tuple[float, float] | None:
+        """(speedup, tokens/s) over whole turns of `tokens_per_turn` new tokens, or None where not measured."""
+        n = self.tokens_per_turn
+        if n <= 1:
+            return None
+        first_tree = spec.depth * self.level_time(spec.topk)
+        spec_s = self.turn_start + first_tree + (n - 1) / tau * self.round_time(spec)
+        return (self.ar_prefill + (n - 1) * self.ar_step) / spec_s, n / spec_s
+
     def to_dict(self) -> dict:
         return {"ar_step_s": self.ar_step, "verify_s": {str(k): v for k, v in sorted(self.verify.items())},
-                "draft_step_s": {str(k): v for k, v in sorted(self.level.items())}, "overhead_s": self.overhead}
+                "draft_step_s": {str(k): v for k, v in sorted(self.level.items())}, "overhead_s": self.overhead,
+                "ar_prefill_s": self.ar_prefill, "turn_start_s": self.turn_start,
+                "tokens_per_turn": self.tokens_per_turn}
 
 
 def _interp(points: list[tuple[int, float]], x: float) -> float:
@@ -102,8 +121,12 @@ def predict(rounds: list[dict], spec: TreeSpec, costs: Costs) -> dict:
         raise ValueError("cost model needs recorded greedy rounds (temperature 0)")
     tau = 1.0 + sum(replay_accepted(r, spec) for r in rounds) / len(rounds)
     t = costs.round_time(spec)
-    return {"setting": spec.label(), "tau": tau, "round_s": t, "tokens_per_s": tau / t,
-            "speedup": tau * costs.ar_step / t}
+    out = {"setting": spec.label(), "tau": tau, "round_s": t, "tokens_per_s": tau / t,
+           "speedup": tau * costs.ar_step / t, "per": "round"}
+    turn = costs.turn_speedup(spec, tau)
+    if turn is not None:   # whole turns, as a measured speedup is: the prefills and the first tree count
+        out.update(speedup=turn[0], tokens_per_s=turn[1], round_speedup=out["speedup"], per="turn")
+    return out
 
 
 def covers(recorded: TreeSpec, spec: TreeSpec) -> bool:

@@ -186,7 +186,7 @@ def _run(cfg: EvalConfig, reuse: dict | None) -> dict | int:
     results = []
     for spec in specs:
         res, st = s.run(spec, record=cfg.temperature <= 0, recheck_n=cfg.recheck)
-        costs.ar_step = s.ar_step()
+        costs.ar_step, costs.ar_prefill = s.ar_step(), s.ar_prefill()
         costs.add_run(spec, st)
         by_spec.append((spec, st.rounds))
         results.append(res)

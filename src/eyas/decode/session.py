@@ -257,6 +257,10 @@ class Session:
                 seconds["recheck"] = lap()
         return result, spec_all
 
+    def ar_prefill(self) -> float:
+        """Measured baseline seconds of prefill per turn."""
+        return sum(b.t_prefill for _, b in self.baseline.values()) / max(1, len(self.baseline))
+
     def ar_step(self) -> float:
         """Measured baseline seconds per generated token (decode only, prefill excluded)."""
         tot = GenStats()

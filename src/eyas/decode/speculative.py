@@ -29,6 +29,7 @@ def _sync(device: torch.device) -> None:
 
 @dataclass
 class GenStats:
+    turns: int = 0                       # generations (prompts) these stats cover
     steps: int = 0                       # verification rounds
     emitted: int = 0                     # tokens emitted by rounds (accepted + bonus, before truncation)
     accepted_at: list[int] = field(default_factory=list)  # accepted_at[i] = rounds accepting >= i+1 drafts
@@ -44,7 +45,7 @@ class GenStats:
     rounds: list[dict] = field(default_factory=list)  # per round: tree + accepted path (cost model)
 
     def add(self, other: "GenStats") -> None:
-        for name in ("steps", "emitted", "drafted", "t_prefill", "t_prefill_target", "t_prefill_catchup",
+        for name in ("turns", "steps", "emitted", "drafted", "t_prefill", "t_prefill_target", "t_prefill_catchup",
                      "t_prefill_tree", "t_draft", "t_verify", "t_total", "new_tokens"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         n = max(len(self.accepted_at), len(other.accepted_at))
@@ -122,7 +123,7 @@ def ar_generate(runner: TargetRunner, prompt: list[int], max_new_tokens: int, *,
                 eos_ids=(), generator: torch.Generator | None = None, graphs: bool = True) -> tuple[list[int], GenStats]:
     """The baseline: one target step per token, same runner (static cache, same compilation). On the GPU
     (graphs=True) the steps are captured CUDA graphs run one ahead of the host (decode/autoregressive.py)."""
-    stats, eos, dev = GenStats(), set(eos_ids), runner.device
+    stats, eos, dev = GenStats(turns=1), set(eos_ids), runner.device
     _sync(dev)
     t0 = time.perf_counter()
     logits, _ = prefill(runner, prompt)
@@ -159,7 +160,7 @@ class HostSpecDecoder:
     @torch.no_grad()
     def generate(self, prompt: list[int], max_new_tokens: int,
                  generator: torch.Generator | None = None) -> tuple[list[int], GenStats]:
-        runner, dev, st = self.runner, self.runner.device, GenStats()
+        runner, dev, st = self.runner, self.runner.device, GenStats(turns=1)
         depth = self.proposer.spec.depth
         st.accepted_at = [0] * depth
         _sync(dev)
@@ -408,7 +409,7 @@ class SpecDecoder:
     @torch.no_grad()
     def generate(self, prompt: list[int], max_new_tokens: int,
                  generator: torch.Generator | None = None) -> tuple[list[int], GenStats]:
-        runner, st, D, W = self.runner, GenStats(), self.D, self.N + 1
+        runner, st, D, W = self.runner, GenStats(turns=1), self.D, self.N + 1
         st.accepted_at = [0] * D
         _sync(self.device)
         t0 = time.perf_counter()
