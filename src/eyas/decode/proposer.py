@@ -15,6 +15,7 @@ scratch region that the next round simply overwrites.
 
 from __future__ import annotations
 
+import warnings
 
 import torch
 
@@ -65,6 +66,7 @@ class EagleProposer:
         self._prompt_ins: dict[int, tuple[torch.Tensor, ...]] = {}   # width -> static inputs (aux, toks, start, m)
         self._prompt_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._prompt_pool = None
+        self._prompt_graph_error: str | None = None
 
     def compile(self, mode: str = "reduce-overhead") -> None:
         raise_recompile_limit()
@@ -199,19 +201,25 @@ class EagleProposer:
         loaded: the warm-up runs write exactly the slots the replay writes), eagerly off the GPU."""
         def run():
             self._set_root(*self._catchup(*self._prompt_ins[w], pads_after=True))
-        if self.device.type != "cuda":
+        if self.device.type != "cuda" or self._prompt_graph_error:
             return run()
         if w not in self._prompt_graphs:
-            side = torch.cuda.Stream(self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):
-                for _ in range(2):
+            try:
+                side = torch.cuda.Stream(self.device)
+                side.wait_stream(torch.cuda.current_stream(self.device))
+                with torch.cuda.stream(side):
+                    for _ in range(2):
+                        run()
+                torch.cuda.current_stream(self.device).wait_stream(side)
+                self._prompt_pool = self._prompt_pool or torch.cuda.graph_pool_handle()
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=self._prompt_pool):
                     run()
-            torch.cuda.current_stream(self.device).wait_stream(side)
-            self._prompt_pool = self._prompt_pool or torch.cuda.graph_pool_handle()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=self._prompt_pool):
-                run()
+            except RuntimeError as e:   # keep decoding (padded chunks, eagerly), loudly: timings are then not graphs'
+                self._prompt_graph_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                warnings.warn(f"the draft's prompt catch-up runs eagerly from now on: its CUDA graph could not be "
+                              f"captured ({self._prompt_graph_error})", RuntimeWarning, stacklevel=2)
+                return run()
             self._prompt_graphs[w] = g
         self._prompt_graphs[w].replay()
 

@@ -244,7 +244,9 @@ class Session:
                              "compiled": self.compile, "dtype": str(self.runner.dtype),
                              "kv_buckets": list(self.runner.buckets),
                              # CUDA graphs still on after this setting (a failed capture turns them off for good)
-                             "prefill_graphs": bool(self.runner.graph_prefill), "round_graphs": bool(dec.graphs)},
+                             "prefill_graphs": bool(self.runner.graph_prefill), "round_graphs": bool(dec.graphs),
+                             "catchup_graphs": bool(dec.graphs and getattr(dec.proposer, "graph_prompt", False)
+                                                    and not getattr(dec.proposer, "_prompt_graph_error", None))},
                   **_summary(spec_all, base_all, same_all if greedy else []),
                   "per_category": {k: _summary(s, b, i if greedy else []) for k, (s, b, i) in cats.items()},
                   "divergences": divergences, "turns": turns}
