@@ -67,6 +67,7 @@ class EagleProposer:
         self._prompt_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._prompt_pool = None
         self._prompt_graph_error: str | None = None
+        self._aux_like: torch.Tensor | None = None      # aux[:0] of the latest observe: the chunks' input shape
 
     def compile(self, mode: str = "reduce-overhead") -> None:
         raise_recompile_limit()
@@ -190,7 +191,7 @@ class EagleProposer:
     def warm_prompt(self) -> None:
         """Capture the prompt chunks' graphs of every width (after a first `observe`, which gives aux's shape), so none
         is captured in a timed turn. Writes draft slots 0..w-1: between generations none is committed."""
-        if not self.graph_prompt or _PROMPT_EAGER or getattr(self, "_aux_like", None) is None:
+        if not self.graph_prompt or _PROMPT_EAGER or self._aux_like is None:
             return
         for w in (w for w in self.widths if w <= self.capacity):
             self._prompt_chunks(self._aux_like.new_zeros((w,) + tuple(self._aux_like.shape[1:])),
