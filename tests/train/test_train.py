@@ -209,3 +209,33 @@ def test_too_few_rows_suggests_only_fixes_that_apply(batch, accum, says, never):
         Plan(n_rows=2, batch_size=batch, grad_accum=accum, eval_fraction=0.9)   # both rows held out
     msg = str(e.value)
     assert says in msg and never not in msg and "lower --eval-fraction (now 0.9, 2 rows held out)" in msg
+
+
+def test_init_from_continues_a_draft_with_its_own_vocabulary(tmp_path, world):
+    """--init-from: a draft continued on other rows starts from its weights and keeps its draft vocabulary (its head
+    rows mean the tokens they were trained on), whatever vocabulary the new data would have built."""
+    target, rows, prepared, store = world
+    first = cfg(tmp_path, "first")
+    train(first, target=target, store=store, dataset=prepared)
+    other = FakePrepared(rows[6:], *vocab_for(rows[6:], 64))
+    assert not torch.equal(other.vocab()[0], prepared.vocab()[0])        # the new data alone would map otherwise
+    more = cfg(tmp_path, "more", init_from=first.out, lr=1e-12, steps=1, eval_every=100, save_every=100)
+    train(more, target=target, store=FakeStore(rows[6:], target), dataset=other)
+    a, _ = load_draft(first.out)
+    b, _ = load_draft(more.out)
+    for k, v in a.state_dict().items():    # one step at lr 1e-12: the weights it started from
+        torch.testing.assert_close(b.state_dict()[k], v, rtol=0, atol=1e-6)
+    fresh = cfg(tmp_path, "fresh", lr=1e-12, steps=1, eval_every=100, save_every=100)
+    train(fresh, target=target, store=FakeStore(rows[6:], target), dataset=other)
+    c, _ = load_draft(fresh.out)
+    assert not torch.allclose(c.state_dict()["fc.weight"], a.state_dict()["fc.weight"])
+    assert torch.equal(c.d2t, other.vocab()[0])
+
+
+def test_init_from_another_shape_is_one_line_naming_it(tmp_path, world):
+    target, rows, prepared, store = world
+    first = cfg(tmp_path, "first")
+    train(first, target=target, store=store, dataset=prepared)
+    with pytest.raises(ValueError, match=r"--init-from .*first: its norm_before_residual is True, this run's False$"):
+        train(cfg(tmp_path, "other", init_from=first.out, norm_before_residual=False), target=target, store=store,
+              dataset=prepared)

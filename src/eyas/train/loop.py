@@ -22,7 +22,7 @@ from pydantic import Field
 from eyas.flags import AuxLayerIds, Device, DraftKind, DraftVocabSize, ModelDtype, Target
 from eyas.config import ConfigError, StageConfig, config_to_yaml
 from eyas.devices import dist_env, resolve_device, resolve_dtype
-from eyas.draft.io import nonfinite_keys, save_draft
+from eyas.draft.io import load_draft, nonfinite_keys, save_draft
 from eyas.draft.kinds import build_draft, draft_config, get_kind
 from eyas.outputs import claim, input_id
 from eyas.train import checkpoint as C
@@ -39,7 +39,7 @@ from eyas.vocab import unused_token
 RUN_SETTINGS = ("seed", "batch_size", "grad_accum", "eval_fraction", "ttt_steps", "step_decay", "tau_chain",
                 "max_length", "steps", "epochs", "lr", "min_lr_ratio", "warmup_steps", "weight_decay", "grad_clip",
                 "draft_vocab_size", "aux_layer_ids", "online", "draft_kind", "draft_layers", "mask_token_id",
-                "anchors")
+                "anchors", "init_from")
 _RESUME_MUST_MATCH = RUN_SETTINGS + ("store", "data")
 
 
@@ -61,6 +61,9 @@ class TrainConfig(StageConfig):
                                   "diffusion: a block of masks filled in one pass)")
     draft_layers: int | None = Field(None, ge=1, description="draft decoder layers (default: the kind's published "
                                      "recipe: eagle3 1, p-eagle 4, dflash 5)")
+    init_from: Path | None = Field(None, description="start from this draft dir's weights and draft vocabulary (a "
+                                   "draft continued on more data) instead of the target's embedding and head: the "
+                                   "same kind and shapes, or one line naming what differs")
     ttt_steps: int = Field(7, ge=1, description="tokens drafted per position: eagle3's unrolled training-time-test "
                            "steps, p-eagle's parallel depths, dflash's masks per block (block size = this + 1)")
     step_decay: float | None = Field(None, gt=0, description="loss weight of drafted token k is step_decay**k "
@@ -138,6 +141,15 @@ def cosine_lambda(total: int, warmup: int, min_ratio: float):
 latest_checkpoint = C.latest_checkpoint  # the public name tests and tools use
 
 
+def _same_draft(path: Path, have, want) -> None:
+    """--init-from's draft must be the one this run would build (kind, layers, shapes, aux ids, vocab)."""
+    a, b = have.to_dict(), want.to_dict()
+    diff = [k for k in sorted(set(a) | set(b)) if k != "extra" and a.get(k) != b.get(k)]
+    if diff:
+        raise ValueError(f"--init-from {path}: " + "; ".join(f"its {k} is {a.get(k)!r}, this run's {b.get(k)!r}"
+                                                          for k in diff))
+
+
 class Trainer:
     def __init__(self, cfg: TrainConfig, *, target=None, store=None, dataset=None):
         self.cfg = cfg
@@ -150,9 +162,14 @@ class Trainer:
         self.target_sha = input_id(cfg.target)["sha256"]   # eval warns when the draft meets other weights
         tgt = self.inp.target
         d2t, t2d = self.inp.d2t, self.inp.t2d
+        start = load_draft(cfg.init_from)[0] if cfg.init_from else None
+        if start is not None:   # its vocabulary: its head rows keep meaning the tokens they were trained on
+            d2t, t2d = start.d2t.clone(), start.t2d.clone()
+            self.inp.vocab_from = f"init_from {cfg.init_from}"
         self.kind = get_kind(cfg.draft_kind)
         parallel = cfg.draft_kind != "eagle3"
         mask = (cfg.mask_token_id if cfg.mask_token_id is not None else
+                start.config.mask_token_id if start is not None else
                 unused_token(token_counts(cfg), tgt.layout.vocab_size)) if parallel else None
         dcfg = draft_config(tgt.config, cfg.draft_kind, aux_layer_ids=self.inp.aux_ids, draft_vocab_size=d2t.numel(),
                             num_layers=cfg.draft_layers, parallel_tokens=cfg.ttt_steps if parallel else None,
@@ -161,9 +178,13 @@ class Trainer:
         draft = build_draft(dcfg)
         draft.set_vocab_map(d2t, t2d)
         lay = tgt.layout
-        draft.init_from_target(lay.embed.weight.float(),
-                               lay.lm_head.weight.float() if cfg.init_head else None,
-                               getattr(lay.norm, "weight", None) if cfg.init_head else None)
+        if start is not None:
+            _same_draft(cfg.init_from, start.config, dcfg)
+            draft.load_state_dict({k: v.float() for k, v in start.state_dict().items()})
+        else:
+            draft.init_from_target(lay.embed.weight.float(),
+                                   lay.lm_head.weight.float() if cfg.init_head else None,
+                                   getattr(lay.norm, "weight", None) if cfg.init_head else None)
         self.draft = draft.to(self.device)
         compiled = cfg.compile if cfg.compile is not None else gpu
         self.head = TargetHead(lay.norm, lay.lm_head.weight, d2t, t2d, chunk=cfg.logit_chunk,
