@@ -14,7 +14,8 @@
 # `served` serves it, restored by lab/restore_draft.py). Knobs: SCALE_BUDGET (s, default 1000), SCALE_SIZES
 # (default 1e6,2e6,4e6), SCALE_SET; SERVED_ENGINES (vLLM engines starting side by side in the sweep, default 6),
 # PACE=0 (no AR pace), AUTO_TREE=0 (no cost-model tree), KIMI_AR=0 (no Kimi lane), KIMI_BI=0 (its AR control
-# only). Knobs reach a lane from the tick that starts it.
+# only). SCALE_WARM=1 with item q15draft (B4w): `scaling` continues the brought-back draft (`train --init-from`) on
+# its rows plus more, instead of `served`. Knobs reach a lane from the tick that starts it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = tick ]; then
@@ -25,13 +26,16 @@ if [ "${1:-}" = tick ]; then
     have eyas-deps qwen15 sharegpt && lane demo
   elif ! carried q15draft; then
     have eyas-deps qwen15 && { ! carried q15back || have q15back; } && lane scaling
+  elif [ "${SCALE_WARM:-0}" = 1 ]; then   # B4w: the brought-back draft continued on more rows
+    have eyas-deps q15draft qwen15 && lane scaling
   fi
   have eyas-deps qwen15 vllm-deps vllm && { ended scaling || have q15draft; } && lane served
   # issue 38's control, a few GPU-minutes once the timed lane ended (while `back` calls run), so that it neither
   # disturbs the sweep's timings nor takes the recipe's GPU memory (KIMI_AR=0: not this session)
   [ "${KIMI_AR:-1}" = 1 ] && ended served && lane kimi_ar
   # the rows and the draft come home once the recipe's work is over (after `served`, or at once without vLLM)
-  if ! carried q15draft && { ended served || { ended scaling && ! carried vllm; }; } && [ -n "${OUT:-}" ] &&
+  if { ! carried q15draft || [ "${SCALE_WARM:-0}" = 1 ]; } && { ended served || { ended scaling && ! carried vllm; }; } &&
+      [ -n "${OUT:-}" ] &&
       [ ! -e /tmp/back.sent ]; then
     bash lab/plan_q15_draft.sh back; exit 0      # alone in its call, until every part has gone
   fi
@@ -52,12 +56,21 @@ print(f\"{sys.argv[2]}/run-{p['kind']}-{p['size']}\")" $W/result.json $W
 
 case "${1:-}" in
   scaling)   # issue 37 item 2: three curve points of target-written data; the largest is the best draft
+    INIT=()
+    if [ -d /tmp/q15draft ]; then   # B4w: the draft (and its rows) an earlier session brought back, continued
+      I=/tmp/w/q15-init
+      [ -f $I/model.safetensors ] || { python3 -c "from eyas.target.builtins import builtin_target_dir as d
+d('$T')" && python3 lab/restore_draft.py --parts /tmp/q15draft --target /tmp/ec/models/$T --out $I; } || exit 2
+      [ -f /tmp/q15back/rows.tgz ] || { mkdir -p /tmp/q15back &&
+        cat /tmp/q15draft/draft.tar.* | tar xO ./rows.tgz > /tmp/q15back/rows.tgz; } || exit 2
+      INIT=("train_args=--init-from $I")
+    fi
     if [ -f /tmp/q15back/rows.tgz ] && [ ! -d $W ]; then   # an earlier session's rows: `regenerate` resumes past them
       mkdir -p $W && tar xzf /tmp/q15back/rows.tgz -C $W || exit 1
       echo '{"done": {}}' > $W/state.json   # an empty recipe state: the runner adopts the dir, gen resumes
     fi
     $E run scaling --out $W --budget "${SCALE_BUDGET:-1000}s" --set target=$T device=cuda kinds=self \
-        sizes=${SCALE_SIZES:-1e6,2e6,4e6} epochs=2 eval_per_category=2 ${SCALE_SET:-}; rc=$?
+        sizes=${SCALE_SIZES:-1e6,2e6,4e6} epochs=${SCALE_EPOCHS:-2} eval_per_category=2 ${SCALE_SET:-} ${INIT[@]+"${INIT[@]}"}; rc=$?
     cp $W/result.json $R/scaling-q15.json 2>/dev/null; cp $W/result.png $R/scaling-q15.png 2>/dev/null
     cp $W/eval-*.json $R/ 2>/dev/null
     [ $rc = 0 ] || [ $rc = 3 ]; exit $? ;;      # 3: steps left (the budget ran out); what is done still serves

@@ -72,6 +72,24 @@ def test_resume_skips_done_rows_and_repairs_a_torn_line(data, tmp_path):
     assert sorted(rows) == [0, 1, 2, 4] and len(rows) == len(set(rows))
 
 
+def test_a_resume_with_nothing_left_loads_no_model(data, tmp_path, monkeypatch):
+    """Every row already written: the stage counts them and returns without building its backend (a recipe's
+    resumed generation step used to load the target, ~30 s on a GPU, to write nothing)."""
+    import eyas.data.regenerate as stage
+
+    out = tmp_path / "out.jsonl"
+    cfg = RegenerateConfig(target="t", data=str(data), out=out, max_samples=3)
+    assert regenerate(cfg, backend=Echo())["written"] == 3
+
+    def no_model(cfg):
+        raise AssertionError("a backend was built with nothing to write")
+    monkeypatch.setattr(stage, "_make_backend", no_model)
+    s = regenerate(cfg.model_copy(update={"max_samples": 2}))
+    assert (s["input"], s["skipped"], s["written"], s["model"]) == (2, 2, 0, "t")
+    with pytest.raises(AssertionError, match="nothing to write"):   # a row left: the backend is built
+        regenerate(cfg.model_copy(update={"max_samples": 5}))
+
+
 def test_hf_backend_tiny_model_matches_unbatched_greedy(data, tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 

@@ -72,3 +72,15 @@ def test_a_pack_holding_sharegpt_runs_the_demo_alone(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     assert "wait" in _tick(tmp_path / "c", ["eyas-deps", "qwen15", "sharegpt"], {"demo": 0}, out=out)
+
+
+def test_warm_mode_continues_the_brought_back_draft_and_sends_the_new_one_home(tmp_path):
+    """B4w: item q15draft with SCALE_WARM=1 (no vLLM): the recipe (continuing that draft) once it and the 1.5B are in,
+    never `served`; once the recipe ended, the new draft comes back."""
+    have, warm = ["eyas-deps", "q15draft", "qwen15"], {"SCALE_WARM": "1"}
+    assert _tick(tmp_path / "a", have[:2], {}, carried=("qwen15",), env=warm) == ["wait"]
+    assert _tick(tmp_path / "b", have, {}, env=warm) == ["scaling", "wait"]
+    assert "scaling" not in _tick(tmp_path / "c", have, {})                       # without the knob: B3's pack
+    out = tmp_path / "out"
+    out.mkdir()
+    assert "wait" not in _tick(tmp_path / "d", have, {"scaling": 0}, out=out, env=warm)   # back, alone

@@ -11,6 +11,7 @@ Accounting: written + failed + skipped = input rows.
 from __future__ import annotations
 
 import inspect
+import itertools
 import json
 import os
 import time
@@ -155,15 +156,21 @@ def _regenerate(cfg: RegenerateConfig, out: Path, backend, n_self: int | None, s
     t0 = time.perf_counter()
     errors_path = out.with_name(out.name + ".errors.jsonl")
     done = done_rows(out)
-    backend = backend or _make_backend(cfg)
+    made = {} if backend is None else {"backend": backend}
+
+    def loaded():   # the backend, built on first need: a resumed run with nothing left to write loads no model
+        if "backend" not in made:
+            made["backend"] = _make_backend(cfg)
+        return made["backend"]
     data, limit = cfg.data, cfg.max_samples
     if (n := n_self) is not None:  # the target writes its own prompts first (resumable)
-        if not hasattr(backend, "tok") or not hasattr(backend, "model"):
-            raise ValueError(f"--data {cfg.data}: self-written prompts need the target loaded here "
-                             "(--backend native or hf), not a server")
         data = out.with_name(out.name + ".self-prompts.jsonl")
-        self_prompts(backend, n, data, max_new_tokens=cfg.self_max_new_tokens, temperature=cfg.self_temperature,
-                     seed=cfg.seed)
+        if len(done_rows(data)) < n:
+            if not hasattr(loaded(), "tok") or not hasattr(loaded(), "model"):
+                raise ValueError(f"--data {cfg.data}: self-written prompts need the target loaded here "
+                                 "(--backend native or hf), not a server")
+            self_prompts(loaded(), n, data, max_new_tokens=cfg.self_max_new_tokens,
+                         temperature=cfg.self_temperature, seed=cfg.seed)
         limit = min(n, limit or n)
     tasks = None
     if src is not None:  # long-input tasks over PATH's answers (rewritten: deterministic)
@@ -206,13 +213,18 @@ def _regenerate(cfg: RegenerateConfig, out: Path, backend, n_self: int | None, s
                 else:
                     yield Conversation(rec)
 
-        _runner(cfg, backend)(backend, pending(), cfg, write, bar)
+        todo = pending()
+        first = next(todo, None)
+        if first is not None:
+            _runner(cfg, loaded())(loaded(), itertools.chain([first], todo), cfg, write, bar)
     bar.close()
+    backend = made.get("backend")
     if hasattr(backend, "close"):
         backend.close()
     assert counts["written"] + counts["failed"] + counts["skipped"] == counts["input"], counts
     seconds = time.perf_counter() - t0
-    return {**counts, "backend": cfg.backend, "model": backend.name, "out": str(out), "errors": str(errors_path),
+    name = backend.name if backend is not None else str(cfg.model or cfg.target)   # None: nothing was left to do
+    return {**counts, "backend": cfg.backend, "model": name, "out": str(out), "errors": str(errors_path),
             "backend_startup_s": getattr(backend, "startup_s", None),
             "generated_tokens": getattr(backend, "generated_tokens", None),
             **({"backend_stats": backend.stats()} if callable(getattr(backend, "stats", None)) else {}),
