@@ -239,3 +239,6 @@ def test_init_from_another_shape_is_one_line_naming_it(tmp_path, world):
     with pytest.raises(ValueError, match=r"--init-from .*first: its norm_before_residual is True, this run's False$"):
         train(cfg(tmp_path, "other", init_from=first.out, norm_before_residual=False), target=target, store=store,
               dataset=prepared)
+    with pytest.raises(ValueError, match=r"its draft vocabulary has \d+ tokens, --draft-vocab-size asks for 32$"):
+        train(cfg(tmp_path, "small", init_from=first.out, draft_vocab_size=32), target=target, store=store,
+              dataset=prepared)

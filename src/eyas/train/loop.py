@@ -22,7 +22,7 @@ from pydantic import Field
 from eyas.flags import AuxLayerIds, Device, DraftKind, DraftVocabSize, ModelDtype, Target
 from eyas.config import ConfigError, StageConfig, config_to_yaml
 from eyas.devices import dist_env, resolve_device, resolve_dtype
-from eyas.draft.io import load_draft, nonfinite_keys, save_draft
+from eyas.draft.io import load_draft, nonfinite_keys, read_draft_config, save_draft
 from eyas.draft.kinds import build_draft, draft_config, get_kind
 from eyas.outputs import claim, input_id
 from eyas.train import checkpoint as C
@@ -158,13 +158,20 @@ class Trainer:
         gpu = self.device.type == "cuda"
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
-        self.inp = open_inputs(cfg, self.device, target=target, store=store, dataset=dataset)
+        if cfg.init_from and cfg.draft_vocab_size is not None:   # its vocabulary comes with it: none is rebuilt
+            have = read_draft_config(cfg.init_from).draft_vocab_size
+            if have != cfg.draft_vocab_size:
+                raise ValueError(f"--init-from {cfg.init_from}: its draft vocabulary has {have} tokens, "
+                                 f"--draft-vocab-size asks for {cfg.draft_vocab_size}")
+        inputs_cfg = cfg.model_copy(update={"draft_vocab_size": None}) if cfg.init_from else cfg
+        self.inp = open_inputs(inputs_cfg, self.device, target=target, store=store, dataset=dataset)
         self.target_sha = input_id(cfg.target)["sha256"]   # eval warns when the draft meets other weights
         tgt = self.inp.target
         d2t, t2d = self.inp.d2t, self.inp.t2d
         start = load_draft(cfg.init_from)[0] if cfg.init_from else None
         if start is not None:   # its vocabulary: its head rows keep meaning the tokens they were trained on
             d2t, t2d = start.d2t.clone(), start.t2d.clone()
+
             self.inp.vocab_from = f"init_from {cfg.init_from}"
         self.kind = get_kind(cfg.draft_kind)
         parallel = cfg.draft_kind != "eagle3"
