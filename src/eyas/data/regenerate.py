@@ -26,6 +26,7 @@ from eyas.data.backends import GenerationError, HFBackend, OpenAIBackend
 from eyas.data.selfgen import done_rows, self_prompts
 from eyas.data.sources import ASSISTANT_FIRST_DEFAULT, AssistantFirst, Record, iter_conversations, self_source_size
 from eyas.data.tasks import task_source_path, write_task_prompts
+from eyas.devices import resolve_device
 from eyas.flags import CacheDir, Device, JsonSwitch, ModelDtype, Target, TextOnly, TrustRemoteCode
 from eyas.outputs import claim
 from eyas.progress import Progress
@@ -157,6 +158,8 @@ def _regenerate(cfg: RegenerateConfig, out: Path, backend, n_self: int | None, s
     errors_path = out.with_name(out.name + ".errors.jsonl")
     done = done_rows(out)
     made = {} if backend is None else {"backend": backend}
+    if backend is None and cfg.backend in ("hf", "native"):
+        resolve_device(cfg.device)   # a device that cannot run fails now, whether or not the model is ever needed
 
     def loaded():   # the backend, built on first need: a resumed run with nothing left to write loads no model
         if "backend" not in made:
