@@ -169,11 +169,12 @@ def _regenerate(cfg: RegenerateConfig, out: Path, backend, n_self: int | None, s
     if (n := n_self) is not None:  # the target writes its own prompts first (resumable)
         data = out.with_name(out.name + ".self-prompts.jsonl")
         if len(done_rows(data)) < n:
-            if not hasattr(loaded(), "tok") or not hasattr(loaded(), "model"):
+            here = loaded()
+            if not hasattr(here, "tok") or not hasattr(here, "model"):
                 raise ValueError(f"--data {cfg.data}: self-written prompts need the target loaded here "
                                  "(--backend native or hf), not a server")
-            self_prompts(loaded(), n, data, max_new_tokens=cfg.self_max_new_tokens,
-                         temperature=cfg.self_temperature, seed=cfg.seed)
+            self_prompts(here, n, data, max_new_tokens=cfg.self_max_new_tokens, temperature=cfg.self_temperature,
+                         seed=cfg.seed)
         limit = min(n, limit or n)
     tasks = None
     if src is not None:  # long-input tasks over PATH's answers (rewritten: deterministic)

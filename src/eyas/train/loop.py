@@ -171,7 +171,6 @@ class Trainer:
         start = load_draft(cfg.init_from)[0] if cfg.init_from else None
         if start is not None:   # its vocabulary: its head rows keep meaning the tokens they were trained on
             d2t, t2d = start.d2t.clone(), start.t2d.clone()
-
             self.inp.vocab_from = f"init_from {cfg.init_from}"
         self.kind = get_kind(cfg.draft_kind)
         parallel = cfg.draft_kind != "eagle3"
