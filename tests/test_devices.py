@@ -60,3 +60,51 @@ def test_prefills_run_without_cudnn_and_decode_steps_keep_the_default(monkeypatc
     calls.clear()
     ar_generate(runner, [1, 2, 3, 4, 5, 6], 3)
     assert calls and not any(allowed for _, allowed in calls)  # uncompiled runner: every step is eager
+
+
+def test_capture_graph_warms_twice_on_a_side_stream_then_captures_into_the_pool(monkeypatch):
+    """The one owner of "warm up, then capture" (prefill chunks, the AR step, the prompt catch-up, the generator's
+    decode step): two runs on a side stream, each followed by `after`, then one run inside the graph's capture, whose
+    output it returns. CUDA's calls are stood in for here, so the order is checked without a GPU."""
+    import contextlib
+
+    import torch
+
+    from eyas.devices import capture_graph
+
+    log = []
+
+    class Stream:
+        def __init__(self, device=None):
+            log.append(("stream", device))
+
+        def wait_stream(self, other):
+            log.append(("wait",))
+
+    class Graph:
+        pass
+
+    @contextlib.contextmanager
+    def on(stream):
+        log.append(("side on",))
+        yield
+        log.append(("side off",))
+
+    @contextlib.contextmanager
+    def graph(g, pool=None):
+        log.append(("capture", pool))
+        yield
+        log.append(("captured",))
+
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream(device))
+    monkeypatch.setattr(torch.cuda, "stream", on)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+    runs = iter(range(3))
+    g, out = capture_graph(lambda: log.append(("run",)) or next(runs), "cuda:0", pool="P",
+                           after=lambda: log.append(("after",)))
+    assert isinstance(g, Graph) and out == 2
+    steps = [e[0] for e in log if e[0] not in ("stream", "wait")]
+    assert steps == ["side on", "run", "after", "run", "after", "side off", "capture", "run", "captured"]
+    assert ("capture", "P") in log and ("stream", "cuda:0") in log

@@ -116,3 +116,23 @@ def varying_shape_attention() -> Iterator[None]:
 
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
         yield
+
+
+def capture_graph(fn, device: "torch.device | str | None" = None, pool=None, after=None):
+    """`fn` as one CUDA graph: run twice on a side stream first (compiles, cuBLAS workspaces; `after()` follows each
+    run, e.g. to undo its state), then captured into `pool` (None: the graph's own). Returns (graph, fn's output in
+    the graph's memory, which every replay rewrites)."""
+    import torch
+
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+            if after is not None:
+                after()
+    torch.cuda.current_stream(device).wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, pool=pool):
+        out = fn()
+    return g, out

@@ -37,7 +37,7 @@ import torch
 from eyas.data.attention import grouped_attention
 from eyas.data.backends import GenerationError, HFBackend
 from eyas.data.flex_decode import DecodeBlockMask, flex_decode
-from eyas.devices import varying_shape_attention
+from eyas.devices import capture_graph, varying_shape_attention
 
 Request = tuple[Hashable, list[int], int]  # (key, prompt ids, max new tokens)
 
@@ -171,15 +171,7 @@ class Generator:
 
     def _capture(self) -> None:
         try:
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):  # warm-up off the default stream, as torch.cuda.graphs advises
-                for _ in range(2):
-                    self._decode()
-            torch.cuda.current_stream().wait_stream(s)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                self._out = self._decode()
+            g, self._out = capture_graph(self._decode)   # warm-up off the default stream, as torch.cuda.graphs advises
             self._graph, self.mode = g, "cudagraph"
         except Exception as e:  # noqa: BLE001 - a model whose forward cannot be captured still generates
             torch.cuda.synchronize()

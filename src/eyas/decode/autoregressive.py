@@ -19,6 +19,7 @@ import torch
 
 from eyas.decode.target_step import TargetRunner
 from eyas.decode.tree import sample_rows
+from eyas.devices import capture_graph
 
 
 class GraphedAR:
@@ -55,20 +56,13 @@ class GraphedAR:
         if key not in self._graphs:
             # warm on a side stream (compiles; writes only slots >= L, uncommitted), then capture
             saved = (self.L.clone(), self.seq.clone())
-            side = torch.cuda.Stream(self.runner.device)
-            side.wait_stream(torch.cuda.current_stream(self.runner.device))
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    self._step(kv_len, sampled)
-                    self.L.copy_(saved[0])
-                    self.seq.copy_(saved[1])
-            torch.cuda.current_stream(self.runner.device).wait_stream(side)
+
+            def restore():
+                self.L.copy_(saved[0])
+                self.seq.copy_(saved[1])
             self._pool = self._pool or torch.cuda.graph_pool_handle()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=self._pool):
-                self._step(kv_len, sampled)
-            self.L.copy_(saved[0])
-            self.seq.copy_(saved[1])
+            g, _ = capture_graph(lambda: self._step(kv_len, sampled), self.runner.device, self._pool, after=restore)
+            restore()
             self._graphs[key] = g
         return self._graphs[key]
 

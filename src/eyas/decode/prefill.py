@@ -21,7 +21,7 @@ from bisect import bisect_left
 import torch
 
 from eyas.decode.target_step import TargetRunner
-from eyas.devices import varying_shape_attention
+from eyas.devices import capture_graph, varying_shape_attention
 
 WIDTHS = (64, 128, 256, 512, 1024, 2048)   # chunk widths: a prompt pads by less than 2x (and at least to 64)
 
@@ -85,17 +85,8 @@ class GraphedPrefill:
         replay will write, so capturing mid-generation is safe."""
         key = (w, kv_len, causal)
         if key not in self._graphs:
-            dev = self.runner.device
-            side = torch.cuda.Stream(dev)
-            side.wait_stream(torch.cuda.current_stream(dev))
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    self._forward(w, kv_len, causal)
-            torch.cuda.current_stream(dev).wait_stream(side)
             self._pool = self._pool or torch.cuda.graph_pool_handle()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=self._pool):
-                logits, aux = self._forward(w, kv_len, causal)
+            g, (logits, aux) = capture_graph(lambda: self._forward(w, kv_len, causal), self.runner.device, self._pool)
             self._graphs[key] = (g, logits, aux)
         return self._graphs[key]
 

@@ -24,6 +24,7 @@ from eyas.decode.prefill import WIDTHS, chunks
 from eyas.decode.target_step import raise_recompile_limit
 from eyas.decode.topk import topk_rows
 from eyas.decode.tree import Tree, TreeSpec, keep_best, selection_tensors, selection_tree
+from eyas.devices import capture_graph
 from eyas.draft.model import Eagle3Draft
 
 # EYAS_DRAFT_CACHE=copy: draft levels concatenate the cache with the new k/v (two copies of the cache per level)
@@ -206,16 +207,8 @@ class EagleProposer:
             return run()
         if w not in self._prompt_graphs:
             try:
-                side = torch.cuda.Stream(self.device)
-                side.wait_stream(torch.cuda.current_stream(self.device))
-                with torch.cuda.stream(side):
-                    for _ in range(2):
-                        run()
-                torch.cuda.current_stream(self.device).wait_stream(side)
                 self._prompt_pool = self._prompt_pool or torch.cuda.graph_pool_handle()
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=self._prompt_pool):
-                    run()
+                g, _ = capture_graph(run, self.device, self._prompt_pool)
             except RuntimeError as e:   # keep decoding (padded chunks, eagerly), loudly: timings are then not graphs'
                 self._prompt_graph_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                 warnings.warn(f"the draft's prompt catch-up runs eagerly from now on: its CUDA graph could not be "
