@@ -13,6 +13,8 @@ from eyas.decode import vllm_reference as vr
 
 REPO = Path(__file__).resolve().parents[2]
 SWEEP = REPO / "bench" / "results" / "gpu-h200-2026-12-02e" / "vllm_speedup.json"
+Q15 = dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+           intermediate_size=8960, vocab_size=151936, tie_word_embeddings=False)
 
 
 def smollm2_config():
@@ -39,12 +41,16 @@ def test_shipped_table_finds_smollm2_on_the_h200():
     assert vr.lookup(other, "NVIDIA H200", "bfloat16") is None
 
 
-def test_shipped_rows_are_their_sweep():
-    """The SmolLM2 rows are what rows_from_sweep makes of the recorded sweep they cite."""
-    sweep = json.loads(SWEEP.read_text())
-    made = vr.rows_from_sweep(sweep, model="smollm2-135m", arch=vr.arch_key(smollm2_config()), gpu="NVIDIA H200",
-                              source=str(SWEEP.relative_to(REPO)))
-    assert made == [r for r in vr.read_table() if r["model"] == "smollm2-135m" and r["gpu"] == "NVIDIA H200"]
+@pytest.mark.parametrize("sweep, model, gpu", [
+    (SWEEP, "smollm2-135m", "NVIDIA H200"),
+    (REPO / "bench/results/gpu-h100-2026-12-05h/speedup_vllm_q15.json", "qwen2.5-coder-1.5b", "NVIDIA H100 80GB HBM3")])
+def test_shipped_rows_are_their_sweep(sweep, model, gpu):
+    """The sweep rows are what rows_from_sweep makes of the recorded sweep they cite (batch 1, 8 and 32)."""
+    config = smollm2_config() if model.startswith("smol") else Qwen2Config(**Q15)
+    made = vr.rows_from_sweep(json.loads(sweep.read_text()), model=model, arch=vr.arch_key(config), gpu=gpu,
+                              source=str(sweep.relative_to(REPO)))
+    assert [r["batch"] for r in made] == [1, 8, 32] and all(r["spec"] for r in made)
+    assert made == [r for r in vr.read_table() if r["model"] == model and r["gpu"] == gpu]
 
 
 def test_speedups_read_from_a_row():
@@ -82,13 +88,8 @@ def test_malformed_table_is_named(tmp_path):
         vr.read_table(bad)
 
 
-Q15 = dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
-           intermediate_size=8960, vocab_size=151936, tie_word_embeddings=False)
-
-
 @pytest.mark.parametrize("run, model, gpu", [
     ("gpu-h200-2026-12-05d/ar_pace_q15.json", "qwen2.5-coder-1.5b", "NVIDIA H200"),
-    ("gpu-h100-2026-12-05e/ar_pace_q15.json", "qwen2.5-coder-1.5b", "NVIDIA H100 80GB HBM3"),
     ("gpu-h100-2026-12-05e/ar_pace_smol.json", "smollm2-135m", "NVIDIA H100 80GB HBM3")])
 def test_ar_pace_rows_are_their_runs(run, model, gpu):
     """Each ar_pace row of the table is what rows_from_ar_pace makes of the recorded run it cites (its GPU too)."""
