@@ -137,6 +137,40 @@ def test_eval_tree_auto(tiny_dirs, capsys):
     assert auto["predictions"][0]["speedup"] >= auto["predictions"][-1]["speedup"]
 
 
+def _capture_hooks(model) -> int:
+    return sum(getattr(fn, "eyas_capture", False) for m in model.modules() for fn in m._forward_pre_hooks.values())
+
+
+def test_eval_tree_auto_leaves_no_calibration_hooks_on_the_target(tiny_dirs):
+    """--tree auto calibrates in a session of its own; its runner's capture hooks come off the target when it has
+    chosen, not at some later garbage collection (one in the middle of a torch.compile trace broke dynamo's guards)."""
+    import importlib
+    evaluate = importlib.import_module("eyas.decode.evaluate")
+    reuse: dict = {}
+    evaluate.run(evaluate.EvalConfig(target=str(tiny_dirs / "target"), draft=str(tiny_dirs / "draft"),
+                                     bench=str(tiny_dirs / "bench.jsonl"), max_new_tokens=6, tree="auto",
+                                     device="cpu", json=True, categories=["b"], per_category=1), reuse=reuse)
+    target, draft = reuse["pair"]
+    assert _capture_hooks(target.model) == len(draft.config.aux_layer_ids)   # the kept session's runner only
+
+
+def test_a_session_takes_its_hooks_off_when_closed_or_replaced(tiny_dirs):
+    from eyas.decode.evaluate import load_pair
+    from eyas.decode.session import Session
+    target, draft = load_pair(str(tiny_dirs / "target"), str(tiny_dirs / "draft"), "cpu", None)
+    qs = load_bench(tiny_dirs / "bench.jsonl")[:1]
+    n = len(draft.config.aux_layer_ids)
+    with Session(target, draft, qs, max_new_tokens=4, compile_graphs=False):
+        assert _capture_hooks(target.model) == n
+    assert _capture_hooks(target.model) == 0
+    reuse: dict = {}
+    kept = Session(target, draft, qs, max_new_tokens=4, compile_graphs=False, reuse=reuse)
+    kept.close()                                   # a caller's reuse keeps its runner (and hooks) for the next session
+    assert _capture_hooks(target.model) == n
+    Session(target, draft, qs, max_new_tokens=40, compile_graphs=False, reuse=reuse)   # another capacity: new runner
+    assert _capture_hooks(target.model) == n
+
+
 def test_load_bench(tmp_path):
     qs = load_bench("spec-bench")
     assert len({q["category"] for q in qs}) == 13

@@ -103,12 +103,12 @@ def evaluate(target, draft, questions, *, chain=None, tree=None, max_new_tokens=
         raise ValueError("evaluate: give exactly one of chain=K or tree=...")
     spec = TreeSpec.chain(int(chain)) if chain is not None else (tree if isinstance(tree, TreeSpec)
                                                                   else TreeSpec.parse(str(tree)))
-    if session is None:
-        target, draft = load_pair(target, draft, device, None)
-        session = Session(target, draft, questions, max_new_tokens=max_new_tokens, temperature=temperature,
-                          device=device, compile_graphs=compile_graphs, seed=seed)
-    result, _ = session.run(spec)
-    return result
+    if session is not None:
+        return session.run(spec)[0]
+    target, draft = load_pair(target, draft, device, None)
+    with Session(target, draft, questions, max_new_tokens=max_new_tokens, temperature=temperature,
+                 device=device, compile_graphs=compile_graphs, seed=seed) as own:   # its hooks off the target after
+        return own.run(spec)[0]
 
 
 def load_pair(target, draft, device, dtype_name, cache=None, trust_remote_code=False):
@@ -175,8 +175,9 @@ def _run(cfg: EvalConfig, reuse: dict | None) -> dict | int:
             raise ValueError("--tree auto calibrates on greedy acceptance; use --temperature 0")
         probe: list[dict] = []
         calib = load_bench(cfg.bench, cfg.categories, cfg.calib)   # in a session of its own, dropped once it chose
-        auto = calibrate(Session(target, draft, calib, max_new_tokens=min(cfg.max_new_tokens, 128), temperature=0.0,
-                                 compile_graphs=cfg.compile, seed=cfg.seed, min_bucket=cfg.min_bucket), costs, probe)
+        with Session(target, draft, calib, max_new_tokens=min(cfg.max_new_tokens, 128), temperature=0.0,
+                     compile_graphs=cfg.compile, seed=cfg.seed, min_bucket=cfg.min_bucket) as cs:
+            auto = calibrate(cs, costs, probe)
         by_spec.append((AUTO_PROBE, probe))
         specs.append(auto["chosen"])
     elif cfg.tree:

@@ -94,8 +94,11 @@ class Session:
         # same target, draft and capacity, e.g. one per temperature: nothing in them depends on the temperature,
         # and each (width, KV bucket) compile costs ~20 s on an H200
         self._reuse = reuse if reuse is not None else {}
+        self._owns_runner = reuse is None   # a caller's `reuse` keeps the runner for the next session
         key = (id(target.model), id(draft), self.capacity, self.compile, _INNER, self.min_bucket)
         if self._reuse.get("key") != key:
+            if self._reuse.get("runner") is not None:
+                self._reuse["runner"].close()   # a runner for another key: its hooks off the target now (see close)
             self._reuse.clear()
             self._reuse.update(key=key, runner=None, proposers={}, ar_warm=set())
         if self._reuse["runner"] is None:
@@ -111,6 +114,20 @@ class Session:
         self.runner: TargetRunner = self._reuse["runner"]
         self.baseline: dict[tuple, tuple[list[int], GenStats]] = {}
         self._warm_specs: set = set()   # settings whose round this session compiled/captured at every bucket
+
+    def close(self) -> None:
+        """Remove the runner's capture hooks now (a session of its own only). Dropping a session without it
+        leaves them on the target until a garbage collection, which may come mid torch.compile trace of the next
+        session's step: the hooks then change between trace and guards (dynamo's IndexError)."""
+        if self._owns_runner and self._reuse.get("runner") is not None:
+            self._reuse["runner"].close()
+            self._reuse.clear()
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def _gen(self, key):
         return torch.Generator().manual_seed(zlib.crc32(repr((self.seed,) + key).encode()))
