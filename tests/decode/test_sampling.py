@@ -102,3 +102,19 @@ def test_ar_baseline_samples_on_the_device_from_the_softmax():
     first = _device_sampler(0.7, torch.Generator().manual_seed(3), torch.device("cpu"))
     assert [again(logits) for _ in range(20)] == [first(logits) for _ in range(20)]
     assert _device_sampler(0.0, None, torch.device("cpu"))(logits) == 0
+
+
+def test_a_turns_first_token_is_drawn_from_the_softmax_where_the_logits_are():
+    """The prefill's token at T > 0 (no host copy of the distribution): the softmax's frequencies, and the same
+    draw again from the same generator state."""
+    from eyas.decode.speculative import _first_token
+    logits = torch.randn(VS, generator=torch.Generator().manual_seed(3)) * 2
+    gen = torch.Generator().manual_seed(0)
+    counts = torch.zeros(VS)
+    for _ in range(N * 4):
+        counts[_first_token(logits, TEMP, gen)] += 1
+    expected = torch.softmax(logits.double() / TEMP, -1) * N * 4
+    stat, dof = chi2(counts, expected)
+    assert stat < CRIT[dof]
+    a, b = (_first_token(logits, TEMP, torch.Generator().manual_seed(5)) for _ in range(2))
+    assert a == b and _first_token(logits, 0.0, None) == int(logits.argmax())
