@@ -29,7 +29,10 @@ if [ "${1:-}" = tick ]; then
   elif [ "${SCALE_WARM:-0}" = 1 ]; then   # B4w: the brought-back draft continued on more rows
     have eyas-deps q15draft qwen15 && lane scaling
   fi
-  have eyas-deps qwen15 vllm-deps vllm && { ended scaling || have q15draft; } && lane served
+  # `served` once the draft is there (the recipe's, or one brought back and not continued); vLLM's parts only in
+  # a pack that carries vLLM (without it: the evals alone, so B4/B4w's draft gets its timed speedups too)
+  { ! carried vllm || have vllm-deps vllm; } && have eyas-deps qwen15 &&
+      { ended scaling || { have q15draft && [ "${SCALE_WARM:-0}" != 1 ]; }; } && lane served
   # issue 38's control, a few GPU-minutes once the timed lane ended (while `back` calls run), so that it neither
   # disturbs the sweep's timings nor takes the recipe's GPU memory (KIMI_AR=0: not this session)
   [ "${KIMI_AR:-1}" = 1 ] && ended served && lane kimi_ar
@@ -76,17 +79,24 @@ d('$T')" && python3 lab/restore_draft.py --parts /tmp/q15draft --target /tmp/ec/
     [ $rc = 0 ] || [ $rc = 3 ]; exit $? ;;      # 3: steps left (the budget ran out); what is done still serves
   served)    # issue 37 items 2-4, most wanted first: T=0 alone (speedups over eyas's and vLLM's AR), vLLM's K = 1..5
              # against vLLM's AR, served tau vs native, T=1, eyas's AR vs vLLM's and the 1k-token prefill
-    if [ -d /tmp/q15draft ]; then   # B3: the draft a session brought back (its embedding is the target's)
+    if [ -f $W/result.json ]; then   # this session's recipe trained it (B, B2, B4, B4w)
+      B=$(best) || { echo "no trained point in $W/result.json" >&2; exit 2; }
+    elif [ -d /tmp/q15draft ]; then   # B3: the draft a session brought back (its embedding is the target's)
       B=$W/restored
       [ -f $B/model.safetensors ] || { python3 -c "from eyas.target.builtins import builtin_target_dir as d
 d('$T')" && python3 lab/restore_draft.py --parts /tmp/q15draft --target /tmp/ec/models/$T --out $B; } || exit 2
     else
-      B=$(best) || { echo "no trained point in $W/result.json" >&2; exit 2; }
+      echo "no draft: neither $W/result.json nor /tmp/q15draft" >&2; exit 2
     fi
     echo "best draft: $B"
     ev() { $E eval --draft $B --target $T --per-category 2 --max-new-tokens 256 --chain 3 \
-        --tree total=60,depth=7,topk=10 --device cuda --temperature $1 --out $R/eval-q15-t$1.json; }
+        --tree total=60,depth=7,topk=10 --device cuda --temperature $1 --out $R/eval-q15-t$1.json \
+        --baseline-cache /tmp/w/bcache-q15; }   # one AR baseline per temperature, shared with the auto eval
     [ -f $R/eval-q15-t0.json ] || ev 0
+    auto() {   # the tree eyas's cost model picks for this target's round costs (60/7/10 is SmolLM2's choice), T=0
+      [ "${AUTO_TREE:-1}" = 0 ] || [ -f $R/eval-q15-auto.json ] || $E eval --draft $B --target $T --per-category 2 \
+          --max-new-tokens 256 --tree auto --device cuda --out $R/eval-q15-auto.json --baseline-cache /tmp/w/bcache-q15; }
+    if [ ! -e /tmp/vpy ]; then auto; [ -f $R/eval-q15-t1.json ] || ev 1; exit 0; fi   # no vLLM in this pack
     for k in 1 2 3 4 5; do $E export --draft $B --format vllm --chain $k --out /tmp/x-q15-k$k || exit 1; done
     python3 bench/vllm_speedup.py --engine vllm --target /tmp/ec/models/$T --export '/tmp/x-q15-k{k}' \
         --python /tmp/vpy --chains 1 2 3 4 5 --batch-sizes 1 8 32 --per-category 2 --max-new-tokens 256 \
@@ -96,9 +106,7 @@ d('$T')" && python3 lab/restore_draft.py --parts /tmp/q15draft --target /tmp/ec/
     [ -f $R/eval-q15-t1.json ] || ev 1
     [ "${PACE:-1}" = 0 ] || [ -f $R/ar_pace_q15.json ] || python3 bench/ar_pace.py --target $T --device cuda \
         --per-category 2 --max-new-tokens 256 --vllm-python /tmp/vpy --out $R/ar_pace_q15.json
-    # the tree eyas's cost model picks for this target's round costs (60/7/10 is SmolLM2's choice), T=0
-    [ "${AUTO_TREE:-1}" = 0 ] || [ -f $R/eval-q15-auto.json ] || $E eval --draft $B --target $T --per-category 2 \
-        --max-new-tokens 256 --tree auto --device cuda --out $R/eval-q15-auto.json ;;
+    auto ;;
   kimi_ar)   # issue 38 item 3: the Kimi toy end to end with every vLLM engine batch-invariant (VLLM_BATCH_INVARIANT=1:
              # MLA, fused MoE and matmuls reduce in one order whatever the batch's shape), so served output = vLLM's
              # AR asks for the draft alone; ≈ 8 min. KIMI_BI=0: only the batched-vs-alone AR control (≈ 4 min)

@@ -1,5 +1,6 @@
-"""lab/plan_q15_draft.sh tick: the recipe starts once the 1.5B is in, the served sweep after it ended with vLLM in,
-and the draft comes back alone, 4 parts a call, only after the served lane ended."""
+"""lab/plan_q15_draft.sh tick: the recipe starts once the 1.5B is in, the served lane after it ended (with vLLM in,
+where the pack carries it), and the draft comes back alone, 4 parts a call, after the served lane ended (at once in a
+pack without vLLM)."""
 
 from functools import partial
 
@@ -15,8 +16,10 @@ def test_recipe_starts_when_the_target_is_in(tmp_path):
 
 def test_served_waits_for_vllm_and_the_recipe(tmp_path):
     assert "served" not in _tick(tmp_path, ["eyas-deps", "qwen15", "vllm-deps", "vllm"], {})
-    assert "served" not in _tick(tmp_path / "b", ["eyas-deps", "qwen15"], {"scaling": 0})
+    assert "served" not in _tick(tmp_path / "b", ["eyas-deps", "qwen15"], {"scaling": 0}, carried=("vllm-deps", "vllm"))
     assert "served" in _tick(tmp_path / "c", ["eyas-deps", "qwen15", "vllm-deps", "vllm"], {"scaling": 3})
+    # a pack without vLLM (B4): the evals alone once the recipe ended
+    assert "served" in _tick(tmp_path / "d", ["eyas-deps", "qwen15"], {"scaling": 0})
 
 
 def test_back_goes_alone_once_served_ended(tmp_path):
@@ -75,12 +78,14 @@ def test_a_pack_holding_sharegpt_runs_the_demo_alone(tmp_path):
 
 
 def test_warm_mode_continues_the_brought_back_draft_and_sends_the_new_one_home(tmp_path):
-    """B4w: item q15draft with SCALE_WARM=1 (no vLLM): the recipe (continuing that draft) once it and the 1.5B are in,
-    never `served`; once the recipe ended, the new draft comes back."""
+    """B4w: item q15draft with SCALE_WARM=1 (no vLLM): the recipe (continuing that draft) once it and the 1.5B are in;
+    once it ended, the new draft comes back while `served` times it alone (its evals only: no vLLM in the pack)."""
     have, warm = ["eyas-deps", "q15draft", "qwen15"], {"SCALE_WARM": "1"}
     assert _tick(tmp_path / "a", have[:2], {}, carried=("qwen15",), env=warm) == ["wait"]
     assert _tick(tmp_path / "b", have, {}, env=warm) == ["scaling", "wait"]
     assert "scaling" not in _tick(tmp_path / "c", have, {})                       # without the knob: B3's pack
     out = tmp_path / "out"
     out.mkdir()
-    assert "wait" not in _tick(tmp_path / "d", have, {"scaling": 0}, out=out, env=warm)   # back, alone
+    d = _tick(tmp_path / "d", have, {"scaling": 0}, out=out, env=warm)
+    assert "served" in d and "wait" not in d                                       # served, then back alone
+    assert "served" not in _tick(tmp_path / "e", have, {}, env=warm, running=("scaling",))
