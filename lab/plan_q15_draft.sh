@@ -13,7 +13,7 @@
 # and resumes past them, so larger SCALE_SIZES cost only the new rows) or `q15draft` (the draft: no `scaling`;
 # `served` serves it, restored by lab/restore_draft.py). Knobs: SCALE_BUDGET (s, default 1000), SCALE_SIZES
 # (default 1e6,2e6,4e6), SCALE_SET; SERVED_ENGINES (vLLM engines starting side by side in the sweep, default 6),
-# PACE=0 (no AR pace), AUTO_TREE=0 (no cost-model tree), KIMI_AR=0 (no Kimi lane), KIMI_BI=0 (its AR control
+# PACE=0 (no AR pace), PROFILE=0 (no round profile), AUTO_TREE=0 (no cost-model tree), KIMI_AR=0 (no Kimi lane), KIMI_BI=0 (its AR control
 # only). SCALE_WARM=1 with item q15draft (B4w): `scaling` continues the brought-back draft (`train --init-from`) on
 # its rows plus more, instead of `served`. Knobs reach a lane from the tick that starts it.
 set -uo pipefail
@@ -93,6 +93,10 @@ d('$T')" && python3 lab/restore_draft.py --parts /tmp/q15draft --target /tmp/ec/
         --tree total=60,depth=7,topk=10 --device cuda --temperature $1 --out $R/eval-q15-t$1.json \
         --baseline-cache /tmp/w/bcache-q15; }   # one AR baseline per temperature, shared with the auto eval
     [ -f $R/eval-q15-t0.json ] || ev 0
+    # where a round's time goes (kernels vs gaps, top kernels of AR, chain-3 and tree): B3 measured a 4-token verify
+    # at 3.26 ms against 2.66 ms for an AR step (≈ 1.5 min; PROFILE=0 leaves it out)
+    [ "${PROFILE:-1}" = 0 ] || [ -f $R/profile-q15.json ] || python3 bench/profile_decode.py --target $T --draft $B \
+        --out $R/profile-q15.json
     auto() {   # the tree eyas's cost model picks for this target's round costs (60/7/10 is SmolLM2's choice), T=0
       [ "${AUTO_TREE:-1}" = 0 ] || [ -f $R/eval-q15-auto.json ] || $E eval --draft $B --target $T --per-category 2 \
           --max-new-tokens 256 --tree auto --device cuda --out $R/eval-q15-auto.json --baseline-cache /tmp/w/bcache-q15; }
