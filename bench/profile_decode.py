@@ -90,7 +90,8 @@ def main(argv=None) -> int:
     prompt = turn_prompt(target.tokenizer, qs[0], [])
     sync = torch.cuda.synchronize if s.device.type == "cuda" else (lambda: None)
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if s.device.type == "cuda" else [])
-    res = {"target": a.target, "tokens": a.tokens, "device": str(s.device), "torch": torch.__version__}
+    res = {"target": a.target, "tokens": a.tokens, "device": str(s.device), "torch": torch.__version__,
+           "grouped_steps": getattr(s.runner, "grouped", False)}   # EYAS_GROUPED_STEPS=1 (older eyas: no such switch)
     jobs = [("ar", lambda: ar_generate(s.runner, prompt, a.tokens))]
     jobs += [(name, (lambda spec=spec: s.decoder(spec).generate(prompt, a.tokens))) for name, spec in specs.items()]
     for name, job in jobs:

@@ -41,6 +41,8 @@ SWITCHES: dict[str, Switch] = {
                                                           "`eyas eval --min-bucket` wins"),
     "EYAS_DRAFT_CACHE": Switch("inplace", "diagnosis", "copy: draft levels concatenate their KV cache instead "
                                                        "of writing it in place"),
+    "EYAS_GROUPED_STEPS": Switch("0", "diagnosis", "1: the decoder's target steps attend with the query heads of a "
+                                                   "KV group sharing it instead of K/V repeated per head (A/B)"),
     "EYAS_PROMPT_CATCHUP": Switch("chunks", "diagnosis", "eager: the draft's catch-up over a prompt at its own "
                                                          "length instead of graphed, padded chunks"),
     "EYAS_TTT_MASK": Switch(None, "diagnosis", "reference: build the flex TTT block mask per step (slow)"),

@@ -149,7 +149,7 @@ class Session:
         """(category, key, prompt ids) per turn; later turns use the baseline's answers as history."""
         if self.baseline_cache is not None and self._cache_key is None:
             self._cache_key = bcache.cache_key(self, {"compile": self.compile, "inner": _INNER, "graphs": _GRAPHS,
-                                                      "min_bucket": self.min_bucket})
+                                                      "min_bucket": self.min_bucket, "grouped": self.runner.grouped})
             cached, shared = bcache.load(self.baseline_cache, self._cache_key)
             if cached and self.shared:   # no timing here is trusted: the cached tokens serve as they are
                 self.cache_check = {"used": True, "shared": True}

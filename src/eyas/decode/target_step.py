@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from eyas import env
-from eyas.data.attention import DELEGATED_KWARGS, attention_implementation
+from eyas.data.attention import DELEGATED_KWARGS, SDPA_LIKE, attention_implementation, grouped_sdpa
 from eyas.devices import varying_shape_attention
 from eyas.target.capture import capture
 from eyas.target.layers import Layout
@@ -62,6 +62,24 @@ def _register_causal() -> None:
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
     AttentionInterface.register(CAUSAL, causal_chunk_attention)
     AttentionMaskInterface.register(CAUSAL, sdpa_mask)
+
+
+GROUPED = "eyas_grouped_step_sdpa"
+GROUPED_ROWS = 1024   # query rows a KV group up to which a step runs grouped (a 61-node tree, 6 heads a group: 366)
+
+
+def grouped_step_attention(module, query, key, value, attention_mask, **kwargs):
+    """A decode or verify step's attention with its mask, the query heads of a KV group sharing it (`grouped_sdpa`):
+    transformers' sdpa repeats K and V to every query head over the whole KV bucket when a mask is given."""
+    return grouped_sdpa(module, query, key, value, attention_mask, max_rows=GROUPED_ROWS, **kwargs)
+
+
+def _register_grouped() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    AttentionInterface.register(GROUPED, grouped_step_attention)
+    AttentionMaskInterface.register(GROUPED, sdpa_mask)
+    SDPA_LIKE.add(GROUPED)
 
 
 def _static_cache_class():
@@ -190,6 +208,11 @@ class TargetRunner:
         self.cache = SlotCache(self.config, capacity)
         self._hooks = ExitStack()
         self._cap = self._hooks.enter_context(capture(layout, self.aux_ids, last=False))
+        # EYAS_GROUPED_STEPS=1: the runner's sdpa layers attend grouped (`grouped_step_attention`) while it lives
+        self.grouped = env.get("EYAS_GROUPED_STEPS") == "1" and getattr(text, "_attn_implementation", None) == "sdpa"
+        if self.grouped:
+            _register_grouped()
+            self._hooks.enter_context(attention_implementation(model, GROUPED))
         self._compiled = None
         # prefills as CUDA graphs of padded chunks (decode/prefill.py); eager sessions turn it off
         self.graph_prefill = self.device.type == "cuda" and env.get("EYAS_PREFILL_GRAPHS") != "0"
