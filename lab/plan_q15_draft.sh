@@ -100,7 +100,10 @@ d('$T')" && python3 lab/restore_draft.py --parts /tmp/q15draft --target /tmp/ec/
     auto() {   # the tree eyas's cost model picks for this target's round costs (60/7/10 is SmolLM2's choice), T=0
       [ "${AUTO_TREE:-1}" = 0 ] || [ -f $R/eval-q15-auto.json ] || $E eval --draft $B --target $T --per-category 2 \
           --max-new-tokens 256 --tree auto --device cuda --out $R/eval-q15-auto.json --baseline-cache /tmp/w/bcache-q15; }
-    if [ ! -e /tmp/vpy ]; then auto; [ -f $R/eval-q15-t1.json ] || ev 1; exit 0; fi   # no vLLM in this pack
+    grouped() {   # the same profile with the decoder's steps attending grouped (EYAS_GROUPED_STEPS=1): the A/B
+      [ "${PROFILE:-1}" = 0 ] || [ -f $R/profile-q15-grouped.json ] || EYAS_GROUPED_STEPS=1 python3 \
+          bench/profile_decode.py --target $T --draft $B --out $R/profile-q15-grouped.json; }
+    if [ ! -e /tmp/vpy ]; then auto; grouped; [ -f $R/eval-q15-t1.json ] || ev 1; exit 0; fi   # no vLLM in this pack
     for k in 1 2 3 4 5; do $E export --draft $B --format vllm --chain $k --out /tmp/x-q15-k$k || exit 1; done
     python3 bench/vllm_speedup.py --engine vllm --target /tmp/ec/models/$T --export '/tmp/x-q15-k{k}' \
         --python /tmp/vpy --chains 1 2 3 4 5 --batch-sizes 1 8 32 --per-category 2 --max-new-tokens 256 \
@@ -110,7 +113,7 @@ d('$T')" && python3 lab/restore_draft.py --parts /tmp/q15draft --target /tmp/ec/
     [ -f $R/eval-q15-t1.json ] || ev 1
     [ "${PACE:-1}" = 0 ] || [ -f $R/ar_pace_q15.json ] || python3 bench/ar_pace.py --target $T --device cuda \
         --per-category 2 --max-new-tokens 256 --vllm-python /tmp/vpy --out $R/ar_pace_q15.json
-    auto ;;
+    auto; grouped ;;
   kimi_ar)   # issue 38 item 3: the Kimi toy end to end with every vLLM engine batch-invariant (VLLM_BATCH_INVARIANT=1:
              # MLA, fused MoE and matmuls reduce in one order whatever the batch's shape), so served output = vLLM's
              # AR asks for the draft alone; ≈ 8 min. KIMI_BI=0: only the batched-vs-alone AR control (≈ 4 min)
