@@ -80,5 +80,9 @@ def test_a_grouped_runner_steps_as_the_plain_one_and_gives_the_model_back(monkey
         outs.append([t.clone() for pair in (first, rest, tree) for t in pair])
     for a, b in zip(*outs):
         torch.testing.assert_close(a, b)
+    second = TargetRunner(grouped.model, wrap_model(grouped.model).layout, [1, 2], 64, min_bucket=16)
+    assert second.grouped and second.causal_from_start(8)   # made beside it: still an sdpa model to the second
+    second.close()
+    assert grouped.model.config._attn_implementation == GROUPED
     grouped.close()
     assert grouped.model.config._attn_implementation == "sdpa"

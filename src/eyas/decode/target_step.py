@@ -82,6 +82,9 @@ def _register_grouped() -> None:
     SDPA_LIKE.add(GROUPED)
 
 
+_register_grouped()   # at import: a runner made while another has switched the model still sees an sdpa model
+
+
 def _static_cache_class():
     from transformers import StaticCache
     return StaticCache
@@ -202,16 +205,15 @@ class TargetRunner:
         self._window = getattr(text, "sliding_window", None)
         self._mask_types = sorted(set(types)) if len(set(types)) > 1 else None
         # `causal` steps: only models on sdpa with one kind of layer (a sliding layer's mask is not causal)
-        self._causal_ok = getattr(text, "_attn_implementation", None) == "sdpa" and self._mask_types is None
+        self._causal_ok = getattr(text, "_attn_implementation", None) in SDPA_LIKE and self._mask_types is None
         if self._causal_ok:
             _register_causal()
         self.cache = SlotCache(self.config, capacity)
         self._hooks = ExitStack()
         self._cap = self._hooks.enter_context(capture(layout, self.aux_ids, last=False))
         # EYAS_GROUPED_STEPS=1: the runner's sdpa layers attend grouped (`grouped_step_attention`) while it lives
-        self.grouped = env.get("EYAS_GROUPED_STEPS") == "1" and getattr(text, "_attn_implementation", None) == "sdpa"
+        self.grouped = env.get("EYAS_GROUPED_STEPS") == "1" and getattr(text, "_attn_implementation", None) in SDPA_LIKE
         if self.grouped:
-            _register_grouped()
             self._hooks.enter_context(attention_implementation(model, GROUPED))
         self._compiled = None
         # prefills as CUDA graphs of padded chunks (decode/prefill.py); eager sessions turn it off
