@@ -151,7 +151,9 @@ def main(argv=None) -> int:
 
     target = load_target(a.target, dtype=torch.bfloat16, device=a.device)
     prompts = prompts_for(target.tokenizer, a.bench, a.per_category)
-    doc = {"target": a.target, "hardware": hardware(torch.device(a.device)), "prompts": len(prompts),
+    from eyas import env
+    doc = {"target": a.target, "hardware": hardware(torch.device(a.device)), "switches": env.changed(),
+           "prompts": len(prompts),
            "max_new_tokens": a.max_new_tokens, "batch_size": 1,
            "eyas": eyas_ar(target, prompts, a.max_new_tokens, a.prefill_tokens, not a.no_compile)}
     print(json.dumps(doc["eyas"]), flush=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import time
 from pathlib import Path
 
@@ -91,7 +92,8 @@ def main(argv=None) -> int:
     sync = torch.cuda.synchronize if s.device.type == "cuda" else (lambda: None)
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if s.device.type == "cuda" else [])
     res = {"target": a.target, "tokens": a.tokens, "device": str(s.device), "torch": torch.__version__,
-           "grouped_steps": getattr(s.runner, "grouped", False)}   # EYAS_GROUPED_STEPS=1 (older eyas: no such switch)
+           "grouped_steps": getattr(s.runner, "grouped", False),   # EYAS_GROUPED_STEPS=1 (older eyas: no such switch)
+           "switches": {k: v for k, v in os.environ.items() if k.startswith("EYAS_")}}
     jobs = [("ar", lambda: ar_generate(s.runner, prompt, a.tokens))]
     jobs += [(name, (lambda spec=spec: s.decoder(spec).generate(prompt, a.tokens))) for name, spec in specs.items()]
     for name, job in jobs:

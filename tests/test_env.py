@@ -47,6 +47,15 @@ def test_get_gives_the_value_else_the_default(monkeypatch):
         env.get("EYAS_NOPE")
 
 
+def test_changed_names_the_diagnosis_switches_set_off_their_default(monkeypatch):
+    for name in [n for n in env.SWITCHES if n.startswith("EYAS_")]:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("EYAS_GROUPED_STEPS", "1")
+    monkeypatch.setenv("EYAS_PREFILL_SDPA", "portable")   # its default: not a change
+    monkeypatch.setenv("EYAS_PROGRESS_INTERVAL", "2")     # a user switch: not the decoder's
+    assert env.changed() == {"EYAS_GROUPED_STEPS": "1"}
+
+
 def test_each_switch_says_what_it_does():
     for name, s in env.SWITCHES.items():
         assert s.kind in ("user", "diagnosis", "test") and len(s.what) > 20, name

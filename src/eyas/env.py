@@ -43,6 +43,9 @@ SWITCHES: dict[str, Switch] = {
                                                        "of writing it in place"),
     "EYAS_GROUPED_STEPS": Switch("0", "diagnosis", "1: the decoder's target steps attend with the query heads of a "
                                                    "KV group sharing it instead of K/V repeated per head (A/B)"),
+    "EYAS_PREFILL_SDPA": Switch("portable", "diagnosis", "any: graphed prefill chunks attend with PyTorch's own "
+                                                           "SDPA choice (cuDNN included) instead of flash / "
+                                                           "memory-efficient, as eager prefills do (A/B)"),
     "EYAS_PROMPT_CATCHUP": Switch("chunks", "diagnosis", "eager: the draft's catch-up over a prompt at its own "
                                                          "length instead of graphed, padded chunks"),
     "EYAS_TTT_MASK": Switch(None, "diagnosis", "reference: build the flex TTT block mask per step (slow)"),
@@ -53,6 +56,12 @@ SWITCHES: dict[str, Switch] = {
     "EYAS_TRAIN_DISK_FULL_AT": Switch(None, "test", "a checkpoint crash point's name: saving fails there as on "
                                                     "a full disk"),
 }
+
+
+def changed(kind: str = "diagnosis") -> dict[str, str]:
+    """The switches of `kind` set to something other than their default: what a measurement records it ran with."""
+    return {n: os.environ[n] for n, sw in SWITCHES.items()
+            if sw.kind == kind and os.environ.get(n) and os.environ[n] != sw.default}
 
 
 def get(name: str) -> str | None:

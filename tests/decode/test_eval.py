@@ -398,3 +398,13 @@ def test_an_eval_whose_prefill_graphs_went_off_says_so(tiny_dirs, tmp_path, monk
     assert any(w.startswith("prefills ran eagerly after a CUDA graph capture failed (RuntimeError: operation not")
                for w in doc["warnings"])
     assert [r["decode"]["prefill_graphs"] for r in doc["results"]] == [False]
+
+
+def test_an_eval_records_the_decoder_switches_it_ran_with(tiny_dirs, tmp_path, monkeypatch):
+    """An A/B's two JSONs say which is which: the diagnosis switches set off their default."""
+    from eyas import env
+    for name in env.SWITCHES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("EYAS_PREFILL_SDPA", "any")
+    assert _eval(tiny_dirs, "--out", str(tmp_path / "e.json")) == 0
+    assert json.loads((tmp_path / "e.json").read_text())["switches"] == {"EYAS_PREFILL_SDPA": "any"}

@@ -156,3 +156,23 @@ def test_warm_up_captures_every_chunk_a_prompt_can_meet_and_none_past_the_capaci
     assert keys == [(4, b(4), True), (8, b(8), True), (16, b(16), True),
                     (4, b(20), False), (8, b(24), False), (16, b(32), False),
                     (4, b(36), False), (8, b(40), False)]
+
+
+@pytest.mark.parametrize("choice, portable", [("portable", True), ("any", False)])
+def test_graphed_chunks_attend_with_the_eager_kernels_unless_told_otherwise(monkeypatch, choice, portable):
+    """EYAS_PREFILL_SDPA=any lets a graphed chunk take PyTorch's own SDPA choice (cuDNN on the GPU); by default it
+    keeps the eager prefill's (no cuDNN), so both agree. The same tokens either way here (the CPU has one choice)."""
+    from eyas.decode import prefill as pf
+    entered, real = [], pf.varying_shape_attention
+
+    def recording():
+        entered.append(1)
+        return real()
+    monkeypatch.setattr(pf, "varying_shape_attention", recording)
+    monkeypatch.setenv("EYAS_PREFILL_SDPA", choice)
+    exact, padded = runners()
+    prompt = torch.randint(0, 64, (21,), generator=torch.Generator().manual_seed(7)).tolist()
+    entered.clear()
+    p_logits, _ = prefill(padded, prompt)
+    assert bool(entered) == portable
+    torch.testing.assert_close(p_logits, prefill(exact, prompt)[0], rtol=1e-4, atol=1e-5)

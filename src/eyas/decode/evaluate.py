@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from pydantic import Field
 
+from eyas import env
 from eyas.config import StageConfig
 from eyas.decode import vllm_reference
 from eyas.decode.bench import SPEC_BENCH, load_bench
@@ -201,7 +202,7 @@ def _run(cfg: EvalConfig, reuse: dict | None) -> dict | int:
         warnings.append(f"prefills ran eagerly after a CUDA graph capture failed ({s.runner.prefill_graph_error}); "
                         "see each setting's decode.prefill_graphs")
     out = {"target": cfg.target, "draft": str(cfg.draft), "bench": cfg.bench, "questions": len(questions),
-           "hardware": hw, "commit": commit(), "results": results, "vllm_reference": ref, "warnings": warnings,
+           "hardware": hw, "commit": commit(), "switches": env.changed(), "results": results, "vllm_reference": ref, "warnings": warnings,
            "baseline": {"turns": len(s.baseline), "from_cache": s.cached_turns,
                         "cache": str(cfg.baseline_cache) if cfg.baseline_cache else None,
                         "cache_check": s.cache_check}}

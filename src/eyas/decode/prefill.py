@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import warnings
 from bisect import bisect_left
+from contextlib import nullcontext
 
 import torch
+
+from eyas import env
 
 from eyas.decode.target_step import TargetRunner
 from eyas.devices import capture_graph, varying_shape_attention
@@ -74,7 +77,9 @@ class GraphedPrefill:
 
     def _forward(self, w: int, kv_len: int, causal: bool):
         toks, pos, ctx, keep, anc = self._buffers(w)
-        with varying_shape_attention():   # the eager prefill's attention kernels, so both agree
+        # the eager prefill's attention kernels, so both agree; EYAS_PREFILL_SDPA=any: PyTorch's own choice (a graph's
+        # shapes are static, so cuDNN's per-shape set-up happens once, at capture)
+        with varying_shape_attention() if env.get("EYAS_PREFILL_SDPA") != "any" else nullcontext():
             return self.runner._step(toks, pos, pos, ctx, anc, kv_len, keep, causal)
 
     def _causal(self, s: int, w: int) -> bool:
