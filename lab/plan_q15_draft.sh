@@ -113,6 +113,9 @@ d('$T')" && python3 lab/restore_draft.py --parts /tmp/q15draft --target /tmp/ec/
     [ -f $R/eval-q15-t1.json ] || ev 1
     [ "${PACE:-1}" = 0 ] || [ -f $R/ar_pace_q15.json ] || python3 bench/ar_pace.py --target $T --device cuda \
         --per-category 2 --max-new-tokens 256 --vllm-python /tmp/vpy --out $R/ar_pace_q15.json
+    # the A/B: graphed prefill chunks on PyTorch's own SDPA choice (cuDNN included); eyas's half only (≈ 1.5 min)
+    [ "${PACE:-1}" = 0 ] || [ -f $R/ar_pace_q15_sdpa_any.json ] || EYAS_PREFILL_SDPA=any python3 bench/ar_pace.py \
+        --target $T --device cuda --per-category 2 --max-new-tokens 256 --out $R/ar_pace_q15_sdpa_any.json
     auto; grouped ;;
   kimi_ar)   # issue 38 item 3: the Kimi toy end to end with every vLLM engine batch-invariant (VLLM_BATCH_INVARIANT=1:
              # MLA, fused MoE and matmuls reduce in one order whatever the batch's shape), so served output = vLLM's
