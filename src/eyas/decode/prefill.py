@@ -22,7 +22,6 @@ from contextlib import nullcontext
 import torch
 
 from eyas import env
-
 from eyas.decode.target_step import TargetRunner
 from eyas.devices import capture_graph, varying_shape_attention
 

@@ -57,11 +57,12 @@ def causal_chunk_attention(module, query, key, value, attention_mask, **kwargs):
     return sdpa_attention_forward(module, query, key[:, :, :T], value[:, :, :T], None, **kwargs)
 
 
-def _register_causal() -> None:
+def _register(name: str, fn) -> None:
+    """`fn` (sdpa's contract) as transformers attention implementation `name`, its masks built as sdpa's."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-    AttentionInterface.register(CAUSAL, causal_chunk_attention)
-    AttentionMaskInterface.register(CAUSAL, sdpa_mask)
+    AttentionInterface.register(name, fn)
+    AttentionMaskInterface.register(name, sdpa_mask)
 
 
 GROUPED = "eyas_grouped_step_sdpa"
@@ -74,15 +75,9 @@ def grouped_step_attention(module, query, key, value, attention_mask, **kwargs):
     return grouped_sdpa(module, query, key, value, attention_mask, max_rows=GROUPED_ROWS, **kwargs)
 
 
-def _register_grouped() -> None:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-    AttentionInterface.register(GROUPED, grouped_step_attention)
-    AttentionMaskInterface.register(GROUPED, sdpa_mask)
-    SDPA_LIKE.add(GROUPED)
-
-
-_register_grouped()   # at import: a runner made while another has switched the model still sees an sdpa model
+# registered at import: a runner made while another has switched the model still sees an sdpa model
+_register(GROUPED, grouped_step_attention)
+SDPA_LIKE.add(GROUPED)
 
 
 def _static_cache_class():
@@ -207,7 +202,7 @@ class TargetRunner:
         # `causal` steps: only models on sdpa with one kind of layer (a sliding layer's mask is not causal)
         self._causal_ok = getattr(text, "_attn_implementation", None) in SDPA_LIKE and self._mask_types is None
         if self._causal_ok:
-            _register_causal()
+            _register(CAUSAL, causal_chunk_attention)
         self.cache = SlotCache(self.config, capacity)
         self._hooks = ExitStack()
         self._cap = self._hooks.enter_context(capture(layout, self.aux_ids, last=False))
