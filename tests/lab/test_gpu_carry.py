@@ -148,3 +148,34 @@ def test_the_rows_brought_back_travel_as_one_item_rebuilt_when_they_change(tmp_p
         p.unlink()
     r = _run(repo, "pack", {**env, "STAGE": str(tmp_path / "stage2")})
     assert r.returncode != 0 and "no .carry/q15back/draft.tar" in r.stderr
+
+
+def test_rows_brought_back_apart_or_committed_to_git_travel_as_the_rows_item(tmp_path):
+    """`back` now sends the rows first as rows.tgz.NN; a session that committed them names them as ROWS_GIT=REV:PATH
+    (only git outlives a checkout) and pack takes the blob from git, rebuilt when the revision changes."""
+    repo = _repo(tmp_path)
+    back = repo / ".carry" / "q15back"
+    back.mkdir(parents=True)
+    (back / "draft.tar.00").write_bytes(b"not read for the rows")
+    (back / "rows.tgz.00").write_bytes(b"rows-")
+    (back / "rows.tgz.01").write_bytes(b"apart")
+    env = {"STAGE": str(tmp_path / "stage"), "ITEMS": "q15back", "PART_MB": "1"}
+    assert _run(repo, "pack", env).returncode == 0
+    assert (tmp_path / "stage" / "items" / "q15back").read_bytes() == b"rows-apart"
+
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (repo / "rows.tgz").write_bytes(b"rows-in-git-1")
+    subprocess.run([*git, "add", "rows.tgz"], check=True)
+    subprocess.run([*git, "commit", "-qm", "rows"], check=True)
+    env2 = {**env, "STAGE": str(tmp_path / "stage2"), "ROWS_GIT": "HEAD:rows.tgz"}
+    r = _run(repo, "pack", env2)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "stage2" / "items" / "q15back").read_bytes() == b"rows-in-git-1"
+    (repo / "rows.tgz").write_bytes(b"rows-in-git-2")
+    subprocess.run([*git, "commit", "-qam", "more rows"], check=True)
+    r = _run(repo, "pack", env2)
+    assert r.returncode == 0 and "rebuilding" in r.stderr
+    assert (tmp_path / "stage2" / "items" / "q15back").read_bytes() == b"rows-in-git-2"
+    r = _run(repo, "pack", {**env2, "ROWS_GIT": "HEAD:no-such.tgz"})
+    assert r.returncode != 0
