@@ -145,11 +145,13 @@ d('$T')" && python3 lab/restore_draft.py --parts /tmp/q15draft --target /tmp/ec/
       mkdir -p /tmp/back/run9k /tmp/back-parts &&
         tar czf /tmp/back-rows.tgz -C $W self.jsonl self.jsonl.eyas-output.json self.jsonl.self-prompts.jsonl &&
         split -b 15M -d /tmp/back-rows.tgz /tmp/back-parts/rows.tgz. || exit 1
-      B=$(best) && python3 -c "import sys, torch; from safetensors.torch import load_file, save_file
+      if B=$(best 2> /dev/null); then   # (none after a data-only call, skip_train: the rows alone come home)
+        python3 -c "import sys, torch; from safetensors.torch import load_file, save_file
 sd = load_file(sys.argv[1]); save_file({k: v.to(torch.bfloat16) if v.is_floating_point() else v
 for k, v in sd.items() if k != 'embed_tokens.weight'}, sys.argv[2])" $B/model.safetensors /tmp/back/draft-bf16.safetensors \
-        && cp $B/config.json $B/metrics.jsonl /tmp/back/run9k/
-      tar cf - -C /tmp/back . | split -b 15M -d - /tmp/back-parts/draft.tar. || exit 1
+          && cp $B/config.json $B/metrics.jsonl /tmp/back/run9k/ &&
+          tar cf - -C /tmp/back . | split -b 15M -d - /tmp/back-parts/draft.tar. || exit 1
+      fi
     fi
     for f in $( (ls /tmp/back-parts | grep '^rows'; ls /tmp/back-parts | grep -v '^rows') | head -4); do
       mv /tmp/back-parts/$f "$OUT/"; done

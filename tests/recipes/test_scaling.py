@@ -65,6 +65,14 @@ def test_skip_eval_trains_only(tmp_path, monkeypatch):
     assert list(ran) == ["prepare", "train"] and doc["eval"] is None
 
 
+def test_skip_train_makes_the_data_only_and_a_later_call_trains(tmp_path, monkeypatch):
+    ran, doc, code = stages_run(tmp_path, monkeypatch, "skip_train=true")
+    assert list(ran) == ["prepare"] and not doc["complete"] and code == LEFT
+    assert doc["left"] == ["train:raw:1000", "eval:raw:1000"] and doc["points"] == []
+    ran, doc, _ = stages_run(tmp_path, monkeypatch)
+    assert list(ran) == ["train", "eval"] and doc["complete"]    # the prep done before is not made again
+
+
 def test_an_eval_that_cannot_fit_the_budget_waits_for_the_next_call(tmp_path, monkeypatch):
     ran, doc, code = stages_run(tmp_path, monkeypatch, "eval_est_s=400", budget=300)
     assert list(ran) == ["prepare", "train"] and not doc["complete"] and code == LEFT

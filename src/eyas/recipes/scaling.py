@@ -8,6 +8,7 @@ Steps, each resumable and recorded done in OUT/state.json:
   prep:KIND:S  `eyas prepare` of the first rows holding ~S tokens (prepared again with more rows while short).
   train:KIND:S online `eyas train` for `epochs` over those tokens; held-out simulated chain-K tau is the last
                held-out eval in metrics.jsonl (K = ttt_steps).
+               With skip_train the rows and preps alone (a GPU session's data, sent home before training).
   eval:KIND:S  Spec-Bench tau at T=0 of that draft (`eyas eval`, chain eval_chain and tree eval_tree). Not
                resumable inside, so it starts only when the budget holds what the longest eval so far took (see
                stages.eval_need); one that does not fit waits for a later call while the next points train. With
@@ -138,7 +139,7 @@ def run_kind(r: Runner, p, kind: str, sizes: list[int]) -> bool:
         prep, run = r.work / f"prep-{kind}-{size}", r.work / f"run-{kind}-{size}"
         if not prep_to_size(r, p, kind, src, size, tpr, prep):
             return False
-        if covered_by(r, kind, size, prep):
+        if covered_by(r, kind, size, prep) or p.skip_train:   # skip_train: the data alone (a later call trains)
             continue
         name = f"train:{kind}:{size}"
         if not r.eyas(name, "train", "--online", "--target", p.target, "--data", str(prep), "--out", str(run),
