@@ -2,7 +2,7 @@
 # Keep the self-written rows a GPU session brought home (`plan_q15_draft.sh back`: rows.tgz.00, .01, ...) in git,
 # the one thing a new checkout keeps, without them travelling with every later device call (every tracked file
 # does): commit them, note the commit in lab/ROWS, then take them out of the tree in a second commit.
-#   bash lab/keep_rows.sh NAME DIR      e.g. bash lab/keep_rows.sh q15-17m /path/to/files_at/tmp/back
+#   bash lab/keep_rows.sh NAME DIR      e.g. bash lab/keep_rows.sh q15-17m DIR   (DIR: the rows.tgz.NN of the back replies, gathered)
 # A later pack takes the newest (or a named) line of lab/ROWS:
 #   ROWS_GIT=$(bash lab/keep_rows.sh latest [NAME]) ITEMS="eyas-deps q15back qwen15" bash lab/gpu_carry.sh pack
 set -euo pipefail
