@@ -32,7 +32,7 @@ for f in skel.iterdir():
         shutil.copy(f, out / f.name)
 print(f"random {cfg.architectures} -> {out} in {time.time() - t0:.1f} s")
 PY
-for kind in eagle3 p-eagle dflash; do
+for kind in ${KINDS:-eagle3 p-eagle dflash}; do   # (KINDS: a subset, in the order wanted)
   k=3; [ $kind = eagle3 ] || k=7        # EAGLE-3's best chain; the parallel kinds draft all 7 in their one pass
   python3 bench/random_draft.py --target $T --out /tmp/rd-$kind --draft-kind $kind --ttt-steps 7 || continue
   python3 -m eyas.cli eval --draft /tmp/rd-$kind --target $T --per-category 1 --max-new-tokens ${MAX_NEW:-96} --chain $k \
