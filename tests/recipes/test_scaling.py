@@ -65,6 +65,13 @@ def test_skip_eval_trains_only(tmp_path, monkeypatch):
     assert list(ran) == ["prepare", "train"] and doc["eval"] is None
 
 
+def test_more_than_one_epoch_evaluates_held_out_at_each_epoch_end(tmp_path, monkeypatch):
+    ran, _, _ = stages_run(tmp_path / "a", monkeypatch)                      # epochs 2 (the recipe's default)
+    assert "--eval-every-epoch" in ran["train"]
+    ran, _, _ = stages_run(tmp_path / "b", monkeypatch, "epochs=1")
+    assert "--eval-every-epoch" not in ran["train"]
+
+
 def test_skip_train_makes_the_data_only_and_a_later_call_trains(tmp_path, monkeypatch):
     ran, doc, code = stages_run(tmp_path, monkeypatch, "skip_train=true")
     assert list(ran) == ["prepare"] and not doc["complete"] and code == LEFT
@@ -305,6 +312,7 @@ def test_tiny_end_to_end_with_spec_bench_tau(tmp_path, monkeypatch):
     (raw,) = doc["points"]
     assert code == DONE and doc["complete"] and raw["kind"] == "raw"
     assert raw["spec_bench_chain_tau"] >= 1 and raw["spec_bench_tree_tau"] >= 1 and raw["tau"] >= 1
+    assert list(raw["held_out_tau_by_step"].values())[-1] == raw["tau"]
     assert (raw["spec_bench_chain"], raw["spec_bench_tree"]) == ("chain-2", "tree(total=6,depth=3,topk=2)")
     assert raw["spec_bench_questions"] == 2 and raw["spec_bench_max_new_tokens"] == 16 and raw["eval_seconds"] > 0
     assert {k: raw[k] for k in doc["eval"]} == doc["eval"]

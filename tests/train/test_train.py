@@ -41,6 +41,15 @@ def test_overfit_reaches_step0_accuracy(tmp_path, world):
     assert summary["steps"] == 100
 
 
+def test_eval_every_epoch_adds_an_eval_at_each_epoch_end(tmp_path, world):
+    target, rows, prepared, store = world
+    c = cfg(tmp_path, steps=None, epochs=2, eval_every=10_000, eval_every_epoch=True)
+    summary = train(c, target=target, store=store, dataset=prepared)
+    per_epoch = summary["steps"] // 2
+    assert per_epoch >= 2 and summary["steps"] == 2 * per_epoch
+    assert [m["step"] for m in metrics(c.out) if m["split"] == "eval"] == [per_epoch, 2 * per_epoch]
+
+
 def test_offline_equals_online(tmp_path, world):
     target, rows, prepared, store = world
     off = train(cfg(tmp_path, "off"), target=target, store=store, dataset=prepared)

@@ -30,8 +30,8 @@ from types import SimpleNamespace
 
 from eyas.recipes.recipe import Recipe, RecipeError
 from eyas.recipes.runner import Runner
-from eyas.recipes.stages import (check_switches, eval_setting, last_eval, prep_summary, resolved, source,
-                                 spec_bench, spec_bench_point, train_continue)
+from eyas.recipes.stages import (check_switches, eval_setting, held_out_evals, prep_summary, resolved,
+                                 source, spec_bench, spec_bench_point, train_continue)
 
 # What makes two points comparable: an OUT made with other values is refused (kinds and sizes may grow).
 IDENTITY = ("target", "data", "new_tokens", "max_prompt", "gen_temperature", "max_length", "draft_vocab_size",
@@ -145,6 +145,7 @@ def run_kind(r: Runner, p, kind: str, sizes: list[int]) -> bool:
         if not r.eyas(name, "train", "--online", "--target", p.target, "--data", str(prep), "--out", str(run),
                       "--ttt-steps", str(p.ttt_steps), "--epochs", str(p.epochs), "--batch-size", str(p.batch_size),
                       "--lr", str(p.lr), "--eval-every", "1000000", "--save-every", "200",
+                      *(["--eval-every-epoch"] if p.epochs > 1 else []),   # what each epoch adds, held out
                       *train_continue(r, name, run), "--seed", "0", "--device", p.device, "--no-progress",
                       *p.train_args.split()):
             return False
@@ -160,13 +161,15 @@ def result(r: Runner, p, sizes: list[int]) -> dict:
         if not key.startswith("train:"):
             continue
         _, kind, size = key.split(":")
-        ev = last_eval(r.work / f"run-{kind}-{size}")
-        if not ev:
+        evals = held_out_evals(r.work / f"run-{kind}-{size}")
+        if not evals:
             continue
+        ev = evals[-1]
         man = prep_summary(r.work / f"prep-{kind}-{size}") or {}
         points.append({"kind": kind, "size": int(size), "tokens": man.get("tokens"), "rows": man.get("rows_out"),
                        "tau": ev["tau"], "acc": ev.get("acc"), "steps": ev.get("step"),
-                       "train_seconds": r.seconds(key)})
+                       "train_seconds": r.seconds(key),
+                       "held_out_tau_by_step": {e["step"]: e["tau"] for e in evals}})   # epochs > 1: each epoch's
         if r.done(f"eval:{kind}:{size}"):
             points[-1].update(spec_bench_point(r.work / f"eval-{kind}-{size}.json"),
                               eval_seconds=r.seconds(f"eval:{kind}:{size}"))

@@ -99,12 +99,17 @@ def spec_bench(r: Runner, p, name: str, draft: Path, out: Path, temperature: flo
         need=eval_need(r, p))
 
 
-def last_eval(run: Path) -> dict | None:
-    """The last held-out eval in RUN's metrics.jsonl."""
+def held_out_evals(run: Path) -> list[dict]:
+    """Every held-out eval in RUN's metrics.jsonl, in step order."""
     m = run / "metrics.jsonl"
     if not m.is_file():
-        return None
-    ev = [x for x in map(json.loads, filter(str.strip, m.read_text().split("\n"))) if x.get("split") == "eval"]
+        return []
+    return [x for x in map(json.loads, filter(str.strip, m.read_text().split("\n"))) if x.get("split") == "eval"]
+
+
+def last_eval(run: Path) -> dict | None:
+    """The last held-out eval in RUN's metrics.jsonl."""
+    ev = held_out_evals(run)
     return ev[-1] if ev else None
 
 

@@ -101,6 +101,7 @@ class TrainConfig(StageConfig):
     logit_chunk: int = Field(2048, ge=1, description="tokens per chunk of full-vocab target logits")
     eval_fraction: float = Field(0.05, ge=0, lt=1, description="held-out share of rows")
     eval_every: int = Field(100, ge=1, description="evaluate the held-out split every N steps")
+    eval_every_epoch: bool = Field(False, description="also evaluate at the end of each epoch (what a second epoch adds)")
     eval_batches: int | None = Field(None, ge=1, description="cap on held-out batches per evaluation")
     save_every: int = Field(500, ge=1, description="checkpoint every N steps")
     keep_checkpoints: int = Field(2, ge=1, description="checkpoints to keep")
@@ -408,7 +409,8 @@ class Trainer:
                           "tau": simulated_tau(acc, self.tau_chain), "lr": self.sched.get_last_lr()[0],
                           "tokens_per_s": toks * self.d.world / max(dt, 1e-9)})
                 window, t0, toks = None, time.perf_counter(), 0
-            if self.step % cfg.eval_every == 0 or self.step == self.total:
+            if self.step % cfg.eval_every == 0 or self.step == self.total or \
+                    (cfg.eval_every_epoch and self.step % self.plan.steps_per_epoch == 0):
                 ev = self.evaluate()
                 if ev is not None:
                     self.log({"split": "eval", "step": self.step, **ev})
