@@ -104,7 +104,16 @@ d('$T')" && python3 lab/restore_draft.py --parts /tmp/q15draft --target /tmp/ec/
     grouped() {   # the same profile with the decoder's steps attending grouped (EYAS_GROUPED_STEPS=1): the A/B
       [ "${PROFILE:-1}" = 0 ] || [ -f $R/profile-q15-grouped.json ] || EYAS_GROUPED_STEPS=1 python3 \
           bench/profile_decode.py --target $T --draft $B --out $R/profile-q15-grouped.json; }
-    if [ ! -e /tmp/vpy ]; then auto; grouped; [ -f $R/eval-q15-t1.json ] || ev 1; exit 0; fi   # no vLLM in this pack
+    prefill_ab() {   # the 1k-token prefill (goal <= 10 ms) as the decoders run it, and two A/Bs of it: PyTorch's own
+      # SDPA choice (cuDNN included), and compiled chunks (their AR tok/s pays the compiles: read prefill_ms only)
+      [ "${PACE:-1}" = 0 ] && return
+      [ -e /tmp/vpy ] || [ -f $R/ar_pace_q15.json ] || python3 bench/ar_pace.py --target $T --device cuda \
+          --per-category 2 --max-new-tokens 256 --out $R/ar_pace_q15.json
+      [ -f $R/ar_pace_q15_sdpa_any.json ] || EYAS_PREFILL_SDPA=any python3 bench/ar_pace.py \
+          --target $T --device cuda --per-category 2 --max-new-tokens 256 --out $R/ar_pace_q15_sdpa_any.json
+      [ -f $R/ar_pace_q15_prefill_compiled.json ] || EYAS_PREFILL_INNER=compiled python3 bench/ar_pace.py \
+          --target $T --device cuda --per-category 2 --max-new-tokens 256 --out $R/ar_pace_q15_prefill_compiled.json; }
+    if [ ! -e /tmp/vpy ]; then auto; grouped; [ -f $R/eval-q15-t1.json ] || ev 1; prefill_ab; exit 0; fi   # no vLLM
     for k in 1 2 3 4 5; do $E export --draft $B --format vllm --chain $k --out /tmp/x-q15-k$k || exit 1; done
     python3 bench/vllm_speedup.py --engine vllm --target /tmp/ec/models/$T --export '/tmp/x-q15-k{k}' \
         --python /tmp/vpy --chains 1 2 3 4 5 --batch-sizes 1 8 32 --per-category 2 --max-new-tokens 256 \
@@ -114,10 +123,7 @@ d('$T')" && python3 lab/restore_draft.py --parts /tmp/q15draft --target /tmp/ec/
     [ -f $R/eval-q15-t1.json ] || ev 1
     [ "${PACE:-1}" = 0 ] || [ -f $R/ar_pace_q15.json ] || python3 bench/ar_pace.py --target $T --device cuda \
         --per-category 2 --max-new-tokens 256 --vllm-python /tmp/vpy --out $R/ar_pace_q15.json
-    # the A/B: graphed prefill chunks on PyTorch's own SDPA choice (cuDNN included); eyas's half only (≈ 1.5 min)
-    [ "${PACE:-1}" = 0 ] || [ -f $R/ar_pace_q15_sdpa_any.json ] || EYAS_PREFILL_SDPA=any python3 bench/ar_pace.py \
-        --target $T --device cuda --per-category 2 --max-new-tokens 256 --out $R/ar_pace_q15_sdpa_any.json
-    auto; grouped ;;
+    prefill_ab; auto; grouped ;;
   kimi_ar)   # issue 38 item 3: the Kimi toy end to end with every vLLM engine batch-invariant (VLLM_BATCH_INVARIANT=1:
              # MLA, fused MoE and matmuls reduce in one order whatever the batch's shape), so served output = vLLM's
              # AR asks for the draft alone; ≈ 8 min. KIMI_BI=0: only the batched-vs-alone AR control (≈ 4 min)

@@ -46,6 +46,10 @@ SWITCHES: dict[str, Switch] = {
     "EYAS_PREFILL_SDPA": Switch("portable", "diagnosis", "any: graphed prefill chunks attend with PyTorch's own "
                                                            "SDPA choice (cuDNN included) instead of flash / "
                                                            "memory-efficient, as eager prefills do (A/B)"),
+    "EYAS_PREFILL_INNER": Switch("eager", "diagnosis", "compiled: graphed prefill chunks capture a torch.compile'd "
+                                                        "step (fused elementwise kernels) instead of the eager one, "
+                                                        "each chunk shape compiled and captured on its first use, "
+                                                        "not at warm-up (A/B of the prefill alone)"),
     "EYAS_PROMPT_CATCHUP": Switch("chunks", "diagnosis", "eager: the draft's catch-up over a prompt at its own "
                                                          "length instead of graphed, padded chunks"),
     "EYAS_TTT_MASK": Switch(None, "diagnosis", "reference: build the flex TTT block mask per step (slow)"),

@@ -176,3 +176,22 @@ def test_graphed_chunks_attend_with_the_eager_kernels_unless_told_otherwise(monk
     p_logits, _ = prefill(padded, prompt)
     assert bool(entered) == portable
     torch.testing.assert_close(p_logits, prefill(exact, prompt)[0], rtol=1e-4, atol=1e-5)
+
+
+def test_compiled_chunks_equal_the_eager_prefill(monkeypatch):
+    """EYAS_PREFILL_INNER=compiled: the padded chunks run a torch.compile'd step (what the GPU then captures);
+    the same logits, aux states and KV slots as the prefill at the prompt's length."""
+    monkeypatch.setenv("EYAS_PREFILL_INNER", "compiled")
+    exact, padded = runners()
+    assert padded.attached(GraphedPrefill).compiled
+    prompt = torch.randint(0, 64, (21,), generator=torch.Generator().manual_seed(7)).tolist()
+    logits, aux = prefill(exact, prompt)
+    p_logits, p_aux = prefill(padded, prompt)
+    torch.testing.assert_close(p_logits, logits, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(p_aux, aux, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(padded.cache.kv[..., :21, :], exact.cache.kv[..., :21, :], rtol=1e-4, atol=1e-5)
+    gp, keys = padded.attached(GraphedPrefill), []   # warm-up compiles nothing: each shape on its first use
+    gp.capture = True
+    monkeypatch.setattr(gp, "_graph", lambda w, kv_len, causal: keys.append((w, kv_len, causal)))
+    gp.warm()
+    assert keys == []

@@ -22,7 +22,7 @@ from contextlib import nullcontext
 import torch
 
 from eyas import env
-from eyas.decode.target_step import TargetRunner
+from eyas.decode.target_step import TargetRunner, raise_recompile_limit
 from eyas.devices import capture_graph, varying_shape_attention
 
 WIDTHS = (64, 128, 256, 512, 1024, 2048)   # chunk widths: a prompt pads by less than 2x (and at least to 64)
@@ -49,6 +49,13 @@ class GraphedPrefill:
         self._pool = None
         self._arange = torch.arange(widths[-1], device=dev)
         self.capture = dev.type == "cuda"   # elsewhere the padded chunks run eagerly (tests)
+        # EYAS_PREFILL_INNER=compiled: the chunks' step through inductor (its fused RMSNorm / RoPE / SiLU instead of
+        # transformers' tens of small kernels a layer), captured like the eager one; one compile per chunk shape
+        self.compiled = env.get("EYAS_PREFILL_INNER") == "compiled"
+        self._step = runner._step
+        if self.compiled:
+            raise_recompile_limit(4 * len(widths) * max(1, len(runner.buckets)))
+            self._step = torch.compile(runner._step, dynamic=False)
 
     @staticmethod
     def for_runner(runner: TargetRunner) -> "GraphedPrefill":
@@ -79,7 +86,11 @@ class GraphedPrefill:
         # the eager prefill's attention kernels, so both agree; EYAS_PREFILL_SDPA=any: PyTorch's own choice (a graph's
         # shapes are static, so cuDNN's per-shape set-up happens once, at capture)
         with varying_shape_attention() if env.get("EYAS_PREFILL_SDPA") != "any" else nullcontext():
-            return self.runner._step(toks, pos, pos, ctx, anc, kv_len, keep, causal)
+            if self.compiled and any(b is None for b in self.runner.cache.kbuf):
+                # the KV buffers are allocated by a first step, which a compiled step cannot trace: an eager one
+                # first (it writes the very slots the compiled step then writes again)
+                self.runner._step(toks, pos, pos, ctx, anc, kv_len, keep, causal)
+            return self._step(toks, pos, pos, ctx, anc, kv_len, keep, causal)
 
     def _causal(self, s: int, w: int) -> bool:
         return s == 0 and self.runner.causal_from_start(w)
@@ -109,8 +120,8 @@ class GraphedPrefill:
     def warm(self) -> None:
         """Capture every (width, bucket) a chunk can meet. Writes slots that no generation has committed (between
         generations, none is)."""
-        if not self.capture:
-            return
+        if not self.capture or self.compiled:
+            return   # (compiled chunks: each shape's compile takes a while, so each is captured on its first use)
         cap, top = self.runner.capacity, self.widths[-1]
         try:
             for s in range(0, cap, top):
