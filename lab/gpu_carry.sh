@@ -96,8 +96,7 @@ build_item() {  # build_item NAME -> $STAGE/items/NAME (one file), rebuilt when 
       tar cf "$it.tmp" -C "$STAGE/dl/$1" . ;;
     q15back)   # the rows: from git (ROWS_GIT=REV:PATH, where a session committed them) or from .carry/q15back
                if [ -n "${ROWS_GIT:-}" ]; then git -C "$ROOT" show "$ROWS_GIT" > "$it.tmp"
-               elif ls "$ROOT"/.carry/q15back/rows.tgz.* > /dev/null 2>&1; then cat "$ROOT"/.carry/q15back/rows.tgz.* > "$it.tmp"
-               else cat "$ROOT"/.carry/q15back/draft.tar.* | tar xO ./rows.tgz > "$it.tmp"; fi ;;   # (before rows came apart)
+               else bash "$ROOT/lab/rows_of.sh" "$ROOT/.carry/q15back" > "$it.tmp"; fi ;;
     q15draft)  tar cf "$it.tmp" -C "$ROOT/.carry/q15back" . ;;
     sglang)    # the lean set of bench/sglang-0.5.14-wheels.txt; sglang-kernel as its tree less FA3 and Blackwell code
                rm -rf "$STAGE/dl/sglang"; dl "$STAGE/dl/sglang" -r "$ROOT/bench/sglang-0.5.14-wheels.txt"

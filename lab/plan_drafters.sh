@@ -56,8 +56,7 @@ case "${1:-}" in
     T=qwen2.5-coder-1.5b W15=/tmp/w/drafters-q15
     python3 -c "from eyas.target.builtins import builtin_target_dir as d
 d('$T')" || exit 2
-    mkdir -p /tmp/w/q15r && if ls /tmp/q15draft/rows.tgz.* > /dev/null 2>&1; then cat /tmp/q15draft/rows.tgz.*
-      else cat /tmp/q15draft/draft.tar.* | tar xO ./rows.tgz; fi | tar xz -C /tmp/w/q15r || exit 2
+    mkdir -p /tmp/w/q15r && bash lab/rows_of.sh /tmp/q15draft | tar xz -C /tmp/w/q15r || exit 2
     # DR15_ROWS: the rows the brought-back draft's prep took (B2's 8.5 M point: 36,554; its scaling.log says)
     [ -f /tmp/w/prep-q15/manifest.json ] || $E prepare --target $T --data /tmp/w/q15r/self.jsonl \
         --max-samples "${DR15_ROWS:-36554}" \

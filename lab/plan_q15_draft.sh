@@ -64,9 +64,8 @@ case "${1:-}" in
       I=/tmp/w/q15-init
       [ -f $I/model.safetensors ] || { python3 -c "from eyas.target.builtins import builtin_target_dir as d
 d('$T')" && python3 lab/restore_draft.py --parts /tmp/q15draft --target /tmp/ec/models/$T --out $I; } || exit 2
-      [ -f /tmp/q15back/rows.tgz ] || { mkdir -p /tmp/q15back && if ls /tmp/q15draft/rows.tgz.* > /dev/null 2>&1
-        then cat /tmp/q15draft/rows.tgz.* > /tmp/q15back/rows.tgz
-        else cat /tmp/q15draft/draft.tar.* | tar xO ./rows.tgz > /tmp/q15back/rows.tgz; fi; } || exit 2
+      [ -f /tmp/q15back/rows.tgz ] || { mkdir -p /tmp/q15back &&
+        bash lab/rows_of.sh /tmp/q15draft > /tmp/q15back/rows.tgz; } || exit 2
       INIT=("train_args=--init-from $I")
     fi
     if [ -f /tmp/q15back/rows.tgz ] && [ ! -d $W ]; then   # an earlier session's rows: `regenerate` resumes past them

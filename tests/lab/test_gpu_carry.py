@@ -14,7 +14,8 @@ pytestmark = pytest.mark.skipif(shutil.which("split") is None, reason="needs cor
 def _repo(tmp_path: Path) -> Path:
     repo = tmp_path / "repo"
     (repo / "lab").mkdir(parents=True)
-    shutil.copy(ROOT / "lab" / "gpu_carry.sh", repo / "lab")
+    for f in ("gpu_carry.sh", "rows_of.sh"):
+        shutil.copy(ROOT / "lab" / f, repo / "lab")
     return repo
 
 
